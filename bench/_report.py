@@ -1,0 +1,71 @@
+"""Write one benchmark's section of BENCHMARKS.md without touching the others.
+
+Every benchmark owns a block delimited by ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``.
+Re-running a benchmark replaces its block in place, so the file can be rebuilt piecemeal.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+_HEADER = (
+    "# Benchmarks\n\n"
+    "Every table below was written by the command shown above it; each reports a ratio against a\n"
+    "baseline measured in the same run. Numbers come from the machine named in each section.\n"
+)
+
+
+def machine_line() -> str:
+    """A one-line description of where the numbers were measured."""
+    import os
+
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"Python {platform.python_version()}, measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+    )
+
+
+def command_line() -> str:
+    """The command that produced this run, as a user would type it."""
+    module = sys.argv[0]
+    if module.endswith(".py"):
+        module = module[:-3].replace("/", ".").lstrip(".")
+        return "python -m " + " ".join([module, *map(shlex.quote, sys.argv[1:])])
+    return " ".join(map(shlex.quote, sys.argv))
+
+
+def write_section(name: str, title: str, body: str, path: Path = BENCHMARKS_MD) -> None:
+    """Replace (or append) the block for benchmark ``name`` in BENCHMARKS.md.
+
+    Args:
+        name: the benchmark's stable identifier, e.g. ``"optimizer"``.
+        title: the section heading (without the leading ``##``).
+        body: Markdown for the section: tables and notes. The command and machine are added here.
+    """
+    text = path.read_text() if path.exists() else _HEADER
+    block = (
+        f"<!-- bench:{name} -->\n## {title}\n\n"
+        f"Command: `{command_line()}`  \nMachine: {machine_line()}\n\n{body.strip()}\n"
+        f"<!-- /bench:{name} -->"
+    )
+    pattern = re.compile(
+        rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.S
+    )
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: block, text)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
+    """Render a simple Markdown table."""
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)

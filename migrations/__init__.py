@@ -1,0 +1,1 @@
+"""Alembic home: the only place curvecast's database schema is created or changed."""

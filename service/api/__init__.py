@@ -1,0 +1,1 @@
+"""HTTP routes: one thin APIRouter module per resource."""

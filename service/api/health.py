@@ -1,0 +1,38 @@
+"""Liveness and readiness probes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from service.migrate import check_schema
+from service.schemas import Health
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health, summary="The process is alive")
+def healthz() -> Health:
+    """Always ok while the process serves requests."""
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Health,
+    responses={503: {"model": Health}},
+    summary="The database is reachable and migrated",
+)
+def readyz(request: Request) -> Health | JSONResponse:
+    """Ok when the database answers and its schema is current; 503 (with Retry-After) if not."""
+    settings = request.app.state.settings
+    try:
+        revision = check_schema(request.app.state.engine)
+    except Exception as exc:  # any failure means "not ready"; say why
+        body = Health(status="unavailable", database=str(exc).splitlines()[0][:300])
+        return JSONResponse(
+            status_code=503,
+            content=body.model_dump(),
+            headers={"Retry-After": str(settings.retry_after_s)},
+        )
+    return Health(status="ok", database="reachable", schema_revision=revision)

@@ -1,0 +1,112 @@
+"""Metric points: columnar ingest, series reads (optionally downsampled), CSV export."""
+
+from __future__ import annotations
+
+import io
+import re
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
+from service.errors import InvalidInput, TooManyPoints
+from service.schemas import KEY_PATTERN, MAX_STEP, IngestResult, MetricBatch, MetricsOut
+from service.store import metrics as metric_store
+
+router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["metrics"])
+_KEY_RE = re.compile(KEY_PATTERN)
+
+
+@router.post("/metrics", response_model=IngestResult, summary="Ingest a columnar batch")
+def post_metrics(
+    run_id: uuid.UUID,
+    batch: MetricBatch,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: IngestPrincipal,
+) -> IngestResult:
+    """Store a batch of points. Idempotent: a (run, key, step) already stored is kept and
+    counted in ``duplicates``. The batch is stored whole or not at all."""
+    if len(batch.values) > settings.max_keys_per_request:
+        raise TooManyPoints(
+            f"values: {len(batch.values)} keys in one request; the limit is "
+            f"{settings.max_keys_per_request}"
+        )
+    n_points = sum(len(col) - col.count(None) for col in batch.values.values())
+    if n_points > settings.max_points_per_request:
+        raise TooManyPoints(
+            f"{n_points} points in one request; the limit is {settings.max_points_per_request}: "
+            "split the batch"
+        )
+    result = metric_store.ingest_batch(
+        session, run_id=run_id, batch=batch, allowed_project=principal.project
+    )
+    request.app.state.notify_ingest(run_id)
+    return result
+
+
+def _parse_keys(keys: str | None) -> list[str] | None:
+    if not keys:
+        return None
+    parsed = [k.strip() for k in keys.split(",") if k.strip()]
+    for index, key in enumerate(parsed):
+        if not _KEY_RE.match(key):
+            raise InvalidInput(f"keys[{index}]: {key!r} does not match {KEY_PATTERN}")
+    return parsed
+
+
+StepQuery = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
+
+
+@router.get("/metrics", response_model=MetricsOut, summary="Read series")
+def get_metrics(
+    run_id: uuid.UUID,
+    session: SessionDep,
+    principal: ReadPrincipal,
+    keys: Annotated[str | None, Query(description="Comma-separated keys; default all")] = None,
+    start: StepQuery = None,
+    end: StepQuery = None,
+    max_points: Annotated[
+        int | None,
+        Query(ge=10, le=100_000, description="Downsample to at most this many min/max buckets"),
+    ] = None,
+) -> MetricsOut:
+    """Series in ``[start, end]``. With ``max_points`` each series is cut into equal-width step
+    buckets; each bucket reports its last point and its min and max, so spikes stay visible."""
+    return metric_store.read_series(
+        session,
+        run_id=run_id,
+        keys=_parse_keys(keys),
+        start=start,
+        end=end,
+        max_points=max_points,
+        allowed_project=principal.project,
+    )
+
+
+@router.get("/metrics.csv", summary="Export points as CSV", response_class=Response)
+def export_csv(
+    run_id: uuid.UUID,
+    session: SessionDep,
+    principal: ReadPrincipal,
+    keys: Annotated[str | None, Query()] = None,
+) -> Response:
+    """Every point as ``key,step,value,wall_time`` rows (NaN and ±inf written as such)."""
+    import pandas as pd
+
+    rows = metric_store.iter_points(
+        session, run_id=run_id, keys=_parse_keys(keys), allowed_project=principal.project
+    )
+    frame = pd.DataFrame(rows, columns=["key", "step", "value", "wall_time"])
+    # A missing wall time is an empty cell; a NaN value is written as "NaN" (it was measured).
+    frame["value"] = frame["value"].astype(object).where(frame["value"].notna(), "NaN")
+    buffer = io.StringIO()
+    frame.to_csv(buffer, index=False, na_rep="")
+    return Response(
+        buffer.getvalue(),
+        media_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{run_id}.csv"'},
+    )

@@ -1,0 +1,71 @@
+"""Runs: create-or-get, read, update, list."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from service.deps import IngestPrincipal, ReadPrincipal, SessionDep
+from service.schemas import RunCreate, RunOut, RunPage, RunStatus, RunUpdate
+from service.store import runs as run_store
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+
+
+@router.put(
+    "/{run_id}",
+    response_model=RunOut,
+    responses={201: {"model": RunOut, "description": "Created"}},
+    summary="Create a run, or get it if it exists (idempotent)",
+)
+def put_run(
+    run_id: uuid.UUID,
+    run_in: RunCreate,
+    session: SessionDep,
+    principal: IngestPrincipal,
+    response: Response,
+) -> RunOut:
+    """Create run ``run_id`` (a UUID the client chooses) or return the stored run unchanged."""
+    run, created = run_store.create_or_get_run(
+        session, run_id=run_id, run_in=run_in, allowed_project=principal.project
+    )
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return run
+
+
+@router.get("/{run_id}", response_model=RunOut, summary="Get a run")
+def get_run(run_id: uuid.UUID, session: SessionDep, principal: ReadPrincipal) -> RunOut:
+    """One run with its config, status and progress."""
+    return run_store.get_run(session, run_id=run_id, allowed_project=principal.project)
+
+
+@router.patch("/{run_id}", response_model=RunOut, summary="Update status, name or config")
+def patch_run(
+    run_id: uuid.UUID, run_in: RunUpdate, session: SessionDep, principal: IngestPrincipal
+) -> RunOut:
+    """Change a run's status or name; ``config`` keys are merged into the stored config."""
+    return run_store.update_run(
+        session, run_id=run_id, run_in=run_in, allowed_project=principal.project
+    )
+
+
+@router.get("", response_model=RunPage, summary="List runs, newest first")
+def list_runs(
+    session: SessionDep,
+    principal: ReadPrincipal,
+    project: Annotated[str | None, Query(max_length=100)] = None,
+    status: RunStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    page_token: Annotated[str | None, Query(max_length=500)] = None,
+) -> RunPage:
+    """Runs filtered by project and status; follow ``next_page_token`` for more."""
+    return run_store.list_runs(
+        session,
+        project=project,
+        status=status,
+        limit=limit,
+        page_token=page_token,
+        allowed_project=principal.project,
+    )

@@ -1,0 +1,192 @@
+"""The ``curvecast`` command: serve, migrate, token, forecast, sync, demo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from service.config import Settings, is_loopback_host
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    url = getattr(args, "database_url", None)
+    return Settings(database_url=url) if url else Settings()
+
+
+def _add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        help="SQLAlchemy URL or SQLite file path (default: $CURVECAST_DATABASE_URL, "
+        "else ./curvecast.db)",
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the API server with uvicorn."""
+    import uvicorn
+
+    from service.app import prepare_database
+    from service.errors import SchemaOutOfDate
+
+    if args.database_url:
+        os.environ["CURVECAST_DATABASE_URL"] = args.database_url
+    settings = Settings()
+    if not settings.auth_enabled and not is_loopback_host(args.host):
+        print(
+            f"curvecast: refusing to serve on {args.host} with authentication off.\n"
+            "  Anyone who can reach that address could read and write every run. Either bind to\n"
+            "  127.0.0.1, or turn auth on: create a token with\n"
+            "    curvecast token create --project NAME --scope admin\n"
+            "  and start with CURVECAST_AUTH_ENABLED=true.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        prepare_database(settings)
+    except SchemaOutOfDate as exc:
+        print(f"curvecast: {exc.message}", file=sys.stderr)
+        return 2
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(
+        f"curvecast {'(auth on) ' if settings.auth_enabled else ''}serving at "
+        f"http://{host}:{args.port}  (database: {_redact(settings.database_url)})",
+        flush=True,
+    )
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=args.log_level,
+        access_log=args.access_log,
+    )
+    return 0
+
+
+def _redact(url: str) -> str:
+    """Hide a password in a database URL before printing it."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Upgrade (or downgrade) the database schema."""
+    from service import migrate
+
+    settings = _settings(args)
+    if args.downgrade:
+        migrate.downgrade(settings.database_url, args.downgrade)
+        print(f"downgraded {_redact(settings.database_url)} to {args.downgrade}")
+    else:
+        migrate.upgrade(settings.database_url, args.revision)
+        print(f"{_redact(settings.database_url)} is at revision {args.revision}")
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    """Create, list or revoke API tokens."""
+    from service.db import make_engine, make_sessionmaker, session_scope
+    from service.errors import ServiceError
+    from service.migrate import check_schema
+    from service.store import tokens
+
+    settings = _settings(args)
+    engine = make_engine(settings)
+    try:
+        check_schema(engine)
+        with session_scope(make_sessionmaker(engine)) as session:
+            if args.token_command == "create":
+                created = tokens.create_token(
+                    session, project=args.project, scope=args.scope, name=args.name or args.scope
+                )
+                print(created.token)
+                print(
+                    f"token {created.id} for project {created.project!r} with scope "
+                    f"{created.scope!r}. It is shown only now: store it somewhere safe.",
+                    file=sys.stderr,
+                )
+            elif args.token_command == "list":
+                for info in tokens.list_tokens(session, project=args.project):
+                    state = f"revoked {info.revoked_at:%Y-%m-%d}" if info.revoked_at else "active"
+                    print(f"{info.id}\t{info.project}\t{info.scope}\tcc_{info.prefix}_…\t{state}")
+            else:
+                tokens.revoke_token(session, token_id=args.id)
+                print(f"token {args.id} revoked")
+    except ServiceError as exc:
+        print(f"curvecast: {exc.message}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``curvecast`` command."""
+    parser = argparse.ArgumentParser(
+        prog="curvecast", description="Watch and forecast neural-network training runs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the API server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False)
+    _add_db_option(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    mig = sub.add_parser("migrate", help="upgrade the database schema")
+    mig.add_argument("--revision", default="head")
+    mig.add_argument("--downgrade", metavar="REVISION", help="downgrade to REVISION ('base')")
+    _add_db_option(mig)
+    mig.set_defaults(func=cmd_migrate)
+
+    token = sub.add_parser("token", help="manage API tokens")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    create = token_sub.add_parser("create", help="create a token (printed once)")
+    create.add_argument("--project", required=True)
+    create.add_argument("--scope", required=True, choices=["read", "ingest", "admin"])
+    create.add_argument("--name")
+    _add_db_option(create)
+    listing = token_sub.add_parser("list", help="list tokens")
+    listing.add_argument("--project")
+    _add_db_option(listing)
+    revoke = token_sub.add_parser("revoke", help="revoke a token")
+    revoke.add_argument("id", type=int)
+    _add_db_option(revoke)
+    token.set_defaults(func=cmd_token)
+
+    _add_optional_commands(sub)
+    return parser
+
+
+def _add_optional_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands contributed by other parts of curvecast (forecast, sync, demo)."""
+    # Each part registers its own subcommand; a part that is not there yet is simply absent.
+    try:
+        from service.forecast.cli import add_forecast_parser
+    except ImportError:
+        pass
+    else:
+        add_forecast_parser(sub)
+    try:
+        from client._cli import add_sync_parser
+    except ImportError:
+        pass
+    else:
+        add_sync_parser(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``curvecast`` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Service settings: the one place configuration is read (environment prefix ``CURVECAST_``)."""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SQLITE_FILE = "curvecast.db"
+
+
+def normalise_database_url(url: str) -> str:
+    """Map user-friendly database URLs to the SQLAlchemy drivers curvecast ships with.
+
+    ``postgres://`` and ``postgresql://`` use psycopg 3; a bare file path means SQLite.
+    """
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url[len("postgresql://") :]
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    return url
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind address only accepts connections from this machine."""
+    if host in {"localhost", "localhost.localdomain"}:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    """All service settings. Each field is read from ``CURVECAST_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="CURVECAST_", extra="ignore")
+
+    database_url: str = Field(
+        default=f"sqlite:///{DEFAULT_SQLITE_FILE}",
+        description="SQLAlchemy URL; default is a SQLite file in the working directory.",
+    )
+    auth_enabled: bool = Field(
+        default=False,
+        description="Require bearer tokens. May be off only while serving on a loopback address.",
+    )
+    public_url: str = Field(
+        default="http://127.0.0.1:8000",
+        description="Base URL people use to reach the service (links in alert notifications).",
+    )
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    max_points_per_request: int = Field(default=100_000, gt=0)
+    max_keys_per_request: int = Field(default=1_000, gt=0)
+    db_connect_timeout_s: int = Field(default=3, gt=0)
+    retry_after_s: int = Field(default=5, gt=0, description="Retry-After sent with 503 answers.")
+    auto_migrate_sqlite: bool = Field(
+        default=True, description="Upgrade an embedded SQLite database at start-up."
+    )
+    worker_enabled: bool = Field(default=True, description="Run the background worker.")
+    worker_interval_s: float = Field(default=1.0, gt=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_url(cls, value: str) -> str:
+        return normalise_database_url(value)
+
+    @cached_property
+    def is_sqlite(self) -> bool:
+        """Whether the configured database is the embedded SQLite default."""
+        return self.database_url.startswith("sqlite")

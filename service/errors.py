@@ -1,0 +1,219 @@
+"""One error hierarchy for the whole service, mapped to HTTP in one place.
+
+Every error body has the shape ``{"error_code": str, "message": str}``; ``message`` says what
+to fix. Store and API code raise :class:`ServiceError` subclasses; :func:`install_handlers`
+turns them, request-validation errors and database outages into responses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+#: The one table from error codes to HTTP statuses.
+ERROR_CODE_TO_HTTP_STATUS: dict[str, int] = {
+    "malformed_json": 400,
+    "invalid_request": 422,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "run_not_found": 404,
+    "method_not_allowed": 405,
+    "conflict": 409,
+    "payload_too_large": 413,
+    "too_many_points": 413,
+    "unavailable": 503,
+    "schema_out_of_date": 503,
+    "internal_error": 500,
+}
+
+
+class ServiceError(Exception):
+    """Base of every error the service reports to clients."""
+
+    error_code = "internal_error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+    @property
+    def status_code(self) -> int:
+        """HTTP status from the one table."""
+        return ERROR_CODE_TO_HTTP_STATUS[self.error_code]
+
+
+class InvalidInput(ServiceError):
+    """The request is well-formed JSON but asks for something invalid."""
+
+    error_code = "invalid_request"
+
+
+class NotFound(ServiceError):
+    """The resource does not exist (or is not visible to this token)."""
+
+    error_code = "not_found"
+
+
+class RunNotFound(NotFound):
+    """The run does not exist (or belongs to another project)."""
+
+    error_code = "run_not_found"
+
+
+class Conflict(ServiceError):
+    """The request conflicts with what is stored."""
+
+    error_code = "conflict"
+
+
+class Unauthenticated(ServiceError):
+    """No valid token was presented."""
+
+    error_code = "unauthenticated"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(ServiceError):
+    """The token is valid but its scope does not allow this."""
+
+    error_code = "forbidden"
+
+
+class PayloadTooLarge(ServiceError):
+    """The body or the batch is larger than the configured limit."""
+
+    error_code = "payload_too_large"
+
+
+class TooManyPoints(PayloadTooLarge):
+    """A metric batch carries more points than one request may."""
+
+    error_code = "too_many_points"
+
+
+class Unavailable(ServiceError):
+    """A dependency (the database) is unreachable; the client should retry later."""
+
+    error_code = "unavailable"
+
+
+class SchemaOutOfDate(ServiceError):
+    """The database schema is older than this code; run ``curvecast migrate``."""
+
+    error_code = "schema_out_of_date"
+
+
+def error_response(
+    error_code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """Build the standard error body for ``error_code``."""
+    return JSONResponse(
+        status_code=ERROR_CODE_TO_HTTP_STATUS[error_code],
+        content={"error_code": error_code, "message": message},
+        headers=headers,
+    )
+
+
+def format_location(loc: tuple[int | str, ...]) -> str:
+    """Render a pydantic error location as ``values.loss[17]`` (dropping the leading "body")."""
+    parts = list(loc)
+    if parts and parts[0] in {"body", "query", "path", "header"}:
+        parts = parts[1:]
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "body"
+
+
+def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
+    """Summarise pydantic errors: the first few, each naming the field and index."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        detail = next(e for e in errors if e.get("type") == "json_invalid")
+        ctx = detail.get("ctx", {})
+        return (
+            "malformed_json",
+            f"request body is not valid JSON: {ctx.get('error', 'parse error')}",
+        )
+    parts = []
+    for err in errors[:5]:
+        loc = tuple(err.get("loc", ()))
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if loc and loc[-1] == "[key]":
+            # A dict key failed (e.g. a metric name): name the key itself.
+            where, msg = format_location(loc[:-2]), f"key {loc[-2]!r}: {msg}"
+        else:
+            where = format_location(loc)
+        # Model-level checks already name their fields in the message.
+        model_level = where == "body" and err.get("type") == "value_error"
+        parts.append(msg if model_level else f"{where}: {msg}")
+    if len(errors) > 5:
+        parts.append(f"... and {len(errors) - 5} more errors")
+    return "invalid_request", "; ".join(parts)
+
+
+def install_handlers(app: FastAPI, retry_after_s: int) -> None:
+    """Register the handlers that turn every failure into the standard error body."""
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        headers = dict(exc.headers)
+        if exc.status_code == 503:
+            headers.setdefault("Retry-After", str(retry_after_s))
+        return error_response(exc.error_code, exc.message, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        code, message = _validation_message(list(exc.errors()))
+        return error_response(code, message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            exc.status_code, "invalid_request" if exc.status_code < 500 else "internal_error"
+        )
+        response = error_response(code, str(exc.detail))
+        response.status_code = exc.status_code
+        return response
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(PoolTimeoutError)
+    async def _db_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+        # Connection refused, server shutting down, pool exhausted: all mean "try again soon".
+        log.warning("database unavailable: %s", str(exc).splitlines()[0])
+        return error_response(
+            "unavailable",
+            "the database is unreachable right now; retry after the Retry-After delay",
+            {"Retry-After": str(retry_after_s)},
+        )
+
+    @app.exception_handler(DBAPIError)
+    async def _db_error(_request: Request, exc: DBAPIError) -> JSONResponse:
+        if exc.connection_invalidated:
+            return error_response(
+                "unavailable",
+                "the database connection was lost; retry after the Retry-After delay",
+                {"Retry-After": str(retry_after_s)},
+            )
+        log.exception("database error")
+        return error_response("internal_error", "internal database error")
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _json_error(_request: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return error_response("malformed_json", f"request body is not valid JSON: {exc}")

@@ -1,0 +1,267 @@
+"""Request and response models of the REST API (pydantic v2).
+
+Non-finite metric values travel as JSON strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``
+in responses (valid JSON for every client). Requests may use those strings or the bare literals
+Python's ``json`` module emits (``NaN``, ``Infinity``).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+KEY_PATTERN = r"^[A-Za-z0-9_./-]{1,200}$"
+PROJECT_PATTERN = r"^[A-Za-z0-9_.-]{1,100}$"
+MAX_STEP = 2**62
+
+RunStatus = Literal["running", "finished", "failed", "crashed"]
+TokenScope = Literal["read", "ingest", "admin"]
+MetricKey = Annotated[str, StringConstraints(pattern=KEY_PATTERN)]
+ProjectName = Annotated[str, StringConstraints(pattern=PROJECT_PATTERN)]
+# Names are free text (escaped wherever shown) but without control characters.
+RunName = Annotated[
+    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+]
+Step = Annotated[StrictInt, Field(ge=0, le=MAX_STEP)]
+NonFiniteLiteral = Literal["NaN", "Infinity", "-Infinity"]
+_VALUE_HELP = 'a number, null, "NaN", "Infinity" or "-Infinity"'
+
+
+def _explain_bad_item(items: Any, check: Any) -> PydanticCustomError:
+    """Find the first bad item of a list (slow path, only on error) and describe it."""
+    if not isinstance(items, list):
+        return PydanticCustomError("list_type", f"must be a list, got {type(items).__name__}")
+    for index, item in enumerate(items):
+        if not check(item):
+            # Pre-formatted: pydantic's message templates only substitute plain {names}.
+            got = repr(item)[:50]
+            return PydanticCustomError(
+                "metric_value", f"item {index} must be {_VALUE_HELP}, got {got}"
+            )
+    return PydanticCustomError("metric_value", "invalid values")
+
+
+def _is_metric_value(item: Any) -> bool:
+    if item is None or item in ("NaN", "Infinity", "-Infinity"):
+        return True
+    return isinstance(item, int | float) and not isinstance(item, bool)
+
+
+def _validate_values(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    # Fast path: pydantic-core validates the whole list in Rust. Only when that fails do we
+    # scan in Python, to give one clear message with the index instead of one error per
+    # union member.
+    try:
+        return handler(value)
+    except ValidationError:
+        raise _explain_bad_item(value, _is_metric_value) from None
+
+
+MetricValues = Annotated[
+    list[StrictFloat | None | NonFiniteLiteral], WrapValidator(_validate_values)
+]
+
+
+def _check_json_safe(value: Any, where: str) -> None:
+    """Config must be plain JSON: finite numbers only (Postgres JSONB rejects NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number (got {value})")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_json_safe(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_json_safe(item, f"{where}[{index}]")
+
+
+class RunConfig(BaseModel):
+    """A run's configuration. The typed keys are the ones the service reads; anything else
+    (optimizer hyper-parameters, model size, ...) is kept as given."""
+
+    model_config = ConfigDict(extra="allow")
+
+    total_steps: Annotated[StrictInt, Field(gt=0)] | None = Field(
+        default=None, description="Planned number of steps: the default forecast horizon."
+    )
+    warmup_steps: Annotated[StrictInt, Field(ge=0)] | None = None
+    c_warmup: Annotated[StrictInt, Field(ge=0)] | None = Field(
+        default=None, description="Steps before averaging starts: the forecast's burn-in."
+    )
+    weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        default=None, description="AdamC lambda, for the steady-state norm ratio sqrt(2*lambda)."
+    )
+    fit_key: MetricKey | None = Field(
+        default=None, description="Which series the forecast fits (default: eval loss, else loss)."
+    )
+
+    @model_validator(mode="after")
+    def _json_safe(self) -> RunConfig:
+        for key, value in (self.model_extra or {}).items():
+            _check_json_safe(value, key)
+        return self
+
+
+class RunCreate(BaseModel):
+    """Body of ``PUT /api/v1/runs/{run_id}`` (create-or-get)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: ProjectName
+    name: RunName | None = None
+    config: RunConfig = Field(default_factory=RunConfig)
+
+
+class RunUpdate(BaseModel):
+    """Body of ``PATCH /api/v1/runs/{run_id}``; ``config`` keys merge into the stored config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: RunStatus | None = None
+    name: RunName | None = None
+    config: RunConfig | None = None
+
+
+class RunOut(BaseModel):
+    """A run as the API returns it."""
+
+    id: uuid.UUID
+    project: str
+    name: str
+    config: dict[str, Any]
+    status: RunStatus
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    last_step: int | None
+    n_points: int
+
+
+class RunPage(BaseModel):
+    """One page of runs; pass ``next_page_token`` back as ``page_token`` for the next one."""
+
+    runs: list[RunOut]
+    next_page_token: str | None
+
+
+class MetricBatch(BaseModel):
+    """A columnar batch: one ``steps`` array, and per metric key a ``values`` array of the same
+    length (``null`` where the key was not measured at that step)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: list[Step]
+    wall_time: list[Annotated[float, Field(allow_inf_nan=False)] | None] | None = Field(
+        default=None, description="Seconds since the epoch, one per step (optional)."
+    )
+    values: dict[MetricKey, MetricValues]
+
+    @field_validator("values")
+    @classmethod
+    def _some_keys(cls, values: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        if not values:
+            raise ValueError("must contain at least one metric key")
+        return values
+
+    @model_validator(mode="after")
+    def _lengths_match(self) -> MetricBatch:
+        n = len(self.steps)
+        if self.wall_time is not None and len(self.wall_time) != n:
+            raise ValueError(f"wall_time has {len(self.wall_time)} items but steps has {n}")
+        for key, column in self.values.items():
+            if len(column) != n:
+                raise ValueError(f"values.{key} has {len(column)} items but steps has {n}")
+        return self
+
+
+class IngestResult(BaseModel):
+    """What an ingest request stored: ``accepted`` new points, ``duplicates`` already stored."""
+
+    accepted: int
+    duplicates: int
+
+
+class SeriesOut(BaseModel):
+    """One metric series. When ``downsampled`` is true each entry is a bucket: ``steps`` and
+    ``values`` are the bucket's last point, ``min``/``max`` its extremes (spikes stay visible)
+    and ``count`` how many points it holds."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    key: str
+    total_points: int
+    downsampled: bool
+    steps: list[int]
+    values: list[float]
+    wall_time: list[float | None] | None = None
+    min: list[float] | None = None
+    max: list[float] | None = None
+    count: list[int] | None = None
+
+
+class MetricsOut(BaseModel):
+    """Series of one run."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    run_id: uuid.UUID
+    series: list[SeriesOut]
+
+
+class TokenCreated(BaseModel):
+    """A freshly created token; ``token`` is shown this once and never stored."""
+
+    id: int
+    project: str
+    name: str
+    scope: TokenScope
+    token: str
+
+
+class TokenInfo(BaseModel):
+    """A stored token, without its secret."""
+
+    id: int
+    project: str
+    name: str
+    scope: TokenScope
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class Principal(BaseModel):
+    """Who is calling: a token's project and scope, or everyone when auth is off."""
+
+    project: str | None
+    scope: TokenScope
+    token_id: int | None = None
+
+    def can(self, needed: TokenScope) -> bool:
+        """Scopes nest: admin ⊇ ingest ⊇ read."""
+        order = {"read": 0, "ingest": 1, "admin": 2}
+        return order[self.scope] >= order[needed]
+
+
+class Health(BaseModel):
+    """Liveness / readiness answer."""
+
+    status: Literal["ok", "unavailable"]
+    database: str | None = None
+    schema_revision: str | None = None

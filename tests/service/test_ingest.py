@@ -1,0 +1,196 @@
+"""Columnar, idempotent ingest and series reads on both backends (real uvicorn server)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import uuid
+
+import httpx
+import pandas as pd
+import pytest
+
+
+@pytest.fixture
+def run_url(server: str, project: str) -> str:
+    run_id = uuid.uuid4()
+    resp = httpx.put(f"{server}/api/v1/runs/{run_id}", json={"project": project})
+    assert resp.status_code == 201
+    return f"{server}/api/v1/runs/{run_id}"
+
+
+def post(run_url: str, body: object) -> httpx.Response:
+    return httpx.post(f"{run_url}/metrics", json=body, timeout=30)
+
+
+def post_raw(run_url: str, raw: str | bytes) -> httpx.Response:
+    return httpx.post(
+        f"{run_url}/metrics", content=raw, headers={"content-type": "application/json"}, timeout=30
+    )
+
+
+def series(run_url: str, **params: object) -> dict[str, dict]:
+    resp = httpx.get(f"{run_url}/metrics", params=params, timeout=30)
+    assert resp.status_code == 200, resp.text
+    return {s["key"]: s for s in resp.json()["series"]}
+
+
+def test_same_batch_twice_is_stored_once(run_url: str) -> None:
+    batch = {"steps": [0, 1, 2], "values": {"loss": [3.0, 2.5, 2.0], "eta": [0.1, None, 0.3]}}
+    assert post(run_url, batch).json() == {"accepted": 5, "duplicates": 0}
+    assert post(run_url, batch).json() == {"accepted": 0, "duplicates": 5}
+    got = series(run_url)
+    assert got["loss"]["steps"] == [0, 1, 2]
+    assert got["eta"]["steps"] == [0, 2]
+    run = httpx.get(run_url).json()
+    assert run["n_points"] == 5 and run["last_step"] == 2
+
+
+def test_overlapping_batches_keep_first_value(run_url: str) -> None:
+    post(run_url, {"steps": [0, 1, 2, 3], "values": {"loss": [4.0, 3.0, 2.0, 1.0]}})
+    second = post(run_url, {"steps": [2, 3, 4, 5], "values": {"loss": [9.0, 9.0, 0.5, 0.25]}})
+    assert second.json() == {"accepted": 2, "duplicates": 2}
+    assert series(run_url)["loss"]["values"] == [4.0, 3.0, 2.0, 1.0, 0.5, 0.25]
+
+
+def test_nan_and_inf_round_trip_as_literals_and_strings(run_url: str) -> None:
+    # The bare literals Python's json module emits...
+    raw = json.dumps({"steps": [1, 2, 3], "values": {"loss": [math.nan, math.inf, -math.inf]}})
+    assert "NaN" in raw and post_raw(run_url, raw).status_code == 200
+    # ...and the string spelling.
+    strings = {"steps": [4, 5, 6], "values": {"loss": ["NaN", "Infinity", "-Infinity"]}}
+    assert post(run_url, strings).status_code == 200
+    got = series(run_url)["loss"]
+    assert got["values"] == ["NaN", "Infinity", "-Infinity"] * 2
+    csv = httpx.get(f"{run_url}/metrics.csv").text
+    frame = pd.read_csv(io.StringIO(csv))
+    assert math.isnan(frame["value"][0]) and frame["value"][1] == math.inf
+    assert frame["value"][2] == -math.inf and frame["value"][3] != 0.0
+
+
+def test_wall_time_round_trip(run_url: str) -> None:
+    post(run_url, {"steps": [1, 2], "wall_time": [1700000000.5, None], "values": {"loss": [1, 2]}})
+    got = series(run_url)["loss"]
+    assert got["wall_time"] == [1700000000.5, None]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (
+            {"steps": [1, 2], "values": {"loss": [1.0]}},
+            422,
+            "values.loss has 1 items but steps has 2",
+        ),
+        ({"steps": [1, -2], "values": {"loss": [1.0, 2.0]}}, 422, "steps[1]"),
+        ({"steps": [1, 2.5], "values": {"loss": [1.0, 2.0]}}, 422, "steps[1]"),
+        ({"steps": [1, "2"], "values": {"loss": [1.0, 2.0]}}, 422, "steps[1]"),
+        ({"steps": [1, 2], "values": {"loss": [1.0, "abc"]}}, 422, "values.loss: item 1"),
+        ({"steps": [1, 2], "values": {"loss": [1.0, True]}}, 422, "values.loss: item 1"),
+        ({"steps": [1], "values": {"bad key!": [1.0]}}, 422, "key 'bad key!'"),
+        ({"steps": [1], "values": {"x" * 201: [1.0]}}, 422, "key"),
+        ({"steps": [1], "values": {}}, 422, "at least one metric key"),
+        ({"steps": [1], "wall_time": [1.0, 2.0], "values": {"a": [1]}}, 422, "wall_time has 2"),
+        ({"values": {"a": [1]}}, 422, "steps: Field required"),
+        ({"steps": [1], "values": {"a": [1]}, "extra": 1}, 422, "extra"),
+        ([1, 2, 3], 422, "body"),
+    ],
+)
+def test_bad_input_names_the_field_and_stores_nothing(
+    run_url: str, body: object, status: int, needle: str
+) -> None:
+    post(run_url, {"steps": [0], "values": {"loss": [5.0]}})
+    resp = post(run_url, body)
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error_code"] == "invalid_request"
+    assert needle in resp.json()["message"], resp.json()["message"]
+    got = series(run_url)
+    assert list(got) == ["loss"] and got["loss"]["values"] == [5.0]
+
+
+def test_malformed_json_is_400(run_url: str) -> None:
+    resp = post_raw(run_url, '{"steps": [1, 2')
+    assert resp.status_code == 400
+    assert resp.json()["error_code"] == "malformed_json"
+
+
+def test_batch_is_all_or_nothing(run_url: str) -> None:
+    # Valid keys and one bad value in another key: nothing of the batch is stored.
+    resp = post(run_url, {"steps": [1, 2, 3], "values": {"loss": [1, 2, 3], "eta": [1, {}, 3]}})
+    assert resp.status_code == 422
+    assert httpx.get(f"{run_url}/metrics").json()["series"] == []
+
+
+def test_too_many_points_and_too_large_body(run_url: str) -> None:
+    n = 100_001
+    resp = post(run_url, {"steps": list(range(n)), "values": {"loss": [1.0] * n}})
+    assert resp.status_code == 413
+    assert resp.json()["error_code"] == "too_many_points"
+    huge = b'{"steps": [' + b"1," * (9 * 1024 * 1024) + b'1], "values": {"a": [1]}}'
+    resp = post_raw(run_url, huge)
+    assert resp.status_code == 413
+    assert resp.json()["error_code"] == "payload_too_large"
+    assert httpx.get(f"{run_url}/metrics").json()["series"] == []
+
+
+def test_metrics_for_unknown_run_is_404(server: str) -> None:
+    resp = httpx.post(
+        f"{server}/api/v1/runs/{uuid.uuid4()}/metrics", json={"steps": [1], "values": {"a": [1]}}
+    )
+    assert resp.status_code == 404
+    assert resp.json()["error_code"] == "run_not_found"
+    assert "PUT" in resp.json()["message"]
+
+
+def test_downsampling_keeps_a_planted_spike(run_url: str) -> None:
+    n = 20_000
+    values = [2.0 + 1.0 / math.sqrt(i + 10) for i in range(n)]
+    values[12_345] = 50.0
+    values[7_777] = -3.0
+    post(run_url, {"steps": list(range(n)), "values": {"loss": values}})
+    got = series(run_url, max_points=200)["loss"]
+    assert got["downsampled"] is True and got["total_points"] == n
+    assert len(got["steps"]) <= 200
+    assert max(got["max"]) == 50.0 and min(got["min"]) == -3.0
+    # The bucket holding the spike spans its step.
+    idx = got["max"].index(50.0)
+    assert got["steps"][idx - 1] < 12_345 <= got["steps"][idx]
+    assert sum(got["count"]) == n
+    # Range queries at full resolution.
+    window = series(run_url, start=12_340, end=12_350)["loss"]
+    assert window["steps"] == list(range(12_340, 12_351))
+    assert window["values"][5] == 50.0 and window["downsampled"] is False
+
+
+def test_keys_filter_and_bad_key_query(run_url: str) -> None:
+    post(run_url, {"steps": [1], "values": {"a": [1], "b": [2], "c/d": [3]}})
+    assert list(series(run_url, keys="a,c/d")) == ["a", "c/d"]
+    assert series(run_url, keys="zzz")["zzz"]["total_points"] == 0
+    bad = httpx.get(f"{run_url}/metrics", params={"keys": "a,b c"})
+    assert bad.status_code == 422 and "keys[1]" in bad.json()["message"]
+
+
+def test_repeated_step_within_a_batch_keeps_the_first(run_url: str) -> None:
+    resp = post(run_url, {"steps": [1, 1, 2], "values": {"loss": [1.0, 9.0, 2.0]}})
+    assert resp.json() == {"accepted": 2, "duplicates": 1}
+    assert series(run_url)["loss"]["values"] == [1.0, 2.0]
+
+
+def test_duplicate_fallback_keeps_nan_and_wall_time(run_url: str) -> None:
+    first = {"steps": [1, 2], "wall_time": [10.0, None], "values": {"loss": [1.0, "NaN"]}}
+    post(run_url, first)
+    # Overlaps step 2 (forces the conflict-tolerant path) and adds NaN/wall-time rows.
+    second = {"steps": [2, 3, 4], "wall_time": [99.0, 30.0, None],
+              "values": {"loss": [5.0, "NaN", 4.0]}}
+    assert post(run_url, second).json() == {"accepted": 2, "duplicates": 1}
+    got = series(run_url)["loss"]
+    assert got["values"] == [1.0, "NaN", "NaN", 4.0]
+    assert got["wall_time"] == [10.0, None, 30.0, None]
+
+
+def test_sparse_series_is_not_bucketed(run_url: str) -> None:
+    post(run_url, {"steps": [0, 500_000, 1_000_000], "values": {"eval_loss": [3.0, 2.5, 2.25]}})
+    got = series(run_url, max_points=10)["eval_loss"]
+    assert got["downsampled"] is False
+    assert got["steps"] == [0, 500_000, 1_000_000] and got["total_points"] == 3

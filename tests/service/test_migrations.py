@@ -1,0 +1,93 @@
+"""Migrations own the schema: upgrade/downgrade on both backends, models agree with them, and a
+server database with a stale schema is refused at start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect
+
+from service.config import Settings
+from service.db import Base
+from service.migrate import downgrade, head_revision, upgrade
+from tests._servers import REPO
+
+TABLES = {"projects", "runs", "series", "metric_points", "api_tokens"}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'm.db'}"
+    return str(request.getfixturevalue("fresh_pg_url"))
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_engine(Settings(database_url=url).database_url)
+    try:
+        return set(inspect(engine).get_table_names()) - {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_upgrade(empty_db: str) -> None:
+    upgrade(empty_db)
+    assert _tables(empty_db) == TABLES
+    downgrade(empty_db, "base")
+    assert _tables(empty_db) == set()
+    upgrade(empty_db)
+    assert _tables(empty_db) == TABLES
+
+
+def test_models_match_migrations(empty_db: str) -> None:
+    import service.models  # noqa: F401  (registers the tables on Base.metadata)
+
+    upgrade(empty_db)
+    engine = create_engine(Settings(database_url=empty_db).database_url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_stale_postgres_schema_is_refused(fresh_pg_url: str) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--port",
+            "1",
+            "--database-url",
+            fresh_pg_url,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "curvecast migrate" in proc.stderr and head_revision() in proc.stderr
+    migrated = subprocess.run(
+        [sys.executable, "-m", "service.cli", "migrate", "--database-url", fresh_pg_url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert migrated.returncode == 0, migrated.stderr
+    assert _tables(fresh_pg_url) == TABLES
+
+
+def test_sqlite_default_upgrades_itself(tmp_path: Path) -> None:
+    from service.app import prepare_database
+
+    url = f"sqlite:///{tmp_path / 'auto.db'}"
+    prepare_database(Settings(database_url=url))
+    assert _tables(url) == TABLES
