@@ -120,10 +120,11 @@ def copy_baseline(pg_url: str, n_points: int, prebuilt: bool) -> float:
 
 
 def bytes_per_point_pg(pg_url: str) -> float:
+    """Points table, its primary key and the rollups, per stored point."""
     with psycopg.connect(pg_url.replace("+psycopg", "")) as conn:
-        conn.execute("VACUUM ANALYZE metric_points") if False else None
         size, count = conn.execute(
-            "SELECT pg_total_relation_size('metric_points'), count(*) FROM metric_points"
+            "SELECT pg_total_relation_size('metric_points')"
+            " + pg_total_relation_size('metric_rollups'), (SELECT count(*) FROM metric_points)"
         ).fetchone()
     return size / count
 
@@ -136,7 +137,7 @@ def bytes_per_point_sqlite(db_path: Path) -> float:
         count = conn.execute("SELECT count(*) FROM metric_points").fetchone()[0]
         try:
             size = conn.execute(
-                "SELECT sum(pgsize) FROM dbstat WHERE name IN ('metric_points')"
+                "SELECT sum(pgsize) FROM dbstat WHERE name IN ('metric_points', 'metric_rollups')"
             ).fetchone()[0]
         except sqlite3.OperationalError:  # dbstat not compiled in: whole file
             size = db_path.stat().st_size
@@ -218,7 +219,9 @@ def main() -> int:
         + markdown_table(
             ["backend", "writers", "points/s over HTTP", "vs COPY write_row",
              "vs COPY pre-encoded"], rows)
-        + "\n\nStorage (table + primary-key index, per stored point; MLflow needs ≈ 250 B):\n\n"
+        + "\n\nStorage per stored point: points table, its primary key and the rollups "
+        "(SQLite: the whole database file when `dbstat` is not compiled in). "
+        "MLflow needs ≈ 250 B:\n\n"
         + markdown_table(["backend", "bytes/point"],
                          [[k, f"{v:.0f}"] for k, v in sorted(storage.items())])
         + f"\n\nReading one {big_series:,}-point series downsampled to 2,000 min/max buckets, "

@@ -12,11 +12,12 @@ from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__
-from service.api import health, metrics, runs
+from service.api import forecast, health, metrics, pages, runs
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
 from service.errors import ERROR_CODE_TO_HTTP_STATUS, install_handlers
 from service.migrate import check_schema, upgrade
+from service.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +132,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = make_engine(settings)
 
+    sessions = make_sessionmaker(engine)
+    worker = Worker(sessions, settings) if settings.worker_enabled else None
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         prepare_database(settings)
+        if worker is not None:
+            worker.start()
         yield
+        if worker is not None:
+            worker.stop()
         engine.dispose()
 
     app = FastAPI(
@@ -145,14 +153,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.engine = engine
-    app.state.sessionmaker = make_sessionmaker(engine)
-    app.state.notify_ingest = _no_worker
+    app.state.sessionmaker = sessions
+    app.state.notify_ingest = (lambda _run_id: worker.notify()) if worker else _no_worker
     install_handlers(app, settings.retry_after_s)
-    for module in (health, runs, metrics):
+    for module in (health, runs, metrics, forecast, pages):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
 
 
 def _no_worker(_run_id: uuid.UUID) -> None:
-    """Placeholder until a background worker subscribes to ingest notifications."""
+    """Ingest notification sink when the worker is disabled."""

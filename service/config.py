@@ -62,7 +62,13 @@ class Settings(BaseSettings):
         default=True, description="Upgrade an embedded SQLite database at start-up."
     )
     worker_enabled: bool = Field(default=True, description="Run the background worker.")
-    worker_interval_s: float = Field(default=1.0, gt=0)
+    worker_interval_s: float = Field(default=1.0, gt=0, description="Worker poll interval.")
+    refit_growth: float = Field(
+        default=0.05, ge=0, description="Refit a run once it has this fraction more points."
+    )
+    refit_max_age_s: float = Field(
+        default=30.0, gt=0, description="...or once its last fit is this old and it has new points."
+    )
 
     @field_validator("database_url")
     @classmethod

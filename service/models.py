@@ -17,7 +17,9 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    Index,
     Integer,
+    SmallInteger,
     String,
     UniqueConstraint,
     Uuid,
@@ -100,3 +102,56 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class MetricRollup(Base):
+    """Aggregates of one series over a block of ``ROLLUP_WIDTHS[level]`` steps (block = step //
+    width): count, extremes, and the last point. Maintained at ingest, in the same transaction
+    as the points, so downsampled reads of long series touch thousands of rows, not millions."""
+
+    __tablename__ = "metric_rollups"
+
+    series_id: Mapped[int] = mapped_column(
+        ForeignKey("series.id", ondelete="CASCADE"), primary_key=True
+    )
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    block: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
+    vmin: Mapped[float | None] = mapped_column(Double)
+    vmax: Mapped[float | None] = mapped_column(Double)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    last_value: Mapped[float | None] = mapped_column(Double)
+
+
+class RunWork(Base):
+    """Background-work bookkeeping per run, apart from ``runs`` so that a worker holding it
+    never blocks ingest (which locks the run's row)."""
+
+    __tablename__ = "run_work"
+
+    run_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    fit_n_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    fit_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    fit_lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class FitRecord(Base):
+    """One stored forecast fit (the fit history). ``fit`` is ``Fit.to_dict()``."""
+
+    __tablename__ = "fits"
+    __table_args__ = (Index("ix_fits_run_id_id", "run_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(32))
+    n_points: Mapped[int] = mapped_column(BigInteger)
+    run_n_points: Mapped[int] = mapped_column(BigInteger)
+    fitted_upto_step: Mapped[int | None] = mapped_column(BigInteger)
+    a: Mapped[float | None] = mapped_column(Double)
+    b: Mapped[float | None] = mapped_column(Double)
+    c: Mapped[float | None] = mapped_column(Double)
+    fit: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -25,9 +25,16 @@ def as_utc(value: datetime) -> datetime:
 def write_connection(session: Session) -> Connection:
     """The session's connection, marked as a write transaction (BEGIN IMMEDIATE on SQLite).
 
-    Call this before the first statement of a function that writes.
+    Call this before the first statement of a function that writes. Calling it again in the
+    same transaction is fine; calling it after a read already began the transaction on SQLite
+    is a bug (the transaction could not upgrade safely) and raises.
     """
-    return session.connection(execution_options={WRITE_OPTION: True})
+    if not session.in_transaction():
+        return session.connection(execution_options={WRITE_OPTION: True})
+    conn = session.connection()
+    if conn.dialect.name == "sqlite" and not conn.get_execution_options().get(WRITE_OPTION):
+        raise RuntimeError("write_connection() must come before the transaction's first read")
+    return conn
 
 
 def is_postgres(session: Session) -> bool:

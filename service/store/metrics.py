@@ -19,11 +19,12 @@ import numpy as np
 from sqlalchemy import case, select, text, update
 from sqlalchemy.orm import Session
 
-from service.errors import InvalidInput, RunNotFound
+from service.errors import RunNotFound
 from service.models import MetricPoint, Project, Run, Series
 from service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
 from service.store._common import insert_ignore, is_postgres, utcnow, write_connection
 from service.store._pgcopy import encode_rows
+from service.store.rollups import choose_level, read_buckets, update_rollups
 
 _COPY_POINTS = "COPY metric_points (series_id, step, value, wall_time) FROM STDIN (FORMAT BINARY)"
 _STAGING = (
@@ -34,7 +35,10 @@ _COPY_STAGING = "COPY curvecast_ingest FROM STDIN (FORMAT BINARY)"
 _MERGE_STAGING = (
     "INSERT INTO metric_points (series_id, step, value, wall_time)"
     " SELECT series_id, step, value, wall_time FROM curvecast_ingest ORDER BY series_id, step"
-    " ON CONFLICT DO NOTHING"
+    " ON CONFLICT DO NOTHING RETURNING series_id, step"
+)
+_EXISTING_SQL = text(
+    "SELECT step FROM metric_points WHERE series_id = :sid AND step >= :lo AND step <= :hi"
 )
 _SQLITE_INSERT = (
     "INSERT INTO metric_points (series_id, step, value, wall_time) VALUES (?, ?, ?, ?) "
@@ -56,15 +60,15 @@ class _Columns:
     wall: np.ndarray | None
     n_sent: int  # points in the request, counting repeats within it
 
-    def rows(self) -> list[tuple[int, int, float | None, float | None]]:
-        """Python rows for DB-API ``executemany`` (NaN → None)."""
+    def rows(self, mask: np.ndarray) -> list[tuple[int, int, float | None, float | None]]:
+        """Python rows of the masked points for DB-API ``executemany`` (NaN → None)."""
         wall = self.wall if self.wall is not None else np.full(len(self.step), np.nan)
         return list(
             zip(
-                self.series_id.tolist(),
-                self.step.tolist(),
-                _nan_to_none(self.value),
-                _nan_to_none(wall),
+                self.series_id[mask].tolist(),
+                self.step[mask].tolist(),
+                _nan_to_none(self.value[mask]),
+                _nan_to_none(wall[mask]),
                 strict=True,
             )
         )
@@ -118,9 +122,9 @@ def _nan_to_none(values: np.ndarray) -> list[float | None]:
     return out
 
 
-def _insert_postgres(dbapi: Any, cols: _Columns) -> int:
+def _insert_postgres(dbapi: Any, cols: _Columns) -> np.ndarray:
     """Optimistic binary COPY straight into the table; on a duplicate, fall back to a staging
-    table merged with ``ON CONFLICT DO NOTHING``. Returns how many points were new.
+    table merged with ``ON CONFLICT DO NOTHING``. Returns the mask of points that were new.
 
     New points are the common case (a client sends each point once; duplicates come from
     retries), and COPY is the fastest way into PostgreSQL. The savepoint keeps the surrounding
@@ -138,13 +142,42 @@ def _insert_postgres(dbapi: Any, cols: _Columns) -> int:
             cur.execute("ROLLBACK TO SAVEPOINT curvecast_copy")
         else:
             cur.execute("RELEASE SAVEPOINT curvecast_copy")
-            return len(cols.step)
+            return np.ones(len(cols.step), dtype=bool)
         cur.execute(_STAGING)
         with cur.copy(_COPY_STAGING) as copy:
             copy.write(payload)
         cur.execute(_MERGE_STAGING)
-        accepted = int(cur.rowcount)
-        return accepted
+        inserted = np.array(cur.fetchall(), dtype=np.int64).reshape(-1, 2)
+    return _member_mask(cols, inserted[:, 0], inserted[:, 1])
+
+
+def _member_mask(cols: _Columns, sid: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Mask of the batch's points whose (series, step) is among the given pairs."""
+    pairs = set(zip(sid.tolist(), step.tolist(), strict=True))
+    batch = zip(cols.series_id.tolist(), cols.step.tolist(), strict=True)
+    return np.fromiter((pair in pairs for pair in batch), dtype=bool, count=len(cols.step))
+
+
+def _insert_sqlite(session: Session, dbapi: Any, cols: _Columns) -> np.ndarray:
+    """Insert the points not stored yet; returns the mask of those that were new.
+
+    The write transaction (BEGIN IMMEDIATE) excludes other writers, so the points found
+    missing here are exactly the ones the insert adds.
+    """
+    new = np.ones(len(cols.step), dtype=bool)
+    bounds = np.flatnonzero(np.append(True, cols.series_id[1:] != cols.series_id[:-1]))
+    for start, end in zip(bounds, np.append(bounds[1:], len(cols.step)), strict=True):
+        sid = int(cols.series_id[start])
+        lo, hi = int(cols.step[start]), int(cols.step[end - 1])
+        stored = session.execute(_EXISTING_SQL, {"sid": sid, "lo": lo, "hi": hi}).scalars().all()
+        if stored:
+            new[start:end] = ~np.isin(cols.step[start:end], np.array(stored, dtype=np.int64))
+    cursor = dbapi.cursor()
+    try:
+        cursor.executemany(_SQLITE_INSERT, cols.rows(new))
+    finally:
+        cursor.close()
+    return new
 
 
 def _series_ids(session: Session, run_id: uuid.UUID, keys: Sequence[str]) -> dict[str, int]:
@@ -197,15 +230,10 @@ def ingest_batch(
         return IngestResult(accepted=0, duplicates=0)
     dbapi = session.connection().connection.dbapi_connection
     assert dbapi is not None
-    if is_postgres(session):
-        accepted = _insert_postgres(dbapi, cols)
-    else:
-        cursor = dbapi.cursor()
-        try:
-            cursor.executemany(_SQLITE_INSERT, cols.rows())
-            accepted = int(cursor.rowcount)
-        finally:
-            cursor.close()
+    postgres = is_postgres(session)
+    new = _insert_postgres(dbapi, cols) if postgres else _insert_sqlite(session, dbapi, cols)
+    accepted = int(new.sum())
+    update_rollups(session, dbapi, cols.series_id[new], cols.step[new], cols.value[new], postgres)
     session.execute(
         update(Run).where(Run.id == run_id).values(n_points=Run.n_points + accepted),
         execution_options={"synchronize_session": False},
@@ -238,9 +266,7 @@ _RANGE = "series_id = :sid AND step >= :lo AND step <= :hi"
 # (a combined min/max, or a count, would scan every point of the series).
 _FIRST_STEP_SQL = text(f"SELECT min(step) FROM metric_points WHERE {_RANGE}")
 _LAST_STEP_SQL = text(f"SELECT max(step) FROM metric_points WHERE {_RANGE}")
-_ALL_SQL = text(
-    f"SELECT step, value, wall_time FROM metric_points WHERE {_RANGE} ORDER BY step"
-)
+_ALL_SQL = text(f"SELECT step, value, wall_time FROM metric_points WHERE {_RANGE} ORDER BY step")
 # Buckets of equal step width: bucket = (step - lo) * n_buckets // span, in integer arithmetic
 # (the caller checks it cannot overflow). Per bucket: the extremes (spikes stay visible), the
 # point count, and the last point, found through the primary key (one lookup per bucket).
@@ -281,13 +307,29 @@ def _read_one(
     lo = session.execute(_FIRST_STEP_SQL, params).scalar()
     if lo is None:
         return _empty(key)
-    hi = session.execute(_LAST_STEP_SQL, params).scalar()
+    hi = int(session.execute(_LAST_STEP_SQL, params).scalar_one())
+    lo = int(lo)
     span = hi - lo + 1
     # Steps are distinct integers, so a span that fits needs no downsampling.
     if max_points is None or span <= max_points:
         return _read_all(session, sid, key, lo, hi)
-    if span * max_points >= 2**62:  # integer bucket arithmetic would overflow: coarsen steps
-        raise InvalidInput("start/end: the step range is too large to downsample; narrow it")
+    level = choose_level(span, max_points)
+    if level is not None:
+        buckets = read_buckets(session, sid, lo, hi, max_points, level)
+        if sum(buckets.count) <= max_points:  # sparse series: every point fits after all
+            return _read_all(session, sid, key, lo, hi)
+        return SeriesOut(
+            key=key,
+            total_points=sum(buckets.count),
+            downsampled=True,
+            steps=buckets.steps,
+            values=buckets.values,
+            min=buckets.vmin,
+            max=buckets.vmax,
+            count=buckets.count,
+        )
+    # Buckets narrower than the finest rollup block (span < 16 * max_points): aggregate the
+    # raw points, at most a few hundred thousand.
     rows = session.execute(
         _BUCKET_SQL, {"sid": sid, "lo": lo, "hi": hi, "nb": max_points, "span": span}
     ).all()
@@ -325,9 +367,7 @@ def read_series(
     lo = 0 if start is None else start
     hi = 2**62 if end is None else end
     series = [
-        _read_one(session, found[key], key, lo, hi, max_points)
-        if key in found
-        else _empty(key)
+        _read_one(session, found[key], key, lo, hi, max_points) if key in found else _empty(key)
         for key in (keys or sorted(found))
     ]
     return MetricsOut(run_id=run_id, series=series)

@@ -11,7 +11,7 @@ from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from service.errors import Conflict, Forbidden, InvalidInput, RunNotFound
-from service.models import Project, Run
+from service.models import Project, Run, RunWork
 from service.schemas import RunCreate, RunOut, RunPage, RunUpdate
 from service.store._common import as_utc, insert_ignore, utcnow, write_connection
 from service.store.projects import ensure_project
@@ -79,6 +79,8 @@ def create_or_get_run(
     )
     # RETURNING yields a row only when the insert happened (rowcount is unreliable here).
     created = result.first() is not None
+    if created:
+        session.execute(insert_ignore(session, RunWork.__table__, run_id=run_id, fit_n_points=0))  # type: ignore[arg-type]
     row = session.execute(select(Run, Project.name).join(Project).where(Run.id == run_id)).one()
     run, project = row[0], row[1]
     if project != run_in.project:

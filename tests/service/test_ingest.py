@@ -181,8 +181,11 @@ def test_duplicate_fallback_keeps_nan_and_wall_time(run_url: str) -> None:
     first = {"steps": [1, 2], "wall_time": [10.0, None], "values": {"loss": [1.0, "NaN"]}}
     post(run_url, first)
     # Overlaps step 2 (forces the conflict-tolerant path) and adds NaN/wall-time rows.
-    second = {"steps": [2, 3, 4], "wall_time": [99.0, 30.0, None],
-              "values": {"loss": [5.0, "NaN", 4.0]}}
+    second = {
+        "steps": [2, 3, 4],
+        "wall_time": [99.0, 30.0, None],
+        "values": {"loss": [5.0, "NaN", 4.0]},
+    }
     assert post(run_url, second).json() == {"accepted": 2, "duplicates": 1}
     got = series(run_url)["loss"]
     assert got["values"] == [1.0, "NaN", "NaN", 4.0]
@@ -194,3 +197,37 @@ def test_sparse_series_is_not_bucketed(run_url: str) -> None:
     got = series(run_url, max_points=10)["eval_loss"]
     assert got["downsampled"] is False
     assert got["steps"] == [0, 500_000, 1_000_000] and got["total_points"] == 3
+
+
+def test_rollup_reads_match_brute_force(run_url: str) -> None:
+    """Downsampled reads come from the rollups (plus raw edges); they must equal what a brute
+    force over the raw points gives, including after overlapping (duplicate) batches."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    n = 60_000
+    values = rng.normal(3.0, 1.0, n)
+    values[rng.choice(n, 50, replace=False)] = np.nan
+    steps = np.arange(n)
+    for lo in range(0, n, 20_000):  # batches overlapping by 5,000 steps
+        sl = slice(max(0, lo - 5_000), lo + 20_000)
+        body = {"steps": steps[sl].tolist(),
+                "values": {"loss": ["NaN" if np.isnan(v) else v for v in values[sl]]}}
+        assert post(run_url, body).status_code == 200
+    start, end, max_points = 1_234, 45_678, 300
+    got = series(run_url, start=start, end=end, max_points=max_points)["loss"]
+    assert got["downsampled"] is True
+    assert len(got["steps"]) <= max_points
+    assert got["total_points"] == sum(got["count"]) == end - start + 1
+    window = values[start : end + 1]
+    assert max(got["max"]) == np.nanmax(window) and min(got["min"]) == np.nanmin(window)
+    # Every bucket: its last point is the raw point at its last step; extremes and counts agree.
+    edges = [start - 1, *got["steps"]]
+    for i, last in enumerate(got["steps"]):
+        chunk = values[edges[i] + 1 : last + 1]
+        assert got["count"][i] == len(chunk)
+        assert got["max"][i] == np.nanmax(chunk) and got["min"][i] == np.nanmin(chunk)
+        expected_last = values[last]
+        assert (got["values"][i] == "NaN") if np.isnan(expected_last) else (
+            got["values"][i] == expected_last
+        )

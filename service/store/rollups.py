@@ -1,0 +1,218 @@
+"""Multi-resolution rollups of metric points: what makes downsampled reads of long series fast.
+
+For each series and each level ``L`` the table ``metric_rollups`` holds one row per block of
+``ROLLUP_WIDTHS[L]`` steps (block = step // width): point count, min, max and the last point.
+Ingest updates the rollups of the points it newly stored, in the same transaction. A read of
+``max_points`` buckets over a span of S steps uses the coarsest level whose block is no wider
+than S / max_points, so it touches between max_points and 8 × max_points rollup rows whatever
+the length of the run, plus at most two partial blocks of raw points at the range's edges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+#: Block widths in steps, one per level (a factor of 8 between levels).
+ROLLUP_WIDTHS = (16, 128, 1024, 8192, 65536, 524288)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Per-block aggregates (parallel arrays), sorted by (series, block)."""
+
+    series_id: np.ndarray
+    block: np.ndarray
+    n: np.ndarray
+    vmin: np.ndarray  # NaN where every value of the block is NaN
+    vmax: np.ndarray
+    last_step: np.ndarray
+    last_value: np.ndarray
+
+
+def aggregate(series_id: np.ndarray, step: np.ndarray, value: np.ndarray, width: int) -> Blocks:
+    """Aggregate points sorted by (series, step) into blocks of ``width`` steps (pure)."""
+    n = len(step)
+    block = step // width
+    change = np.ones(n, dtype=bool)
+    change[1:] = (series_id[1:] != series_id[:-1]) | (block[1:] != block[:-1])
+    starts = np.flatnonzero(change)
+    ends = np.append(starts[1:], n) - 1
+    # fmin/fmax skip NaN (stored NaN values), so a spike next to a NaN stays visible.
+    return Blocks(
+        series_id=series_id[starts],
+        block=block[starts],
+        n=np.diff(np.append(starts, n)),
+        vmin=np.fmin.reduceat(value, starts),
+        vmax=np.fmax.reduceat(value, starts),
+        last_step=step[ends],
+        last_value=value[ends],
+    )
+
+
+_UPSERT = (
+    "INSERT INTO metric_rollups (series_id, level, block, n, vmin, vmax, last_step, last_value) "
+    "{source} ON CONFLICT (series_id, level, block) DO UPDATE SET "
+    "n = metric_rollups.n + excluded.n, "
+    "vmin = CASE WHEN metric_rollups.vmin IS NULL THEN excluded.vmin"
+    " WHEN excluded.vmin IS NULL OR metric_rollups.vmin <= excluded.vmin THEN metric_rollups.vmin"
+    " ELSE excluded.vmin END, "
+    "vmax = CASE WHEN metric_rollups.vmax IS NULL THEN excluded.vmax"
+    " WHEN excluded.vmax IS NULL OR metric_rollups.vmax >= excluded.vmax THEN metric_rollups.vmax"
+    " ELSE excluded.vmax END, "
+    "last_value = CASE WHEN excluded.last_step > metric_rollups.last_step"
+    " THEN excluded.last_value ELSE metric_rollups.last_value END, "
+    "last_step = CASE WHEN excluded.last_step > metric_rollups.last_step"
+    " THEN excluded.last_step ELSE metric_rollups.last_step END"
+)
+_UPSERT_PG = _UPSERT.format(
+    source="SELECT * FROM unnest(CAST(:sid AS integer[]), CAST(:level AS smallint[]),"
+    " CAST(:block AS bigint[]), CAST(:n AS bigint[]), CAST(:vmin AS double precision[]),"
+    " CAST(:vmax AS double precision[]), CAST(:last_step AS bigint[]),"
+    " CAST(:last_value AS double precision[]))"
+)
+_UPSERT_SQLITE = _UPSERT.format(source="VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def _none_for_nan(values: np.ndarray) -> list[float | None]:
+    out: list[float | None] = values.tolist()
+    for index in np.flatnonzero(np.isnan(values)).tolist():
+        out[index] = None
+    return out
+
+
+def update_rollups(
+    session: Session,
+    dbapi: Any,
+    series_id: np.ndarray,
+    step: np.ndarray,
+    value: np.ndarray,
+    postgres: bool,
+) -> None:
+    """Fold newly stored points (sorted by (series, step)) into every level's rollups."""
+    if len(step) == 0:
+        return
+    columns: dict[str, list[Any]] = {
+        k: [] for k in ("sid", "level", "block", "n", "vmin", "vmax", "last_step", "last_value")
+    }
+    for level, width in enumerate(ROLLUP_WIDTHS):
+        agg = aggregate(series_id, step, value, width)
+        columns["sid"] += agg.series_id.tolist()
+        columns["level"] += [level] * len(agg.block)
+        columns["block"] += agg.block.tolist()
+        columns["n"] += agg.n.tolist()
+        columns["vmin"] += _none_for_nan(agg.vmin)
+        columns["vmax"] += _none_for_nan(agg.vmax)
+        columns["last_step"] += agg.last_step.tolist()
+        columns["last_value"] += _none_for_nan(agg.last_value)
+    if postgres:
+        session.execute(text(_UPSERT_PG), columns)
+        return
+    cursor = dbapi.cursor()
+    try:
+        cursor.executemany(_UPSERT_SQLITE, list(zip(*columns.values(), strict=True)))
+    finally:
+        cursor.close()
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """A downsampled series: per bucket its last point, extremes and count."""
+
+    steps: list[int]
+    values: list[float]
+    vmin: list[float]
+    vmax: list[float]
+    count: list[int]
+
+
+def choose_level(span: int, max_points: int) -> int | None:
+    """The coarsest level whose block is no wider than one bucket, or None (too fine)."""
+    bucket = span / max_points
+    levels = [lvl for lvl, width in enumerate(ROLLUP_WIDTHS) if width <= bucket]
+    return levels[-1] if levels else None
+
+
+_BLOCKS_SQL = text(
+    "SELECT block, n, vmin, vmax, last_step, last_value FROM metric_rollups"
+    " WHERE series_id = :sid AND level = :level AND block >= :first AND block <= :last"
+    " ORDER BY block"
+)
+_RAW_SQL = text(
+    "SELECT step, value FROM metric_points WHERE series_id = :sid AND step >= :lo"
+    " AND step <= :hi ORDER BY step"
+)
+
+
+def _sorted_concat(parts: list[Blocks]) -> Blocks:
+    """Concatenate block aggregates and sort them by block."""
+    merged = {
+        f: np.concatenate([getattr(p, f) for p in parts]) for f in Blocks.__dataclass_fields__
+    }
+    order = np.argsort(merged["block"], kind="stable")
+    return Blocks(**{f: a[order] for f, a in merged.items()})
+
+
+def _as_float(values: list[Any]) -> np.ndarray:
+    return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def read_buckets(
+    session: Session, sid: int, lo: int, hi: int, max_points: int, level: int
+) -> Buckets:
+    """Downsample the points of series ``sid`` in [lo, hi] to at most ``max_points`` buckets.
+
+    Buckets are whole numbers of level-``level`` blocks; blocks cut by the range's edges are
+    rebuilt from raw points so every count, extreme and last point is exact.
+    """
+    width = ROLLUP_WIDTHS[level]
+    span = hi - lo + 1
+    # Blocks per bucket, chosen so that even with bucket edges aligned to multiples of the
+    # bucket width the range needs at most max_points buckets.
+    per_bucket = max(1, math.ceil(span / (max(1, max_points - 1) * width)))
+    first_full, last_full = -(-lo // width), (hi + 1) // width - 1
+    parts: list[Blocks] = []
+    rows = session.execute(
+        _BLOCKS_SQL, {"sid": sid, "level": level, "first": first_full, "last": last_full}
+    ).all()
+    if rows:
+        cols = [list(c) for c in zip(*rows, strict=True)]
+        parts.append(
+            Blocks(
+                series_id=np.zeros(len(rows), dtype=np.int64),
+                block=np.array(cols[0], dtype=np.int64),
+                n=np.array(cols[1], dtype=np.int64),
+                vmin=_as_float(cols[2]),
+                vmax=_as_float(cols[3]),
+                last_step=np.array(cols[4], dtype=np.int64),
+                last_value=_as_float(cols[5]),
+            )
+        )
+    # choose_level guarantees span >= max_points * width, so whole blocks always exist.
+    assert first_full <= last_full
+    for edge_lo, edge_hi in ((lo, first_full * width - 1), ((last_full + 1) * width, hi)):
+        if edge_lo > edge_hi:
+            continue
+        raw = session.execute(_RAW_SQL, {"sid": sid, "lo": edge_lo, "hi": edge_hi}).all()
+        if raw:
+            steps = np.array([r[0] for r in raw], dtype=np.int64)
+            values = _as_float([r[1] for r in raw])
+            parts.append(aggregate(np.zeros(len(steps), dtype=np.int64), steps, values, width))
+    blocks = _sorted_concat(parts)
+    block, n, vmin, vmax = blocks.block, blocks.n, blocks.vmin, blocks.vmax
+    last_step, last_value = blocks.last_step, blocks.last_value
+    bucket = block // per_bucket
+    starts = np.flatnonzero(np.append(True, bucket[1:] != bucket[:-1]))
+    ends = np.append(starts[1:], len(bucket)) - 1
+    return Buckets(
+        steps=last_step[ends].tolist(),
+        values=last_value[ends].tolist(),
+        vmin=np.fmin.reduceat(vmin, starts).tolist(),
+        vmax=np.fmax.reduceat(vmax, starts).tolist(),
+        count=np.add.reduceat(n, starts).tolist(),
+    )

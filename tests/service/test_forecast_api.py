@@ -1,0 +1,182 @@
+"""Forecasts in the service: the background worker refits as a run streams, the REST endpoints
+answer from stored fits, and several processes never fit the same data twice."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from sqlalchemy import create_engine, text
+
+from service.config import Settings
+from tests._servers import start_server_process, thread_server
+
+A, B, C = 20.3, 377.0, 2.07  # the paper's 500M-model fit
+
+
+def curve(steps: np.ndarray, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return A / np.sqrt(steps + B) + C + rng.normal(0, 0.004, len(steps))
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """Poll a condition with a deadline (synchronisation on state, not on time)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError("condition not met in time")
+
+
+@pytest.fixture(scope="module")
+def worker_server(database_url: str) -> Iterator[str]:
+    settings = Settings(database_url=database_url, worker_interval_s=0.1, refit_max_age_s=1.0)
+    with thread_server(settings) as url:
+        yield url
+
+
+def stream(url: str, run_id: uuid.UUID, steps: np.ndarray, *, wall0: float = 1.7e9) -> None:
+    values = curve(steps)
+    body = {
+        "steps": steps.tolist(),
+        "wall_time": (wall0 + steps * 0.5).tolist(),
+        "values": {"loss": values.tolist()},
+    }
+    httpx.post(f"{url}/api/v1/runs/{run_id}/metrics", json=body, timeout=30).raise_for_status()
+
+
+def test_forecast_updates_as_the_run_streams(worker_server: str, project: str) -> None:
+    url, run_id = worker_server, uuid.uuid4()
+    httpx.put(
+        f"{url}/api/v1/runs/{run_id}",
+        json={"project": project, "config": {"total_steps": 20_000, "c_warmup": 100}},
+    )
+    assert httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()["status"] == "pending"
+    seen_upto = []
+    for lo in range(0, 4000, 1000):
+        stream(url, run_id, np.arange(lo, lo + 1000))
+        want = lo + 999
+
+        def fitted(want: int = want) -> dict | None:
+            body = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()
+            upto = body["fitted_upto_step"]
+            # Long series are binned: the last fitted step is a bin centre near the end.
+            return body if upto is not None and upto >= want - 20 else None
+
+        body = wait_for(fitted)
+        seen_upto.append(body["fitted_upto_step"])
+    assert seen_upto == sorted(seen_upto) and len(set(seen_upto)) == 4
+    assert body["status"] == "ok" and body["key"] == "loss"
+    assert body["c"] == pytest.approx(C, abs=0.05)
+    truth = A / math.sqrt(20_000 + B) + C
+    pred = body["prediction"]
+    assert pred["step"] == 20_000
+    assert pred["lo"] <= truth <= pred["hi"]
+    assert abs(pred["value"] - truth) / truth < 0.01
+    assert body["f_star"]["lo"] <= body["c"] <= body["f_star"]["hi"]
+    # Any horizon and confidence from the stored fit.
+    wide = httpx.get(
+        f"{url}/api/v1/runs/{run_id}/forecast", params={"horizon": 100_000, "confidence": 0.99}
+    ).json()
+    narrow = httpx.get(
+        f"{url}/api/v1/runs/{run_id}/forecast", params={"horizon": 100_000, "confidence": 0.6}
+    ).json()
+    assert wide["prediction"]["step"] == 100_000
+    assert (
+        wide["prediction"]["hi"] - wide["prediction"]["lo"]
+        > narrow["prediction"]["hi"] - narrow["prediction"]["lo"]
+    )
+    history = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast/history").json()
+    assert history["horizon"] == 20_000
+    uptos = [p["fitted_upto_step"] for p in history["points"]]
+    assert len(uptos) >= 4 and uptos == sorted(uptos)
+    assert history["points"][-1]["final"]["step"] == 20_000
+
+
+def test_target_query_and_eta(worker_server: str, project: str) -> None:
+    url, run_id = worker_server, uuid.uuid4()
+    httpx.put(f"{url}/api/v1/runs/{run_id}", json={"project": project})
+    stream(url, run_id, np.arange(0, 5000))
+    wait_for(lambda: httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()["status"] == "ok")
+    target_loss = 2.2
+    truth = (A / (target_loss - C)) ** 2 - B
+    body = httpx.get(
+        f"{url}/api/v1/runs/{run_id}/forecast/target", params={"loss": target_loss}
+    ).json()
+    target = body["target"]
+    assert target["reachable"] is True
+    assert abs(target["step"] - truth) / truth < 0.1
+    assert target["lo"] <= truth <= (target["hi"] or math.inf)
+    eta = body["eta"]
+    assert eta["steps_per_second"] == pytest.approx(2.0, rel=1e-6)  # wall time: 0.5 s/step
+    assert eta["seconds"] == pytest.approx((target["step"] - 4999) / 2.0, rel=1e-6)
+    below = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast/target", params={"loss": 1.0})
+    assert below.json()["target"]["reachable"] is False
+    bad = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast/target", params={"loss": "nan"})
+    assert bad.status_code == 422 and "loss" in bad.json()["message"]
+
+
+def test_forecast_of_unknown_run_is_404(worker_server: str) -> None:
+    resp = httpx.get(f"{worker_server}/api/v1/runs/{uuid.uuid4()}/forecast")
+    assert resp.status_code == 404 and resp.json()["error_code"] == "run_not_found"
+
+
+def test_two_processes_never_fit_the_same_data_twice(pg_url: str, tmp_path: Path) -> None:
+    env = {"CURVECAST_WORKER_INTERVAL_S": "0.05", "CURVECAST_REFIT_MAX_AGE_S": "0.5"}
+    servers = [start_server_process(pg_url, tmp_path, env=env) for _ in range(2)]
+    try:
+        runs = [uuid.uuid4() for _ in range(4)]
+        for run_id in runs:
+            httpx.put(f"{servers[0].url}/api/v1/runs/{run_id}", json={"project": "refit"})
+
+        def stream_run(index: int) -> None:
+            for n, lo in enumerate(range(0, 3000, 250)):
+                url = servers[(index + n) % 2].url  # alternate between the replicas
+                stream(url, runs[index], np.arange(lo, lo + 250))
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(stream_run, range(4)))
+        engine = create_engine(Settings(database_url=pg_url).database_url)
+
+        def all_fitted() -> bool:
+            with engine.connect() as conn:
+                done = conn.execute(
+                    text(
+                        "SELECT count(*) FROM run_work w JOIN runs r ON r.id = w.run_id "
+                        "WHERE r.id = ANY(:ids) AND w.fit_n_points = r.n_points"
+                        " AND r.n_points = 3000"
+                    ),
+                    {"ids": runs},
+                ).scalar_one()
+            return done == 4
+
+        wait_for(all_fitted)
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT run_id, run_n_points FROM fits WHERE run_id = ANY(:ids) ORDER BY id"),
+                {"ids": runs},
+            ).all()
+        engine.dispose()
+        per_run: dict[uuid.UUID, list[int]] = {}
+        for run_id, n in rows:
+            per_run.setdefault(run_id, []).append(n)
+        assert set(per_run) == set(runs)
+        for counts in per_run.values():
+            # Each fit saw more data than the one before: no duplicate, no lost update.
+            assert counts == sorted(set(counts)), counts
+            assert counts[-1] == 3000
+        for server in servers:
+            assert "Traceback" not in server.log()
+    finally:
+        for server in servers:
+            server.stop()
