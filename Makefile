@@ -24,7 +24,7 @@ test: lint typecheck
 	$(BIN)/pytest
 
 demo: $(STAMP)
-	$(BIN)/curvecast serve
+	$(BIN)/curvecast demo
 
 serve: demo
 

@@ -33,9 +33,10 @@ def machine_line() -> str:
 
 def command_line() -> str:
     """The command that produced this run, as a user would type it."""
-    module = sys.argv[0]
-    if module.endswith(".py"):
-        module = module[:-3].replace("/", ".").lstrip(".")
+    script = Path(sys.argv[0]).resolve()
+    repo = BENCHMARKS_MD.parent
+    if script.suffix == ".py" and script.is_relative_to(repo):
+        module = ".".join(script.relative_to(repo).with_suffix("").parts)
         return "python -m " + " ".join([module, *map(shlex.quote, sys.argv[1:])])
     return " ".join(map(shlex.quote, sys.argv))
 

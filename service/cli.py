@@ -175,6 +175,12 @@ def _add_optional_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     else:
         add_forecast_parser(sub)
     try:
+        from service.demo import add_demo_parser
+    except ImportError:  # the demo needs the [server] extra's httpx-free parts only
+        pass
+    else:
+        add_demo_parser(sub)
+    try:
         from client._cli import add_sync_parser
     except ImportError:
         pass

@@ -106,7 +106,7 @@ class ApiToken(Base):
 
 class MetricRollup(Base):
     """Aggregates of one series over a block of ``ROLLUP_WIDTHS[level]`` steps (block = step //
-    width): count, extremes, and the last point. Maintained at ingest, in the same transaction
+    width): count, extremes, the last point, and the sum of its values (for block means). Maintained at ingest, in the same transaction
     as the points, so downsampled reads of long series touch thousands of rows, not millions."""
 
     __tablename__ = "metric_rollups"
@@ -121,6 +121,8 @@ class MetricRollup(Base):
     vmax: Mapped[float | None] = mapped_column(Double)
     last_step: Mapped[int] = mapped_column(BigInteger)
     last_value: Mapped[float | None] = mapped_column(Double)
+    vsum: Mapped[float | None] = mapped_column(Double)  # sum of the finite values
+    nsum: Mapped[int] = mapped_column(BigInteger)  # how many values vsum adds up
 
 
 class RunWork(Base):
@@ -155,3 +157,140 @@ class FitRecord(Base):
     c: Mapped[float | None] = mapped_column(Double)
     fit: Mapped[dict[str, Any]] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+# --- Alerts (migration 0003) ---------------------------------------------------------------------
+# Unbounded text columns use String() and flags Mapped[bool] so that this block needs no imports
+# beyond the ones above.
+
+
+class AlertRuleOverride(Base):
+    """A project's override of one alert rule's defaults (``service.alerting.rules``)."""
+
+    __tablename__ = "alert_rules"
+    __table_args__ = (UniqueConstraint("project_id", "rule", name="uq_alert_rules_project_rule"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    rule: Mapped[str] = mapped_column(String(64))
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Alert(Base):
+    """One alert of one (run, rule): pending, firing, or resolved (the history). At most one
+    open (pending or firing) alert per (run, rule): the partial unique index ``uq_alerts_open``."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        Index("ix_alerts_run_id_id", "run_id", "id"),
+        Index("ix_alerts_project_id_state", "project_id", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    rule: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    severity: Mapped[str] = mapped_column(String(16))
+    summary: Mapped[str] = mapped_column(String())
+    description: Mapped[str] = mapped_column(String())
+    key: Mapped[str | None] = mapped_column(String(200))
+    labels: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    since_step: Mapped[int | None] = mapped_column(BigInteger)
+    fired_step: Mapped[int | None] = mapped_column(BigInteger)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    value: Mapped[float | None] = mapped_column(Double)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    fired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    resolved_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    acknowledged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    silenced_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+_ALERT_OPEN = Alert.state.in_(["pending", "firing"])
+Index(
+    "uq_alerts_open",
+    Alert.run_id,
+    Alert.rule,
+    unique=True,
+    sqlite_where=_ALERT_OPEN,
+    postgresql_where=_ALERT_OPEN,
+)
+
+
+class AlertEval(Base):
+    """Alert-evaluation bookkeeping per run (apart from ``runs`` so that a worker holding it
+    never blocks ingest): how far the rules got, their state, and a lease."""
+
+    __tablename__ = "alert_eval"
+
+    run_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    evaluated_step: Mapped[int | None] = mapped_column(BigInteger)
+    n_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    state: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    evaluated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    next_check_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+
+
+class Webhook(Base):
+    """A project's webhook receiver. ``secret`` signs deliveries (HMAC-SHA256); it is never
+    returned by the API."""
+
+    __tablename__ = "webhooks"
+    __table_args__ = (Index("ix_webhooks_project_id", "project_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    url: Mapped[str] = mapped_column(String(2000))
+    secret: Mapped[str | None] = mapped_column(String(200))
+    enabled: Mapped[bool]
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class AlertDelivery(Base):
+    """The outbox: one notification of one alert transition to one webhook, written in the
+    transaction that changed the alert, sent (and retried) by the worker until a 2xx."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (
+        Index("ix_alert_deliveries_status_next", "status", "next_attempt_at"),
+        Index("ix_alert_deliveries_webhook_id", "webhook_id", "created_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
+    alert_id: Mapped[int] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"))
+    event: Mapped[str] = mapped_column(String(16))
+    body: Mapped[str] = mapped_column(String())
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(String())
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class AlertDeliveryAttempt(Base):
+    """One HTTP attempt of a delivery (visible through the API)."""
+
+    __tablename__ = "alert_delivery_attempts"
+    __table_args__ = (Index("ix_alert_delivery_attempts_delivery_id", "delivery_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("alert_deliveries.id", ondelete="CASCADE")
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(String())
+    duration_ms: Mapped[float | None] = mapped_column(Double)

@@ -65,6 +65,8 @@ def upgrade() -> None:
         sa.Column("vmax", sa.Double(), nullable=True),
         sa.Column("last_step", sa.BigInteger(), nullable=False),
         sa.Column("last_value", sa.Double(), nullable=True),
+        sa.Column("vsum", sa.Double(), nullable=True),
+        sa.Column("nsum", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("series_id", "level", "block", name="pk_metric_rollups"),
         sqlite_with_rowid=False,
     )
@@ -72,8 +74,11 @@ def upgrade() -> None:
     for level, width in enumerate((16, 128, 1024, 8192, 65536, 524288)):
         op.execute(
             "INSERT INTO metric_rollups (series_id, level, block, n, vmin, vmax, last_step,"
-            f" last_value) SELECT p.series_id, {level}, p.step / {width}, count(*),"
-            " min(p.value), max(p.value), max(p.step), NULL FROM metric_points p"
+            f" last_value, vsum, nsum) SELECT p.series_id, {level}, p.step / {width}, count(*),"
+            " min(p.value), max(p.value), max(p.step), NULL,"
+            " sum(CASE WHEN p.value > -1e308 AND p.value < 1e308 THEN p.value ELSE 0 END),"
+            " count(CASE WHEN p.value > -1e308 AND p.value < 1e308 THEN 1 END)"
+            " FROM metric_points p"
             f" GROUP BY p.series_id, p.step / {width}"
         )
     op.execute(

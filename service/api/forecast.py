@@ -41,12 +41,6 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def _interval(value: float, lo: float, hi: float) -> IntervalOut | None:
-    if not math.isfinite(value):
-        return None
-    return IntervalOut(value=_num(value), lo=_num(lo), hi=_num(hi))
-
-
 def default_horizon(config: dict[str, Any], last_step: int | None) -> int | None:
     """The run's planned ``total_steps``, else its last step."""
     total = config.get("total_steps")
@@ -57,17 +51,14 @@ def forecast_out(
     fit: Fit, *, horizon: int | None, confidence: float, target_loss: float | None = None
 ) -> ForecastOut:
     """The public forecast shape for a fit (shared by the API and the CLI)."""
+    # Same shapes as `curvecast forecast --json`: the objects are always there, with null
+    # values when there is no forecast (prediction is null only without a horizon).
     prediction = None
-    if horizon is not None and fit.has_forecast:
+    if horizon is not None:
         p = fit.predict(horizon, confidence)
-        if math.isfinite(p.value):
-            prediction = PredictionOut(
-                step=horizon, value=_num(p.value), lo=_num(p.lo), hi=_num(p.hi)
-            )
-    f_star = None
-    if fit.has_forecast:
-        s = fit.f_star(confidence)
-        f_star = _interval(s.value, s.lo, s.hi)
+        prediction = PredictionOut(step=horizon, value=_num(p.value), lo=_num(p.lo), hi=_num(p.hi))
+    s = fit.f_star(confidence)
+    f_star = IntervalOut(value=_num(s.value), lo=_num(s.lo), hi=_num(s.hi))
     target = None
     if target_loss is not None:
         t = fit.steps_to(target_loss, confidence)

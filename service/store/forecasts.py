@@ -9,19 +9,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import or_, select, text, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.errors import RunNotFound
-from service.models import FitRecord, MetricPoint, Project, Run, RunWork, Series
+from service.models import FitRecord, MetricPoint, MetricRollup, Project, Run, RunWork, Series
 from service.store._common import as_utc, write_connection
+from service.store.rollups import ROLLUP_WIDTHS, read_block_means
 
 #: Series a forecast fits, in order of preference, unless the run's config names ``fit_key``.
 #: Evaluation loss (measured at the averaged iterate x) is smoother than per-step training loss.
 FIT_KEY_CANDIDATES = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation/loss", "loss")
-#: Series longer than this are averaged into buckets in SQL before they leave the database.
-RAW_READ_LIMIT = 200_000
-SQL_BINS = 4_000
+#: Series spanning more steps than this are read as rollup block means (at least
+#: ``MIN_FIT_BLOCKS`` of them), so a refit reads thousands of rows however long the run.
+RAW_READ_LIMIT = 20_000
+MIN_FIT_BLOCKS = 1_000
 
 
 @dataclass(frozen=True)
@@ -105,26 +107,41 @@ def claim_fit_jobs(
     return jobs
 
 
-def choose_fit_key(existing: set[str], config: dict[str, Any]) -> str | None:
-    """The series to fit: the config's ``fit_key`` if present, else the first candidate."""
+#: An evaluation series is preferred once it has this many points; before, the training loss.
+MIN_EVAL_POINTS = 8
+
+
+def choose_fit_key(counts: dict[str, int], config: dict[str, Any]) -> str | None:
+    """The series to fit: the config's ``fit_key`` if present, else the first candidate with
+    enough points (the training loss ``loss`` needs no minimum: it is the fallback)."""
     wanted = config.get("fit_key")
-    if isinstance(wanted, str) and wanted in existing:
+    if isinstance(wanted, str) and wanted in counts:
         return wanted
-    return next((k for k in FIT_KEY_CANDIDATES if k in existing), None)
-
-
-_AVG_BUCKETS_SQL = text(
-    "SELECT avg(step), avg(value), count(*) FROM metric_points"
-    " WHERE series_id = :sid AND value IS NOT NULL"
-    " GROUP BY (step - :lo) * :nb / :span ORDER BY 1"
-)
+    for key in FIT_KEY_CANDIDATES:
+        if key in counts and (key == "loss" or counts[key] >= MIN_EVAL_POINTS):
+            return key
+    return next((k for k in FIT_KEY_CANDIDATES if k in counts), None)
 
 
 def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
     """The series to fit (raw, or bucket means for very long series) and the previous fit."""
     rows = session.execute(select(Series.key, Series.id).where(Series.run_id == job.run_id)).all()
     series_ids = {str(k): int(i) for k, i in rows}
-    key = choose_fit_key(set(series_ids), job.config)
+    # Point counts from the coarsest rollup level: one small row per 524,288 steps.
+    counts = {
+        str(k): int(n)
+        for k, n in session.execute(
+            select(Series.key, func.sum(MetricRollup.n))
+            .join(MetricRollup, MetricRollup.series_id == Series.id)
+            .where(
+                Series.run_id == job.run_id,
+                Series.key.in_([*FIT_KEY_CANDIDATES, str(job.config.get("fit_key", ""))]),
+                MetricRollup.level == len(ROLLUP_WIDTHS) - 1,
+            )
+            .group_by(Series.key)
+        )
+    }
+    key = choose_fit_key(counts, job.config)
     if key is None:
         return None
     sid = series_ids[key]
@@ -142,17 +159,20 @@ def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
     )
     if lo is None or hi is None:
         return None
-    if hi - lo + 1 <= RAW_READ_LIMIT:
+    means = (
+        read_block_means(session, sid, int(lo), int(hi), MIN_FIT_BLOCKS)
+        if hi - lo + 1 > RAW_READ_LIMIT
+        else None
+    )
+    if means is not None:
+        steps, values = means
+    else:
         points = session.execute(
             select(MetricPoint.step, MetricPoint.value)
             .where(MetricPoint.series_id == sid, MetricPoint.value.is_not(None))
             .order_by(MetricPoint.step)
         ).all()
         data = np.array(points, dtype=np.float64).reshape(-1, 2)
-        steps, values = data[:, 0], data[:, 1]
-    else:
-        params = {"sid": sid, "lo": lo, "nb": SQL_BINS, "span": hi - lo + 1}
-        data = np.array(session.execute(_AVG_BUCKETS_SQL, params).all(), dtype=np.float64)
         steps, values = data[:, 0], data[:, 1]
     previous = session.scalar(
         select(FitRecord.fit)

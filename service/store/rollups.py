@@ -33,6 +33,8 @@ class Blocks:
     vmax: np.ndarray
     last_step: np.ndarray
     last_value: np.ndarray
+    vsum: np.ndarray  # sum of the finite values
+    nsum: np.ndarray  # how many values vsum adds up
 
 
 def aggregate(series_id: np.ndarray, step: np.ndarray, value: np.ndarray, width: int) -> Blocks:
@@ -43,7 +45,9 @@ def aggregate(series_id: np.ndarray, step: np.ndarray, value: np.ndarray, width:
     change[1:] = (series_id[1:] != series_id[:-1]) | (block[1:] != block[:-1])
     starts = np.flatnonzero(change)
     ends = np.append(starts[1:], n) - 1
-    # fmin/fmax skip NaN (stored NaN values), so a spike next to a NaN stays visible.
+    # fmin/fmax skip NaN (stored NaN values), so a spike next to a NaN stays visible; the
+    # sum for block means takes finite values only (a mean of ±inf says nothing).
+    finite = np.isfinite(value)
     return Blocks(
         series_id=series_id[starts],
         block=block[starts],
@@ -52,13 +56,18 @@ def aggregate(series_id: np.ndarray, step: np.ndarray, value: np.ndarray, width:
         vmax=np.fmax.reduceat(value, starts),
         last_step=step[ends],
         last_value=value[ends],
+        vsum=np.add.reduceat(np.where(finite, value, 0.0), starts),
+        nsum=np.add.reduceat(finite.astype(np.int64), starts),
     )
 
 
 _UPSERT = (
-    "INSERT INTO metric_rollups (series_id, level, block, n, vmin, vmax, last_step, last_value) "
+    "INSERT INTO metric_rollups"
+    " (series_id, level, block, n, vmin, vmax, last_step, last_value, vsum, nsum) "
     "{source} ON CONFLICT (series_id, level, block) DO UPDATE SET "
     "n = metric_rollups.n + excluded.n, "
+    "vsum = metric_rollups.vsum + excluded.vsum, "
+    "nsum = metric_rollups.nsum + excluded.nsum, "
     "vmin = CASE WHEN metric_rollups.vmin IS NULL THEN excluded.vmin"
     " WHEN excluded.vmin IS NULL OR metric_rollups.vmin <= excluded.vmin THEN metric_rollups.vmin"
     " ELSE excluded.vmin END, "
@@ -74,9 +83,10 @@ _UPSERT_PG = _UPSERT.format(
     source="SELECT * FROM unnest(CAST(:sid AS integer[]), CAST(:level AS smallint[]),"
     " CAST(:block AS bigint[]), CAST(:n AS bigint[]), CAST(:vmin AS double precision[]),"
     " CAST(:vmax AS double precision[]), CAST(:last_step AS bigint[]),"
-    " CAST(:last_value AS double precision[]))"
+    " CAST(:last_value AS double precision[]), CAST(:vsum AS double precision[]),"
+    " CAST(:nsum AS bigint[]))"
 )
-_UPSERT_SQLITE = _UPSERT.format(source="VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+_UPSERT_SQLITE = _UPSERT.format(source="VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 def _none_for_nan(values: np.ndarray) -> list[float | None]:
@@ -98,7 +108,19 @@ def update_rollups(
     if len(step) == 0:
         return
     columns: dict[str, list[Any]] = {
-        k: [] for k in ("sid", "level", "block", "n", "vmin", "vmax", "last_step", "last_value")
+        k: []
+        for k in (
+            "sid",
+            "level",
+            "block",
+            "n",
+            "vmin",
+            "vmax",
+            "last_step",
+            "last_value",
+            "vsum",
+            "nsum",
+        )
     }
     for level, width in enumerate(ROLLUP_WIDTHS):
         agg = aggregate(series_id, step, value, width)
@@ -110,6 +132,8 @@ def update_rollups(
         columns["vmax"] += _none_for_nan(agg.vmax)
         columns["last_step"] += agg.last_step.tolist()
         columns["last_value"] += _none_for_nan(agg.last_value)
+        columns["vsum"] += agg.vsum.tolist()
+        columns["nsum"] += agg.nsum.tolist()
     if postgres:
         session.execute(text(_UPSERT_PG), columns)
         return
@@ -139,7 +163,7 @@ def choose_level(span: int, max_points: int) -> int | None:
 
 
 _BLOCKS_SQL = text(
-    "SELECT block, n, vmin, vmax, last_step, last_value FROM metric_rollups"
+    "SELECT block, n, vmin, vmax, last_step, last_value, vsum, nsum FROM metric_rollups"
     " WHERE series_id = :sid AND level = :level AND block >= :first AND block <= :last"
     " ORDER BY block"
 )
@@ -191,6 +215,8 @@ def read_buckets(
                 vmax=_as_float(cols[3]),
                 last_step=np.array(cols[4], dtype=np.int64),
                 last_value=_as_float(cols[5]),
+                vsum=_as_float(cols[6]),
+                nsum=np.array(cols[7], dtype=np.int64),
             )
         )
     # choose_level guarantees span >= max_points * width, so whole blocks always exist.
@@ -216,3 +242,29 @@ def read_buckets(
         vmax=np.fmax.reduceat(vmax, starts).tolist(),
         count=np.add.reduceat(n, starts).tolist(),
     )
+
+
+def read_block_means(
+    session: Session, sid: int, lo: int, hi: int, min_blocks: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-block (centre step, mean value) of a series from the coarsest level that still has
+    at least ``min_blocks`` blocks over [lo, hi]; None when even level 0 has fewer (short series:
+    read the raw points instead). A forecast refit uses this so its cost does not grow with
+    the run's length."""
+    span = hi - lo + 1
+    levels = [lvl for lvl, width in enumerate(ROLLUP_WIDTHS) if span / width >= min_blocks]
+    if not levels:
+        return None
+    level = levels[-1]
+    width = ROLLUP_WIDTHS[level]
+    rows = session.execute(
+        _BLOCKS_SQL, {"sid": sid, "level": level, "first": lo // width, "last": hi // width}
+    ).all()
+    block = np.array([r[0] for r in rows], dtype=np.float64)
+    last_step = np.array([r[4] for r in rows], dtype=np.float64)
+    vsum = _as_float([r[6] for r in rows])
+    nsum = np.array([r[7] for r in rows], dtype=np.float64)
+    keep = nsum > 0
+    # A block's points are evenly spread from its start to its last step.
+    centre = (np.maximum(block * width, lo) + last_step) / 2
+    return centre[keep], vsum[keep] / nsum[keep]

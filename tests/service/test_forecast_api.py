@@ -180,3 +180,23 @@ def test_two_processes_never_fit_the_same_data_twice(pg_url: str, tmp_path: Path
     finally:
         for server in servers:
             server.stop()
+
+
+def test_long_runs_are_fitted_from_rollup_means(worker_server: str, project: str) -> None:
+    """Past 20,000 steps the worker fits rollup block means instead of raw points."""
+    url, run_id = worker_server, uuid.uuid4()
+    httpx.put(f"{url}/api/v1/runs/{run_id}",
+              json={"project": project, "config": {"total_steps": 200_000, "c_warmup": 500}})
+    for lo in range(0, 60_000, 20_000):
+        stream(url, run_id, np.arange(lo, lo + 20_000))
+
+    def fitted() -> dict | None:
+        body = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()
+        return body if (body["fitted_upto_step"] or 0) > 59_000 else None
+
+    body = wait_for(fitted)
+    assert body["status"] == "ok"
+    assert body["n_points"] < 5_000  # block means, not 60,000 raw points
+    assert body["c"] == pytest.approx(C, abs=0.02)
+    truth = A / math.sqrt(200_000 + B) + C
+    assert body["prediction"]["lo"] <= truth <= body["prediction"]["hi"]

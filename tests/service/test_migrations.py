@@ -92,3 +92,40 @@ def test_sqlite_default_upgrades_itself(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'auto.db'}"
     prepare_database(Settings(database_url=url))
     assert _tables(url) == TABLES
+
+
+def test_upgrade_from_0001_backfills_rollups_and_work(empty_db: str) -> None:
+    """Data stored under revision 0001 gets its rollups and work rows when upgraded."""
+    import uuid
+
+    from sqlalchemy import text
+
+    upgrade(empty_db, "0001")
+    engine = create_engine(Settings(database_url=empty_db).database_url)
+    run_id = uuid.uuid4()
+    rid = str(run_id) if engine.dialect.name == "postgresql" else run_id.hex
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO projects (name, created_at) VALUES ('p', '2026-01-01')"))
+        conn.execute(text(
+            "INSERT INTO runs (id, project_id, name, config, status, created_at, updated_at,"
+            " n_points) VALUES (:id, 1, 'r', '{}', 'running', '2026-01-01', '2026-01-01', 40)"
+        ), {"id": rid})
+        conn.execute(text("INSERT INTO series (run_id, key) VALUES (:id, 'loss')"), {"id": rid})
+        conn.execute(
+            text("INSERT INTO metric_points (series_id, step, value) VALUES (1, :s, :v)"),
+            [{"s": s, "v": float(s)} for s in range(40)],
+        )
+    upgrade(empty_db)
+    with engine.connect() as conn:
+        level0 = conn.execute(text(
+            "SELECT block, n, vmin, vmax, last_step, last_value, vsum, nsum FROM metric_rollups"
+            " WHERE level = 0 ORDER BY block"
+        )).all()
+        work = conn.execute(text("SELECT count(*) FROM run_work")).scalar_one()
+    engine.dispose()
+    assert [tuple(r) for r in level0] == [
+        (0, 16, 0.0, 15.0, 15, 15.0, float(sum(range(16))), 16),
+        (1, 16, 16.0, 31.0, 31, 31.0, float(sum(range(16, 32))), 16),
+        (2, 8, 32.0, 39.0, 39, 39.0, float(sum(range(32, 40))), 8),
+    ]
+    assert work == 1

@@ -1,0 +1,352 @@
+"""Fit the forecast's interval calibration on the curve corpus and write it into the package.
+
+For every anytime curve (schedule ``constant`` or ``schedule-free``, plus the sfplus
+training-quality curves in ``bench/data/train_quality`` when they exist) and every cut
+``k`` in ``CAL_CUTS``, the curve is fitted on ``[5% T, k T]`` exactly as the backtest does, then
+compared with the observed loss at later steps (extrapolation ratios 1.25 ... 20 and the last
+step). Each comparison of the *last* loss of the run with its forecast gives the standardised
+error ``z = (y - y_hat) / S`` for candidate factors ``(SE_FACTOR, DECAY_FACTOR)`` of the scale
+``S``; the table of empirical quantiles of ``z`` per extrapolation-ratio bin is what
+``service/forecast/calibration.py`` holds. Every candidate is calibrated in-sample by construction,
+so the factors are chosen by the quality of the intervals: the lowest mean log interval score
+(Gneiting & Raftery's proper score for central intervals: width plus ``2 / alpha`` times the miss
+distance, relative to the loss). The table is fitted on the last-loss comparisons only -- the
+question the product answers most ("where will this run end?"); coverage at intermediate horizons
+is reported by the backtest, not tuned.
+
+Honest coverage needs held-out curves: :func:`cross_validated_coverage` refits the table without
+a fold of curve *families* (all studies, train/val twins and horizons of one workload or model
+stay together) and scores that fold; ``python -m bench.forecast_backtest`` reports it.
+
+Usage: ``python -m bench.forecast_calibrate [--curves DIR] [--quick] [--dry-run]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import re
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from service.forecast.core import Fit, fit_curve
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CURVES = Path(os.environ.get("CURVECAST_CURVES_DIR", ROOT.parent / "shared" / "curves"))
+TRAIN_QUALITY_DIR = ROOT / "bench" / "data" / "train_quality"
+CAL_MODULE = ROOT / "service" / "forecast" / "calibration.py"
+
+BURN_IN_FRACTION = 0.05  # protocol: drop the first 5% of the run's steps
+CAL_CUTS = (0.08, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8)
+HORIZON_RATIOS = (1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0)
+RATIO_EDGES = (1.0, 1.6, 2.5, 4.0, 7.0, 14.0, math.inf)
+PROBS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 0.85, 0.9, 0.95, 0.975, 0.99,
+         0.995)
+SE_FACTORS = (1.0, 2.0, 4.0, 8.0, 16.0)
+GAMMAS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2)
+N_FOLDS = 5
+
+
+# --- corpus --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Curve:
+    """One loss curve of the corpus."""
+
+    name: str
+    schedule: str
+    steps: np.ndarray
+    losses: np.ndarray
+
+    @property
+    def source(self) -> str:
+        return self.name.split("/", 1)[0]
+
+    @property
+    def anytime(self) -> bool:
+        """Curves the model is meant for (no LR decay)."""
+        return self.schedule in ("constant", "schedule-free")
+
+    @property
+    def family(self) -> str:
+        """Cross-validation group: curves that share a run or a workload stay together."""
+        n = self.name
+        if self.source == "train_quality":
+            return re.sub(r"_(train|val)$", "", n)
+        if self.source == "mpl":
+            return "mpl/" + n.split("/", 1)[1].split("_", 1)[0]  # model size
+        n = re.sub(r"_study_\d+_trial_\d+", "", n)
+        n = re.sub(r":(train|val|validation)(/.*)?$", "", n)
+        return n
+
+
+def load_corpus(curves_dir: Path = DEFAULT_CURVES, train_quality: Path = TRAIN_QUALITY_DIR
+                ) -> list[Curve]:
+    """All corpus curves (sorted by step), plus the training-quality curves if present."""
+    df = pd.read_csv(curves_dir / "all_curves_long.csv.gz")
+    out = []
+    for (name, schedule), g in df.groupby(["curve", "schedule"], sort=True):
+        g = g.sort_values("step", kind="stable")
+        out.append(Curve(str(name), str(schedule), g["step"].to_numpy(float),
+                         g["loss"].to_numpy(float)))
+    if train_quality.is_dir():
+        for path in sorted(train_quality.glob("*.csv")):
+            try:
+                tq = pd.read_csv(path)
+                tq = tq[["step", "loss"]].dropna().sort_values("step", kind="stable")
+            except (KeyError, ValueError, OSError) as exc:
+                print(f"skipping {path}: {exc}", file=sys.stderr)
+                continue
+            if len(tq) >= 8:
+                # bench/train_quality.py: ScheduleFreePlus runs are anytime; its AdamW baselines
+                # use warmup (10% of the steps) then linear decay: counter-examples.
+                schedule = ("decay:linear(warmup 10%)" if path.stem.startswith("adamw")
+                            else "schedule-free")
+                out.append(Curve(f"train_quality/{path.stem}", schedule,
+                                 tq["step"].to_numpy(float), tq["loss"].to_numpy(float)))
+    return out
+
+
+def fold_of(family: str) -> int:
+    """Deterministic fold of a curve family."""
+    return int(hashlib.sha256(family.encode()).hexdigest(), 16) % N_FOLDS
+
+
+def prefix(curve: Curve, k: float) -> tuple[np.ndarray, np.ndarray]:
+    """The backtest protocol's training data: steps in ``[5% T, k T]``."""
+    t, y = curve.steps, curve.losses
+    total = float(t[-1])
+    m = (t >= BURN_IN_FRACTION * total) & (t <= k * total)
+    return t[m], y[m]
+
+
+def fit_prefix(curve: Curve, k: float, **kwargs: object) -> Fit:
+    """Fit a curve's ``k`` prefix under the protocol (burn-in beyond 5% chosen from the data)."""
+    t, y = prefix(curve, k)
+    return fit_curve(t, y, **kwargs)  # type: ignore[arg-type]
+
+
+# --- samples ----------------------------------------------------------------------------------
+SAMPLE_COLUMNS = ("curve", "family", "group", "k", "final", "ratio", "y", "y_hat", "se2",
+                  "sigma2", "drop", "status", "n_points", "n_eff", "level")
+
+
+def horizon_indices(steps: np.ndarray, t0: float, tk: float) -> list[tuple[int, bool]]:
+    """Indices of the observed points used as horizons (ratio targets and the last point)."""
+    out: dict[int, bool] = {}
+    span = tk - t0
+    if span <= 0:
+        return []
+    for r in HORIZON_RATIOS:
+        target = t0 + r * span
+        if target > steps[-1]:
+            break
+        j = int(np.searchsorted(steps, target))
+        j = min(j, steps.size - 1)
+        if steps[j] > tk:
+            out.setdefault(j, False)
+    out[steps.size - 1] = True
+    return sorted(out.items())
+
+
+def collect_samples(curves: Iterable[Curve], cuts: Sequence[float] = CAL_CUTS,
+                    group_of: Callable[[Curve], str] | None = None) -> pd.DataFrame:
+    """Standardisation inputs for every (anytime curve, cut, horizon)."""
+    rows: list[tuple[object, ...]] = []
+    for cv in curves:
+        if not cv.anytime:
+            continue
+        for k in cuts:
+            fit = fit_prefix(cv, k)
+            if not fit.has_forecast or fit.fitted_upto_step is None:
+                continue
+            t0 = fit.fitted_from_step or 0.0
+            tk = fit.fitted_upto_step
+            for j, final in horizon_indices(cv.steps, t0, tk):
+                h = float(cv.steps[j])
+                if h <= tk:
+                    continue
+                se2, s2, drop = fit.scale_components(h)
+                rows.append((cv.name, cv.family, group_of(cv) if group_of else cv.source, k,
+                             final, fit.ratio(h), float(cv.losses[j]), fit.predict(h).value,
+                             se2, s2, drop, fit.status, fit.n_points, fit.n_eff,
+                             fit.predict(tk).value))
+    return pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
+
+
+# --- the table ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Table:
+    """A calibration table (what calibration.py holds)."""
+
+    gamma: float
+    kappa: float
+    ratios: tuple[float, ...]
+    probs: tuple[float, ...]
+    quantiles: tuple[tuple[float, ...], ...]
+
+    def multipliers(self, ratio: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised twin of ``calibration.multipliers`` for this table."""
+        tail = 0.5 * (1.0 - confidence)
+        lr = np.log(np.clip(ratio, 1.0, None))
+        lrs = np.log(np.asarray(self.ratios))
+        q = np.asarray(self.quantiles)
+        lo_col = np.array([np.interp(tail, self.probs, row) for row in q])
+        hi_col = np.array([np.interp(1.0 - tail, self.probs, row) for row in q])
+        return np.interp(lr, lrs, lo_col), np.interp(lr, lrs, hi_col)
+
+
+def scale(samples: pd.DataFrame, gamma: float, kappa: float) -> np.ndarray:
+    """The interval scale S of every sample (mirrors ``Fit._scale``)."""
+    s = np.sqrt(kappa * samples["se2"].to_numpy(float) + samples["sigma2"].to_numpy(float)
+                + (gamma * samples["drop"].to_numpy(float)) ** 2)
+    return np.asarray(np.maximum(s, 1e-300), dtype=float)
+
+
+def fit_table_for(samples: pd.DataFrame, gamma: float, kappa: float) -> Table:
+    """Quantiles of z per ratio bin (bins with fewer than 40 samples are skipped)."""
+    samples = samples[samples["final"]]
+    z = ((samples["y"].to_numpy(float) - samples["y_hat"].to_numpy(float))
+         / scale(samples, gamma, kappa))
+    r = samples["ratio"].to_numpy(float)
+    ratios, rows = [], []
+    for lo, hi in zip(RATIO_EDGES[:-1], RATIO_EDGES[1:], strict=True):
+        m = (r >= lo) & (r < hi) & np.isfinite(z)
+        if m.sum() < 40:
+            continue
+        ratios.append(float(np.median(r[m])))
+        rows.append(tuple(float(x) for x in np.quantile(z[m], PROBS)))
+    if not rows:
+        m = np.isfinite(z)
+        ratios, rows = [1.0], [tuple(float(x) for x in np.quantile(z[m], PROBS))]
+    # No monotonicity across ratios is imposed: S already grows with the extrapolation (the
+    # drop term), and on the corpus the standardised errors *narrow* at large ratios.
+    q = np.maximum.accumulate(np.asarray(rows), axis=1)  # non-decreasing in probability
+    return Table(gamma, kappa, tuple(ratios), PROBS,
+                 tuple(tuple(float(x) for x in row) for row in q))
+
+
+def bounds(samples: pd.DataFrame, table: Table, confidence: float = 0.9
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Interval ends of every sample under ``table``."""
+    lo, hi = table.multipliers(samples["ratio"].to_numpy(float), confidence)
+    s = scale(samples, table.gamma, table.kappa)
+    yh = samples["y_hat"].to_numpy(float)
+    return yh + lo * s, yh + hi * s
+
+
+def interval_score(samples: pd.DataFrame, table: Table, confidence: float = 0.9) -> np.ndarray:
+    """Relative interval score: (width + 2/alpha * miss distance) / |y| per sample."""
+    lo, hi = bounds(samples, table, confidence)
+    y = samples["y"].to_numpy(float)
+    alpha = 1.0 - confidence
+    score = (hi - lo) + 2.0 / alpha * (np.maximum(lo - y, 0.0) + np.maximum(y - hi, 0.0))
+    return np.asarray(score / np.maximum(np.abs(y), 1e-12), dtype=float)
+
+
+def fit_table(samples: pd.DataFrame) -> Table:
+    """The calibrated table with the best mean log interval score over the candidate factors."""
+    final = samples[samples["final"]]
+    best: tuple[float, Table] | None = None
+    for kappa in SE_FACTORS:
+        for g in GAMMAS:
+            table = fit_table_for(final, g, kappa)
+            score = float(np.mean(np.log(np.maximum(interval_score(final, table), 1e-12))))
+            if best is None or score < best[0]:
+                best = (score, table)
+    assert best is not None
+    return best[1]
+
+
+def covered(samples: pd.DataFrame, table: Table, confidence: float = 0.9) -> np.ndarray:
+    """Whether each sample's interval under ``table`` contains the observed loss."""
+    lo, hi = bounds(samples, table, confidence)
+    y = samples["y"].to_numpy(float)
+    return (y >= lo) & (y <= hi)
+
+
+def cross_validated_coverage(samples: pd.DataFrame, confidence: float = 0.9,
+                             by: str = "fold") -> pd.Series:
+    """Per-sample coverage with each fold's table fitted on the other folds only.
+
+    ``by="fold"``: grouped k-fold by curve family. ``by="source"``: leave one source out.
+    """
+    key = (samples["family"].map(fold_of) if by == "fold" else samples["curve"].str.split(
+        "/").str[0])
+    out = pd.Series(np.nan, index=samples.index)
+    for g in key.unique():
+        test = key == g
+        table = fit_table(samples[~test])
+        out[test] = covered(samples[test], table, confidence).astype(float)
+    return out
+
+
+# --- the generated module ---------------------------------------------------------------------
+def render_module(table: Table, calibration_id: str) -> str:
+    """The GENERATED block of calibration.py."""
+    def wrap(items: list[str], indent: str) -> str:
+        return textwrap.fill(", ".join(items) + ",", width=99, initial_indent=indent,
+                             subsequent_indent=indent)
+
+    rows = "\n".join("    (\n" + wrap([f"{x:.4f}" for x in row], " " * 8) + "\n    ),"
+                     for row in table.quantiles)
+    return (
+        "# BEGIN GENERATED\n"
+        f'CALIBRATION_ID: Final = "{calibration_id}"\n'
+        f"SE_FACTOR: Final = {table.kappa}\n"
+        f"DECAY_FACTOR: Final = {table.gamma}\n"
+        "RATIOS: Final[tuple[float, ...]] = (\n"
+        + wrap([f"{r:.3f}" for r in table.ratios], " " * 4) + "\n)\n"
+        "PROBS: Final[tuple[float, ...]] = (\n"
+        + wrap([f"{p}" for p in table.probs], " " * 4) + "\n)\n"
+        "QUANTILES: Final[tuple[tuple[float, ...], ...]] = (\n" + rows + "\n)\n"
+        "# END GENERATED"
+    )
+
+
+def write_module(table: Table, calibration_id: str, path: Path = CAL_MODULE) -> None:
+    text = path.read_text()
+    block = render_module(table, calibration_id)
+    new = re.sub(r"# BEGIN GENERATED.*?# END GENERATED", lambda _m: block, text, flags=re.S)
+    path.write_text(new)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--curves", type=Path, default=DEFAULT_CURVES)
+    parser.add_argument("--quick", action="store_true", help="every 4th curve (smoke run)")
+    parser.add_argument("--dry-run", action="store_true", help="print, do not write the module")
+    args = parser.parse_args(argv)
+    t_start = time.perf_counter()
+    curves = [c for c in load_corpus(args.curves) if c.anytime]
+    if args.quick:
+        curves = curves[::4]
+    samples = collect_samples(curves)
+    table = fit_table(samples)
+    n_curves = samples["curve"].nunique()
+    n_final = int(samples["final"].sum())
+    cal_id = f"corpus-{n_curves}curves-{n_final}fits"
+    print(f"{len(samples)} samples ({n_final} last-loss) from {n_curves} curves in "
+          f"{time.perf_counter() - t_start:.0f}s; SE_FACTOR={table.kappa} "
+          f"DECAY_FACTOR={table.gamma}")
+    print(render_module(table, cal_id))
+    fin = samples[samples["final"] & samples["k"].isin([0.1, 0.2, 0.3, 0.5])]
+    cv = cross_validated_coverage(samples)
+    print("cross-validated 90% coverage of the final loss by cut:",
+          {k: round(float(cv[fin.index][fin["k"] == k].mean()), 3) for k in (0.1, 0.2, 0.3, 0.5)})
+    if not args.dry_run and not args.quick:
+        write_module(table, cal_id)
+        print(f"wrote {CAL_MODULE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

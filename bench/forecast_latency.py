@@ -1,0 +1,202 @@
+"""Forecast query latency at a fixed request rate, and the service-side refit time.
+
+Starts a real ``curvecast serve`` (PostgreSQL by default), streams a run, waits for its fit,
+then sends ``GET /api/v1/runs/{id}/forecast`` open-loop at a fixed rate (100 requests/s by
+default: each request leaves at its scheduled time whether or not earlier ones finished, so slow
+answers cannot hide behind a slower send rate). The baseline, measured the same way in the same
+run, is ``GET /healthz`` (no database work). Then it times the worker's full refit of a
+10^6-point run: reading the series from the database, binning, fitting, storing the fit.
+
+Usage: ``python -m bench.forecast_latency [--quick] [--backend postgres|sqlite]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psycopg
+from sqlalchemy import text
+
+from bench._report import markdown_table, write_section
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
+from service.forecast import Fit, fit_curve
+from service.migrate import upgrade
+from service.store import forecasts
+from service.store._common import utcnow
+from tests._servers import start_server_process
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def stream_run(url: str, n: int, project: str = "bench") -> uuid.UUID:
+    run_id = uuid.uuid4()
+    with httpx.Client(timeout=120) as client:
+        client.put(f"{url}/api/v1/runs/{run_id}",
+                   json={"project": project, "config": {"total_steps": 4 * n}}).raise_for_status()
+        rng = np.random.default_rng(0)
+        for lo in range(0, n, 50_000):
+            steps = np.arange(lo, min(n, lo + 50_000))
+            loss = 20.3 / np.sqrt(steps + 377) + 2.07 + rng.normal(0, 0.01, len(steps))
+            body = {"steps": steps.tolist(), "values": {"loss": loss.tolist()}}
+            client.post(f"{url}/api/v1/runs/{run_id}/metrics", json=body).raise_for_status()
+    return run_id
+
+
+def wait_for_fit(url: str, run_id: uuid.UUID, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()
+        if body["status"] != "pending":
+            return
+        time.sleep(0.2)
+    raise TimeoutError("no fit appeared")
+
+
+def open_loop(url: str, path: str, rate: float, seconds: float) -> tuple[list[float], int]:
+    """Latencies (ms) of requests sent at ``rate``/s for ``seconds``; and the error count."""
+    n = int(rate * seconds)
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    local = threading.local()
+
+    def one(scheduled: float) -> None:
+        nonlocal errors
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = httpx.Client(timeout=10)
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        start = time.perf_counter()
+        try:
+            ok = client.get(url + path).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        # Measured from the scheduled send time: queueing on our side counts as latency.
+        elapsed = (time.perf_counter() - min(start, scheduled)) * 1000
+        with lock:
+            latencies.append(elapsed)
+            errors += 0 if ok else 1
+
+    t0 = time.perf_counter() + 0.2
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        for i in range(n):
+            pool.submit(one, t0 + i / rate)
+    return latencies, errors
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def refit_time(database_url: str, run_id: uuid.UUID, repeats: int) -> dict[str, list[float]]:
+    """Time the worker's phases for one run: read (DB), fit (pure), store (DB)."""
+    engine = make_engine(Settings(database_url=database_url))
+    factory = make_sessionmaker(engine)
+    times: dict[str, list[float]] = {"read": [], "fit": [], "store": []}
+    for _ in range(repeats):
+        with session_scope(factory) as session:
+            n = session.execute(text("SELECT n_points FROM runs WHERE id = :r"),
+                                {"r": run_id if "postgres" in database_url else run_id.hex}
+                                ).scalar_one()
+        job = forecasts.FitJob(run_id=run_id, run_n_points=int(n), config={})
+        t = time.perf_counter()
+        with session_scope(factory) as session:
+            data = forecasts.read_fit_input(session, job=job)
+        assert data is not None
+        t1 = time.perf_counter()
+        prev = Fit.from_dict(data.previous_fit) if data.previous_fit else None
+        fit = fit_curve(data.steps, data.values, warm_start=prev.params if prev else None)
+        t2 = time.perf_counter()
+        with session_scope(factory) as session:
+            forecasts.save_fit(session, job=job, key=data.key, fit=fit.to_dict(), now=utcnow())
+        t3 = time.perf_counter()
+        times["read"].append((t1 - t) * 1000)
+        times["fit"].append((t2 - t1) * 1000)
+        times["store"].append((t3 - t2) * 1000)
+    engine.dispose()
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short run, no BENCHMARKS.md")
+    parser.add_argument("--backend", choices=["postgres", "sqlite"], default="postgres")
+    parser.add_argument("--rate", type=float, default=100.0)
+    args = parser.parse_args()
+    seconds = 5 if args.quick else 30
+    big = 100_000 if args.quick else 1_000_000
+    tmp = Path(tempfile.mkdtemp(prefix="curvecast-bench-"))
+    pg_name = f"curvecast_bench_{uuid.uuid4().hex[:8]}"
+    if args.backend == "postgres":
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{pg_name}"')
+        url = Settings(database_url=PG_ADMIN.rsplit("/", 1)[0] + "/" + pg_name).database_url
+    else:
+        url = f"sqlite:///{tmp / 'bench.db'}"
+    try:
+        upgrade(url)
+        server = start_server_process(url, tmp)
+        try:
+            small = stream_run(server.url, 20_000)
+            wait_for_fit(server.url, small)
+            rows = []
+            results = {}
+            for name, path in (("GET /healthz (baseline)", "/healthz"),
+                               ("GET .../forecast", f"/api/v1/runs/{small}/forecast"),
+                               ("GET .../forecast/target", f"/api/v1/runs/{small}/forecast/target"
+                                "?loss=2.3")):
+                lat, errors = open_loop(server.url, path, args.rate, seconds)
+                results[name] = lat
+                rows.append([name, len(lat), errors, f"{pct(lat, 50):.1f}", f"{pct(lat, 95):.1f}",
+                             f"{pct(lat, 99):.1f}"])
+                print(rows[-1], flush=True)
+            base99 = pct(results["GET /healthz (baseline)"], 99)
+            for row in rows:
+                row.append(f"{float(row[5]) / base99:.1f}×")
+            big_run = stream_run(server.url, big)
+            wait_for_fit(server.url, big_run, timeout=300)
+        finally:
+            server.stop()
+        phases = refit_time(url, big_run, 5 if args.quick else 11)
+    finally:
+        if args.backend == "postgres":
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+    total = [sum(v) for v in zip(*phases.values(), strict=True)]
+    refit_rows = [[k, f"{statistics.median(v):.1f}", f"{pct(v, 95):.1f}"] for k, v in phases.items()]
+    refit_rows.append(["total", f"{statistics.median(total):.1f}", f"{pct(total, 95):.1f}"])
+    body = (
+        f"Backend: {args.backend}; one `curvecast serve` process (worker on). Requests sent "
+        f"open-loop at {args.rate:.0f}/s for {seconds} s each (latency counted from the scheduled "
+        "send time), against a 20,000-point run with a stored fit. Goal: forecast GET p99 ≤ "
+        "20 ms at 100 requests/s.\n\n"
+        + markdown_table(["request", "sent", "errors", "p50 ms", "p95 ms", "p99 ms",
+                          "p99 vs healthz"], rows)
+        + f"\n\nThe worker's refit of a {big:,}-point run, by phase (median and p95 of "
+        f"repeated refits, warm-started; the fit itself bins to 400 points — goal ≤ 10 ms p95 "
+        "for the refit; reading a long series from the database comes on top):\n\n"
+        + markdown_table(["phase", "median ms", "p95 ms"], refit_rows)
+    )
+    print(body)
+    if not args.quick:
+        write_section(f"forecast_latency_{args.backend}",
+                      f"Forecast query latency and refit time, {args.backend} "
+                      "(`bench/forecast_latency.py`)", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

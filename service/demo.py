@@ -1,0 +1,270 @@
+"""``curvecast demo``: the service on the embedded default plus a real training run streaming
+into it, with the live forecast in the terminal.
+
+It starts the service (SQLite file, loopback) in this process, runs
+``examples/train_charlm.py`` (ScheduleFreePlus on a small character-level transformer, with the
+client hook) as a child process, and polls the REST API once a second to draw a progress line:
+step, loss, the forecast of the final loss with its interval, f*, and the ETA to a target loss.
+At the end it compares the forecast made at 20% of the run with the loss actually reached, then
+keeps serving the dashboard until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from service.app import create_app
+from service.config import Settings
+
+TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_charlm.py"
+SIZES = {"tiny": ("32", "1"), "small": ("128", "4")}
+
+
+def add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``curvecast demo``."""
+    demo = sub.add_parser("demo", help="serve and train a real model, forecasting live")
+    demo.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
+    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--database-url", default="sqlite:///curvecast-demo.db")
+    demo.add_argument("--project", default="demo")
+    demo.add_argument("--target", type=float, help="target loss for the ETA (default: chosen)")
+    demo.add_argument("--size", choices=sorted(SIZES), default="small", help="model size")
+    demo.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="stop serving when training ends (default: serve until Ctrl-C)",
+    )
+    demo.set_defaults(func=run_demo)
+
+
+class _Server:
+    """uvicorn serving the app in a background thread of this process."""
+
+    def __init__(self, settings: Settings, port: int) -> None:
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self, url: str, timeout: float = 60.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.thread.is_alive():
+                raise RuntimeError("the server stopped during start-up (is the port free?)")
+            if _Api(url).get("/healthz") is not None:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the server did not answer on {url} within {timeout:.0f}s")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+class _Api:
+    """Minimal JSON GETs against the local service (standard library only)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def get(self, path: str, **params: Any) -> dict[str, Any] | None:
+        """The decoded body of a 200 answer, else None (errors mean "not yet")."""
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        try:
+            with urllib.request.urlopen(self.base_url + path + query, timeout=10) as resp:
+                body: dict[str, Any] = json.load(resp)
+                return body
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "?" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class _Progress:
+    """Polls the REST API and draws one status line (a new line every 10 s off a terminal)."""
+
+    def __init__(self, client: _Api, run_id: str, steps: int, target: float | None):
+        self.client, self.run_id, self.steps, self.target = client, run_id, steps, target
+        self.tty = sys.stdout.isatty()
+        self.last_print = 0.0
+
+    def line(self) -> str | None:
+        base = f"/api/v1/runs/{self.run_id}"
+        run = self.client.get(base)
+        if run is None:
+            return None
+        step = run.get("last_step") or 0
+        recent = self.client.get(f"{base}/metrics", keys="loss", start=max(0, step - 49))
+        losses = [
+            v
+            for v in (recent or {"series": [{"values": []}]})["series"][0]["values"]
+            if isinstance(v, float)
+        ]
+        loss = sum(losses) / len(losses) if losses else None
+        width = 24
+        done = min(width, int(width * step / max(1, self.steps)))
+        text = f"step {step:>5}/{self.steps} [{'#' * done}{'.' * (width - done)}] loss {_fmt(loss)}"
+        forecast = self.client.get(f"{base}/forecast", horizon=self.steps)
+        if forecast and (forecast.get("prediction") or {}).get("value") is not None:
+            p, fs = forecast["prediction"], forecast.get("f_star") or {}
+            half = (p["hi"] - p["lo"]) / 2 if p["hi"] is not None and p["lo"] is not None else None
+            text += f" | final {_fmt(p['value'])} ± {_fmt(half)} | f* {_fmt(fs.get('value'))}"
+            target = self.target
+            if target is None and p["value"] is not None:
+                target = math.ceil(p["value"] * 20) / 20  # a round loss the run should reach
+            if target is not None:
+                ans = self.client.get(f"{base}/forecast/target", loss=target)
+                eta = (ans or {}).get("eta") or {}
+                text += f" | ETA to {target:g}: {_duration(eta.get('seconds'))}"
+        elif forecast:
+            text += f" | forecast: {forecast['status']}"
+        return text
+
+    def draw(self, final: bool = False) -> None:
+        text = self.line()
+        if text is None:
+            return
+        if self.tty:
+            sys.stdout.write("\r" + text[:160].ljust(160) + ("\n" if final else ""))
+            sys.stdout.flush()
+        elif final or time.monotonic() - self.last_print >= 10:
+            print(text, flush=True)
+            self.last_print = time.monotonic()
+
+
+def _summary(client: _Api, run_id: str, steps: int) -> str:
+    base = f"/api/v1/runs/{run_id}"
+    evals = client.get(f"{base}/metrics", keys="eval_loss")
+    values = [
+        v
+        for v in (evals or {"series": [{"values": []}]})["series"][0]["values"]
+        if isinstance(v, float)
+    ]
+    actual = values[-1] if values else None
+    history = client.get(f"{base}/forecast/history", horizon=steps) or {"points": []}
+    early = next(
+        (
+            p
+            for p in history["points"]
+            if p.get("final") and (p.get("fitted_upto_step") or 0) >= 0.2 * steps
+        ),
+        None,
+    )
+    lines = [f"final eval loss (at the averaged weights x): {_fmt(actual)}"]
+    if early is None:
+        lines.append("no forecast was made by 20% of the run (too few points yet)")
+    else:
+        f = early["final"]
+        lines.append(
+            f"forecast made at step {int(early['fitted_upto_step'])} "
+            f"({100 * early['fitted_upto_step'] / steps:.0f}% of the run): {_fmt(f['value'])} "
+            f"[{_fmt(f['lo'])}, {_fmt(f['hi'])}]"
+        )
+        if actual is not None and f["value"] is not None:
+            err = 100 * (f["value"] - actual) / actual
+            inside = f["lo"] is not None and f["hi"] is not None and f["lo"] <= actual <= f["hi"]
+            lines.append(
+                f"error {err:+.2f}%; the loss reached is "
+                f"{'inside' if inside else 'outside'} the 90% interval"
+            )
+    return "\n".join(lines)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo; returns the exit code."""
+    if not TRAIN_SCRIPT.exists():
+        print(
+            f"curvecast demo needs a source checkout ({TRAIN_SCRIPT} is missing)", file=sys.stderr
+        )
+        return 2
+    url = f"http://127.0.0.1:{args.port}"
+    settings = Settings(database_url=args.database_url, public_url=url, auth_enabled=False)
+    server = _Server(settings, args.port)
+    try:
+        server.start(url)
+    except RuntimeError as exc:
+        print(f"curvecast demo: {exc}", file=sys.stderr)
+        return 2
+    run_id = str(uuid.uuid4())
+    log_path = Path("curvecast-demo-train.log").resolve()
+    print(f"curvecast is serving at {url} (database: {settings.database_url})")
+    print(f"dashboard of this run: {url}/runs/{run_id}")
+    print(
+        f"training a {args.size} character-level transformer on the Python standard library "
+        f"for {args.steps} steps with ScheduleFreePlus (log: {log_path})",
+        flush=True,
+    )
+    d_model, layers = SIZES[args.size]
+    cmd = [
+        sys.executable,
+        str(TRAIN_SCRIPT),
+        "--url",
+        url,
+        "--project",
+        args.project,
+        "--run-id",
+        run_id,
+        "--steps",
+        str(args.steps),
+        "--d-model",
+        d_model,
+        "--layers",
+        layers,
+    ]
+    interrupted = False
+    client = _Api(url)
+    with log_path.open("w") as log_file:
+        train = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+        progress = _Progress(client, run_id, args.steps, args.target)
+        try:
+            while train.poll() is None:
+                progress.draw()
+                time.sleep(1.0)  # redraw cadence of the progress line
+        except KeyboardInterrupt:
+            interrupted = True
+            train.send_signal(signal.SIGINT)
+            train.wait(timeout=60)
+        # Let the worker fit the last points before the summary.
+        time.sleep(2.0)
+        progress.draw(final=True)
+        if train.returncode != 0 and not interrupted:
+            print(f"training failed (exit {train.returncode}); see {log_path}", file=sys.stderr)
+        else:
+            print(_summary(client, run_id, args.steps), flush=True)
+    if args.exit_when_done or interrupted:
+        server.stop()
+        return 0 if not interrupted and train.returncode == 0 else 1
+    print(f"still serving at {url}/runs/{run_id} — press Ctrl-C to stop", flush=True)
+    try:
+        while server.thread.is_alive():
+            server.thread.join(timeout=1.0)
+    except KeyboardInterrupt:
+        pass
+    server.stop()
+    return 0

@@ -1,0 +1,179 @@
+"""Reads for the dashboards' runs list: per run its last loss, a small trend (sparkline) and its
+latest stored fit, for a whole page of runs in a bounded number of index probes.
+
+Why not the metrics API per run: a page lists up to a few hundred runs, each with up to 10^6
+points per series. Here each run costs two statements that touch O(``spark_points`` ×
+``window``) index entries, whatever the length of the run, and the fits of all runs come in one
+statement.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from service.models import FitRecord, Series
+from service.schemas import RunOut, RunStatus
+from service.store import runs as run_store
+from service.store._common import as_utc
+
+#: Series a run's trend and "last loss" are read from, in order of preference: the training
+#: loss logged every step, else an evaluation loss.
+LOSS_KEYS = ("loss", "eval_loss", "val_loss", "eval/loss", "val/loss", "validation/loss")
+#: Points averaged at each sparkline sample: the per-step training loss is noisy.
+SPARK_WINDOW = 32
+
+
+@dataclass(frozen=True)
+class StoredFitSummary:
+    """A run's latest fit as stored by the worker (``Fit.to_dict()``)."""
+
+    key: str
+    status: str
+    fit: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One row of the runs list."""
+
+    run: RunOut
+    loss_key: str | None
+    last_loss_step: int | None
+    last_loss: float | None  # NaN when the last stored value is NaN
+    spark_steps: list[float]
+    spark_values: list[float]  # window means; NaN where a window has no finite value
+    latest_fit: StoredFitSummary | None
+
+
+def _last_point(session: Session, sid: int) -> tuple[int, float] | None:
+    row = session.execute(
+        text(
+            "SELECT step, value FROM metric_points WHERE series_id = :sid"
+            " ORDER BY step DESC LIMIT 1"
+        ),
+        {"sid": sid},
+    ).first()
+    if row is None:
+        return None
+    return int(row[0]), math.nan if row[1] is None else float(row[1])
+
+
+def _first_step(session: Session, sid: int) -> int | None:
+    value = session.execute(
+        text("SELECT min(step) FROM metric_points WHERE series_id = :sid"), {"sid": sid}
+    ).scalar()
+    return None if value is None else int(value)
+
+
+def _spark(session: Session, sid: int, lo: int, hi: int, n: int) -> tuple[list[float], list[float]]:
+    """Mean of the points in a short window at ``n`` evenly spaced steps of [lo, hi].
+
+    One statement: a VALUES list of window starts and a correlated range aggregate per start,
+    each answered from the (series_id, step) primary key.
+    """
+    if hi <= lo:
+        return [float(lo)], [math.nan]
+    span = hi - lo
+    width = max(1, min(SPARK_WINDOW, span // max(1, n)))
+    starts = sorted({lo + (span - width) * i // max(1, n - 1) for i in range(n)})
+    values_sql = ", ".join(f"(:s{i})" for i in range(len(starts)))
+    params: dict[str, int] = {f"s{i}": s for i, s in enumerate(starts)}
+    params.update(sid=sid, w=width)
+    rows = session.execute(
+        text(
+            f"WITH probes(s) AS (VALUES {values_sql}) SELECT probes.s,"
+            " (SELECT avg(p.value) FROM metric_points p WHERE p.series_id = :sid"
+            " AND p.step >= probes.s AND p.step < probes.s + :w) FROM probes ORDER BY probes.s"
+        ),
+        params,
+    ).all()
+    steps = [float(r[0]) + (width - 1) / 2 for r in rows]
+    values = [math.nan if r[1] is None else float(r[1]) for r in rows]
+    return steps, values
+
+
+def latest_fits(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, StoredFitSummary]:
+    """The newest stored fit of each run (one statement, via the (run_id, id) index)."""
+    if not run_ids:
+        return {}
+    newest = (
+        select(func.max(FitRecord.id))
+        .where(FitRecord.run_id.in_(run_ids))
+        .group_by(FitRecord.run_id)
+        .scalar_subquery()
+    )
+    records = session.scalars(select(FitRecord).where(FitRecord.id.in_(newest))).all()
+    return {
+        r.run_id: StoredFitSummary(
+            key=r.key, status=r.status, fit=dict(r.fit), created_at=as_utc(r.created_at)
+        )
+        for r in records
+    }
+
+
+def run_summaries(
+    session: Session,
+    *,
+    project: str | None,
+    status: RunStatus | None,
+    limit: int,
+    page_token: str | None,
+    allowed_project: str | None,
+    spark_points: int = 40,
+) -> tuple[list[RunSummary], str | None]:
+    """A page of runs (newest first, as ``GET /api/v1/runs``) with what the runs list shows.
+
+    Returns:
+        The summaries and the token of the next page (None on the last page).
+    """
+    page = run_store.list_runs(
+        session,
+        project=project,
+        status=status,
+        limit=limit,
+        page_token=page_token,
+        allowed_project=allowed_project,
+    )
+    run_ids = [r.id for r in page.runs]
+    series: dict[uuid.UUID, dict[str, int]] = {}
+    if run_ids:
+        rows = session.execute(
+            select(Series.run_id, Series.key, Series.id).where(
+                Series.run_id.in_(run_ids), Series.key.in_(LOSS_KEYS)
+            )
+        ).all()
+        for run_id, key, sid in rows:
+            series.setdefault(run_id, {})[str(key)] = int(sid)
+    fits = latest_fits(session, run_ids)
+    out = []
+    for run in page.runs:
+        keys = series.get(run.id, {})
+        key = next((k for k in LOSS_KEYS if k in keys), None)
+        last = first = None
+        spark_steps: list[float] = []
+        spark_values: list[float] = []
+        if key is not None:
+            last = _last_point(session, keys[key])
+            first = _first_step(session, keys[key])
+            if last is not None and first is not None:
+                spark_steps, spark_values = _spark(session, keys[key], first, last[0], spark_points)
+        out.append(
+            RunSummary(
+                run=run,
+                loss_key=key,
+                last_loss_step=last[0] if last else None,
+                last_loss=last[1] if last else None,
+                spark_steps=spark_steps,
+                spark_values=spark_values,
+                latest_fit=fits.get(run.id),
+            )
+        )
+    return out, page.next_page_token

@@ -1,0 +1,263 @@
+"""Webhooks per project, and the delivery outbox: leasing due deliveries for sending and
+recording each attempt's outcome."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, or_, select, update
+from sqlalchemy.orm import Session
+
+from service.alerting.schemas import (
+    AttemptOut,
+    DeliveryList,
+    DeliveryOut,
+    WebhookIn,
+    WebhookList,
+    WebhookOut,
+)
+from service.errors import NotFound
+from service.models import AlertDelivery, AlertDeliveryAttempt, Project, Webhook
+from service.store._common import as_utc, write_connection
+from service.store.projects import ensure_project
+
+MAX_ERROR_CHARS = 500
+
+
+def _check_project(project: str, allowed_project: str | None) -> None:
+    if allowed_project is not None and project != allowed_project:
+        raise NotFound(f"project {project!r} not found")
+
+
+def _out(w: Webhook, project: str) -> WebhookOut:
+    return WebhookOut(
+        id=w.id,
+        project=project,
+        name=w.name,
+        url=w.url,
+        enabled=w.enabled,
+        has_secret=bool(w.secret),
+        created_at=as_utc(w.created_at),
+    )
+
+
+def create_webhook(
+    session: Session,
+    *,
+    project: str,
+    webhook_in: WebhookIn,
+    now: datetime,
+    allowed_project: str | None,
+) -> WebhookOut:
+    """Add a webhook to ``project`` (created if new)."""
+    _check_project(project, allowed_project)
+    write_connection(session)
+    pid = ensure_project(session, name=project)
+    w = Webhook(
+        project_id=pid,
+        name=webhook_in.name or webhook_in.url[:200],
+        url=webhook_in.url,
+        secret=webhook_in.secret,
+        enabled=webhook_in.enabled,
+        created_at=now,
+    )
+    session.add(w)
+    session.flush()
+    return _out(w, project)
+
+
+def list_webhooks(session: Session, *, project: str, allowed_project: str | None) -> WebhookList:
+    """A project's webhooks, oldest first."""
+    _check_project(project, allowed_project)
+    rows = session.scalars(
+        select(Webhook)
+        .join(Project, Project.id == Webhook.project_id)
+        .where(Project.name == project)
+        .order_by(Webhook.id)
+    ).all()
+    return WebhookList(webhooks=[_out(w, project) for w in rows])
+
+
+def delete_webhook(
+    session: Session, *, project: str, webhook_id: int, allowed_project: str | None
+) -> None:
+    """Remove a webhook; its pending deliveries go with it."""
+    _check_project(project, allowed_project)
+    write_connection(session)
+    pid = session.scalar(select(Project.id).where(Project.name == project))
+    result = session.execute(
+        delete(Webhook).where(Webhook.id == webhook_id, Webhook.project_id == pid)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise NotFound(f"webhook {webhook_id} not found in project {project!r}")
+
+
+def list_deliveries(
+    session: Session,
+    *,
+    project: str,
+    status: str | None,
+    limit: int,
+    allowed_project: str | None,
+) -> DeliveryList:
+    """A project's deliveries, newest first, each with its attempts."""
+    _check_project(project, allowed_project)
+    stmt = (
+        select(AlertDelivery)
+        .join(Webhook, Webhook.id == AlertDelivery.webhook_id)
+        .join(Project, Project.id == Webhook.project_id)
+        .where(Project.name == project)
+    )
+    if status is not None:
+        stmt = stmt.where(AlertDelivery.status == status)
+    deliveries = session.scalars(
+        stmt.order_by(AlertDelivery.created_at.desc(), AlertDelivery.id).limit(limit)
+    ).all()
+    attempts: dict[uuid.UUID, list[AttemptOut]] = {d.id: [] for d in deliveries}
+    if deliveries:
+        for a in session.scalars(
+            select(AlertDeliveryAttempt)
+            .where(AlertDeliveryAttempt.delivery_id.in_(list(attempts)))
+            .order_by(AlertDeliveryAttempt.delivery_id, AlertDeliveryAttempt.attempt)
+        ):
+            attempts[a.delivery_id].append(
+                AttemptOut(
+                    attempt=a.attempt,
+                    at=as_utc(a.at),
+                    status_code=a.status_code,
+                    error=a.error,
+                    duration_ms=a.duration_ms,
+                )
+            )
+    return DeliveryList(
+        deliveries=[
+            DeliveryOut(
+                id=d.id,
+                webhook_id=d.webhook_id,
+                alert_id=d.alert_id,
+                event=d.event,
+                status=d.status,  # type: ignore[arg-type]
+                attempts=d.attempts,
+                next_attempt_at=as_utc(d.next_attempt_at) if d.status == "pending" else None,
+                last_status=d.last_status,
+                last_error=d.last_error,
+                created_at=as_utc(d.created_at),
+                delivered_at=as_utc(d.delivered_at) if d.delivered_at else None,
+                attempt_log=attempts[d.id],
+            )
+            for d in deliveries
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The sender's side of the outbox
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeliveryJob:
+    """A delivery leased for one sending attempt."""
+
+    id: uuid.UUID
+    url: str
+    secret: str | None
+    body: bytes
+    attempts: int
+    created_at: datetime
+
+
+def claim_deliveries(
+    session: Session, *, now: datetime, lease: timedelta, limit: int
+) -> list[DeliveryJob]:
+    """Lease up to ``limit`` due deliveries (pending, ``next_attempt_at`` passed, lease free),
+    oldest first. ``FOR UPDATE SKIP LOCKED`` keeps concurrent senders apart; the lease covers
+    the HTTP attempt, which happens outside any transaction."""
+    write_connection(session)
+    rows = session.execute(
+        select(
+            AlertDelivery.id,
+            Webhook.url,
+            Webhook.secret,
+            AlertDelivery.body,
+            AlertDelivery.attempts,
+            AlertDelivery.created_at,
+        )
+        .join(Webhook, Webhook.id == AlertDelivery.webhook_id)
+        .where(
+            AlertDelivery.status == "pending",
+            AlertDelivery.next_attempt_at <= now,
+            or_(AlertDelivery.lease_until.is_(None), AlertDelivery.lease_until < now),
+        )
+        .order_by(AlertDelivery.next_attempt_at, AlertDelivery.created_at)
+        .limit(limit)
+        .with_for_update(of=AlertDelivery, skip_locked=True)
+    ).all()
+    if rows:
+        session.execute(
+            update(AlertDelivery)
+            .where(AlertDelivery.id.in_([r[0] for r in rows]))
+            .values(lease_until=now + lease),
+            execution_options={"synchronize_session": False},
+        )
+    return [
+        DeliveryJob(
+            id=r[0],
+            url=r[1],
+            secret=r[2],
+            body=r[3].encode(),
+            attempts=int(r[4]),
+            created_at=as_utc(r[5]),
+        )
+        for r in rows
+    ]
+
+
+def record_attempt(
+    session: Session,
+    *,
+    job: DeliveryJob,
+    at: datetime,
+    status_code: int | None,
+    error: str | None,
+    duration_ms: float,
+    delivered: bool,
+    next_attempt_at: datetime | None,
+) -> None:
+    """Log one attempt and move the delivery on: ``delivered``, back to pending at
+    ``next_attempt_at``, or ``failed`` when ``next_attempt_at`` is None (gave up)."""
+    write_connection(session)
+    attempt = job.attempts + 1
+    error = error[:MAX_ERROR_CHARS] if error else None
+    session.add(
+        AlertDeliveryAttempt(
+            delivery_id=job.id,
+            attempt=attempt,
+            at=at,
+            status_code=status_code,
+            error=error,
+            duration_ms=duration_ms,
+        )
+    )
+    values: dict[str, object] = {
+        "attempts": attempt,
+        "last_status": status_code,
+        "last_error": error,
+        "lease_until": None,
+    }
+    if delivered:
+        values.update(status="delivered", delivered_at=at)
+    elif next_attempt_at is None:
+        values.update(status="failed")
+    else:
+        values.update(next_attempt_at=next_attempt_at)
+    # Only a pending delivery moves: if a lease ran out and another sender already delivered
+    # it, that outcome stands (the receiver saw the same delivery id twice and de-duplicates).
+    session.execute(
+        update(AlertDelivery)
+        .where(AlertDelivery.id == job.id, AlertDelivery.status == "pending")
+        .values(**values),
+        execution_options={"synchronize_session": False},
+    )

@@ -1,0 +1,183 @@
+"""The offline ``curvecast forecast`` command: CSV and JSON inputs, output contract, bad files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.forecast.cli import add_forecast_parser, load_series, main, run_forecast
+
+ROOT = Path(__file__).resolve().parents[2]
+TOP_KEYS = {"status", "n_points", "fitted_upto_step", "a", "b", "c", "f_star", "prediction",
+            "target"}
+
+
+def _curve(n: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    t = np.linspace(100, 20_000, n)
+    return t, 20.3 / np.sqrt(t + 377) + 2.07 + rng.normal(0, 0.002, n)
+
+
+@pytest.fixture
+def csv_file(tmp_path: Path) -> Path:
+    t, y = _curve()
+    p = tmp_path / "run.csv"
+    rows = "".join(f"{s:g},{v:.6f},ignored\n" for s, v in zip(t, y, strict=True))
+    p.write_text("step,loss,note\n" + rows)
+    return p
+
+
+@pytest.fixture
+def json_file(tmp_path: Path) -> Path:
+    t, y = _curve()
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps({"step": t.tolist(), "loss": y.tolist()}))
+    return p
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert isinstance(out, dict)
+    return out
+
+
+def test_csv_json_output_contract(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, str(csv_file), "--upto", "0.3", "--target", "2.2")
+    assert set(out) == TOP_KEYS
+    assert out["status"] == "ok"
+    assert out["fitted_upto_step"] is not None and out["fitted_upto_step"] <= 0.3 * 20_000
+    assert set(out["f_star"]) == {"value", "lo", "hi"}
+    pred = out["prediction"]
+    assert isinstance(pred, dict) and set(pred) == {"step", "value", "lo", "hi"}
+    assert pred["step"] == 20_000.0  # default horizon: the last step in the file
+    truth = 20.3 / np.sqrt(20_000 + 377) + 2.07
+    assert pred["lo"] <= truth <= pred["hi"]
+    assert abs(pred["value"] - truth) < 0.01
+    target = out["target"]
+    assert isinstance(target, dict)
+    assert set(target) == {"loss", "step", "lo", "hi", "reachable"}
+    assert target["reachable"] is True and target["step"] > 6_000
+
+
+def test_json_input_upto_step_horizon_and_unreachable_target(
+        json_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, str(json_file), "--upto-step", "5000", "--horizon", "1e6",
+                   "--target", "1.5", "--confidence", "0.8")
+    assert out["fitted_upto_step"] is not None and out["fitted_upto_step"] <= 5000
+    assert out["prediction"]["step"] == 1e6
+    assert out["target"] == {"loss": 1.5, "step": None, "lo": None, "hi": None,
+                             "reachable": False}
+
+
+def test_no_target_gives_null(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_json(capsys, str(csv_file), "--upto", "0.5")["target"] is None
+
+
+def test_too_few_points_is_a_status_not_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "short.csv"
+    p.write_text("step,loss\n1,3\n2,2.9\n3,2.8\n")
+    out = run_json(capsys, str(p), "--upto", "1")
+    assert out["status"] == "insufficient_data"
+    assert out["a"] is None and out["prediction"]["value"] is None
+
+
+def test_human_summary(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(csv_file), "--upto", "0.3", "--target", "2.2"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("status: ok")
+    assert "loss at step 20,000:" in text and "[90%:" in text
+    assert "asymptote f* ~ c:" in text
+    assert "loss 2.2 reached at step ~" in text
+
+
+def test_wired_into_a_parent_parser(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """How service/cli.py uses it: add_forecast_parser on subparsers, then args.func(args)."""
+    parser = argparse.ArgumentParser(prog="curvecast")
+    add_forecast_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["forecast", str(csv_file), "--upto", "0.25", "--json"])
+    assert args.func is run_forecast
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "ok"
+
+
+BAD_FILES = {
+    "missing.csv": (None, "no such file"),
+    "empty.csv": ("", "empty"),
+    "noheader.csv": ("a,b\n1,2\n", "no 'step' or 'loss' column"),
+    "noloss.csv": ("step,value\n1,2\n", "no 'loss' column"),
+    "text.csv": ("step,loss\n1,2.5\n2,oops\n", "line 3, loss: 'oops' is not a number"),
+    "short_row.csv": ("step,x,loss\n1,2,3\n4\n", "line 3 has 1 fields"),
+    "header_only.csv": ("step,loss\n", "no data rows"),
+    "bad.json": ('{"step": [1, 2', "invalid JSON"),
+    "list.json": ("[1, 2, 3]", "must be an object"),
+    "nokey.json": ('{"step": [1, 2]}', "no 'loss' key"),
+    "lengths.json": ('{"step": [1, 2, 3], "loss": [1, 2]}', '"step" has 3 values but "loss" has 2'),
+    "types.json": ('{"step": [1, 2], "loss": [1, true]}', "loss[1]: True is not a number"),
+    "scalar.json": ('{"step": 1, "loss": 2}', "must be arrays"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_bad_files_exit_2_with_a_clear_message(
+        name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    content, expected = BAD_FILES[name]
+    p = tmp_path / name
+    if content is not None:
+        p.write_text(content)
+    assert main([str(p), "--upto", "0.5", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert expected in captured.err
+    assert captured.err.startswith("curvecast forecast: error:")
+
+
+def test_binary_file_and_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    binary = tmp_path / "blob.csv"
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert main([str(binary), "--upto", "0.5"]) == 2
+    assert "not a text file" in capsys.readouterr().err
+    assert main([str(tmp_path), "--upto", "0.5"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--upto", "0"], "--upto must be a fraction in (0, 1]"),
+    (["--upto", "1.5"], "--upto must be a fraction in (0, 1]"),
+    (["--upto", "0.5", "--confidence", "1.2"], "--confidence must be in (0, 1)"),
+    (["--upto", "0.5", "--horizon", "nan"], "--horizon must be a finite number"),
+])
+def test_bad_arguments_exit_2(argv: list[str], expected: str, csv_file: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(csv_file), *argv]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_nan_cells_are_dropped_not_rejected(tmp_path: Path) -> None:
+    p = tmp_path / "gaps.csv"
+    p.write_text("step,loss\n1,3.0\n2,\n3,nan\n4,2.5\n")
+    steps, losses = load_series(p)
+    assert steps == [1.0, 2.0, 3.0, 4.0]
+    assert np.isnan(losses[1]) and np.isnan(losses[2])
+
+
+def test_semicolon_csv_and_bom(tmp_path: Path) -> None:
+    p = tmp_path / "excel.csv"
+    p.write_text("\ufeffStep;Loss\n1;3.0\n2;2.5\n", encoding="utf-8")
+    assert load_series(p) == ([1.0, 2.0], [3.0, 2.5])
+
+
+def test_module_entry_point(csv_file: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "service.forecast.cli", str(csv_file),
+                           "--upto", "0.2", "--json"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(proc.stdout)) == TOP_KEYS
