@@ -79,3 +79,23 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         """Whether the configured database is the embedded SQLite default."""
         return self.database_url.startswith("sqlite")
+
+    # --- alerts (service.alerting) ------------------------------------------------------------
+    stalled_after_s: float = Field(
+        default=900.0, gt=0, description="A running run silent this long raises 'stalled'."
+    )
+    alert_eval_lease_s: float = Field(
+        default=60.0, gt=0, description="How long a worker holds a run while evaluating it."
+    )
+    webhook_timeout_s: float = Field(
+        default=5.0, gt=0, description="HTTP timeout of one webhook delivery attempt."
+    )
+    webhook_backoff_base_s: float = Field(
+        default=2.0, gt=0, description="First retry delay of a failed delivery (doubles)."
+    )
+    webhook_backoff_max_s: float = Field(
+        default=600.0, gt=0, description="Longest delay between delivery attempts."
+    )
+    webhook_give_up_after_s: float = Field(
+        default=86_400.0, gt=0, description="Mark a delivery failed once it is this old."
+    )

@@ -106,8 +106,9 @@ class ApiToken(Base):
 
 class MetricRollup(Base):
     """Aggregates of one series over a block of ``ROLLUP_WIDTHS[level]`` steps (block = step //
-    width): count, extremes, the last point, and the sum of its values (for block means). Maintained at ingest, in the same transaction
-    as the points, so downsampled reads of long series touch thousands of rows, not millions."""
+    width): count, extremes, the last point, and the sum of the finite values (block means for
+    refits). Maintained at ingest, in the same transaction as the points, so downsampled reads
+    and refits of long series touch thousands of rows, not millions."""
 
     __tablename__ = "metric_rollups"
 

@@ -1,0 +1,164 @@
+"""One evaluation round of one run: every rule's evaluator, then the lifecycle. Pure.
+
+The worker (``service.alerting.tasks``) calls :func:`evaluate_round` with what it read from the
+database and writes the returned transitions; :func:`replay` calls it on stored data in chunks,
+as a client would stream it, for the quality bench and the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from service.alerting.lifecycle import Event, RuleLifecycle, advance
+from service.alerting.rules import (
+    RULES,
+    EvalContext,
+    RuleConfig,
+    Series,
+    durations,
+    evaluate_rule,
+    rule_config,
+)
+
+__all__ = ["ReplayEvent", "Transition", "evaluate_round", "replay"]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A lifecycle event of one rule, with what an alert shows."""
+
+    rule: str
+    event: Event
+    severity: str
+    summary: str
+    description: str
+    key: str | None
+
+
+def evaluate_round(
+    series: Mapping[str, Series],
+    ctx: EvalContext,
+    configs: Mapping[str, RuleConfig],
+    state: Mapping[str, Any] | None,
+    *,
+    rules: tuple[str, ...] | None = None,
+) -> tuple[dict[str, Any], list[Transition]]:
+    """Evaluate ``rules`` (default: all enabled ones) on the steps after ``ctx.after_step``.
+
+    Args:
+        series: the run's series (at least the keys and step range the rules need).
+        ctx: the run's context.
+        configs: effective configuration per rule.
+        state: per rule ``{"lifecycle": ..., "memory": ...}`` from the previous round.
+        rules: evaluate only these (the stalled check runs alone between ingests).
+
+    Returns:
+        The new state (JSON-ready) and the transitions, in rule order.
+    """
+    new_state: dict[str, Any] = {k: dict(v) for k, v in (state or {}).items()}
+    out: list[Transition] = []
+    for name in rules or tuple(RULES):
+        cfg = configs.get(name) or rule_config(name)
+        previous = new_state.get(name, {})
+        life = RuleLifecycle.from_dict(previous.get("lifecycle"))
+        if not cfg.enabled:
+            if life.state != "inactive":
+                # Disabling a rule closes its open alert (resolved, people are told).
+                event = Event("resolved" if life.state == "firing" else "cancelled",
+                              life.step or 0, math.nan, life.since_step or 0)
+                out.append(_transition(name, event, cfg, previous.get("key")))
+            new_state.pop(name, None)
+            continue
+        result = evaluate_rule(name, series, ctx, cfg, previous.get("memory"))
+        for_steps, resolve_steps = durations(name, ctx, cfg)
+        life, events = advance(
+            life, result.observations, for_steps=for_steps, resolve_for_steps=resolve_steps
+        )
+        key = result.key or previous.get("key")
+        new_state[name] = {"lifecycle": life.to_dict(), "memory": result.memory, "key": key}
+        out.extend(_transition(name, e, cfg, key) for e in events)
+    return new_state, out
+
+
+def _transition(rule: str, event: Event, cfg: RuleConfig, key: str | None) -> Transition:
+    summary, description = RULES[rule].describe(event.value, cfg, key)
+    return Transition(rule, event, cfg.severity, summary, description, key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replaying stored data
+# ---------------------------------------------------------------------------------------------
+
+#: The series a forecast is fitted on, in order of preference (as the worker chooses).
+FIT_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation/loss", "loss")
+
+
+@dataclass(frozen=True)
+class ReplayEvent:
+    """A transition seen while replaying, at the step of the chunk that produced it."""
+
+    rule: str
+    kind: str
+    step: int
+    since_step: int
+    value: float
+    summary: str
+
+
+def replay(
+    series: Mapping[str, Series],
+    config: Mapping[str, Any],
+    *,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    chunk: int = 25,
+    refit_growth: float = 0.05,
+    with_forecast: bool = True,
+) -> list[ReplayEvent]:
+    """Stream stored series through :func:`evaluate_round` ``chunk`` steps at a time.
+
+    The forecast is refitted like the worker does (when the fitted series has grown by
+    ``refit_growth``), so the off-curve rule sees what it would see live. The ``stalled`` rule
+    is not replayed (it is about wall-clock silence, not data).
+
+    Returns:
+        Every transition, in order.
+    """
+    from service.forecast import fit_curve
+
+    configs = {name: rule_config(name, (overrides or {}).get(name)) for name in RULES}
+    configs["stalled"] = replace(configs["stalled"], enabled=False)
+    last = max((int(s.steps[-1]) for s in series.values() if len(s)), default=-1)
+    fit_key = next((k for k in FIT_KEYS if k in series), None) if with_forecast else None
+    fit: dict[str, Any] | None = None
+    fitted_n = 0
+    state: dict[str, Any] = {}
+    events: list[ReplayEvent] = []
+    after = -1
+    for upto in range(chunk - 1 if chunk > 0 else last, last + chunk, max(chunk, 1)):
+        upto = min(upto, last)
+        if upto <= after:
+            continue
+        if fit_key is not None:
+            fs = series[fit_key]
+            n = int(np.searchsorted(fs.steps, upto, side="right"))
+            if n >= 4 and n >= fitted_n * (1 + refit_growth) and n > fitted_n:
+                prev = fit
+                from service.forecast import Fit
+
+                warm = Fit.from_dict(prev).params if prev else None
+                fit = fit_curve(fs.steps[:n], fs.values[:n], config=config,
+                                warm_start=warm).to_dict()
+                fitted_n = n
+        ctx = EvalContext(config=config, last_step=upto, after_step=after, fit=fit,
+                          fit_key=fit_key)
+        state, transitions = evaluate_round(series, ctx, configs, state)
+        for t in transitions:
+            events.append(ReplayEvent(t.rule, t.event.kind, t.event.step, t.event.since_step,
+                                      t.event.value, t.summary))
+        after = upto
+    return events

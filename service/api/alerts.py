@@ -1,0 +1,184 @@
+"""Alerts, alert rules, webhooks and webhook deliveries.
+
+Reads need a read token, acknowledging and silencing an alert an ingest token (the people and
+jobs that watch a run), changing rules and webhooks an admin token. Other projects' objects
+answer 404. Alerts are evaluated by the background worker, never in a request.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Response
+from fastapi import status as http
+
+from service.alerting.schemas import (
+    AlertList,
+    AlertOut,
+    AlertState,
+    DeliveryList,
+    DeliveryStatus,
+    RuleList,
+    RuleOut,
+    RuleOverrideIn,
+    SilenceIn,
+    WebhookIn,
+    WebhookList,
+    WebhookOut,
+)
+from service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
+from service.schemas import PROJECT_FILTER_PATTERN, PROJECT_PATTERN
+from service.store import alerts as alert_store
+from service.store import webhooks as webhook_store
+from service.store._common import utcnow
+
+router = APIRouter(prefix="/api/v1", tags=["alerts"])
+
+Limit = Annotated[int, Query(ge=1, le=1000)]
+ProjectPath = Annotated[str, Path(pattern=PROJECT_PATTERN)]
+RulePath = Annotated[str, Path(max_length=64)]
+# Row ids: bounded so that an absurd id answers 422/404 instead of overflowing the
+# database (ids are 32-bit integers; a larger one was a 500 on both backends).
+IdPath = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+
+@router.get("/alerts", response_model=AlertList, summary="List alerts")
+def list_alerts(
+    session: SessionDep,
+    principal: ReadPrincipal,
+    project: Annotated[str | None, Query(pattern=PROJECT_FILTER_PATTERN)] = None,
+    run_id: uuid.UUID | None = None,
+    state: AlertState | None = None,
+    limit: Limit = 100,
+) -> AlertList:
+    """Alerts, newest first, filtered by project, run and state."""
+    return alert_store.list_alerts(
+        session, project=project, run_id=run_id, state=state, limit=limit,
+        allowed_project=principal.project,
+    )
+
+
+@router.get("/runs/{run_id}/alerts", response_model=AlertList, summary="A run's alerts")
+def run_alerts(
+    run_id: uuid.UUID,
+    session: SessionDep,
+    principal: ReadPrincipal,
+    state: AlertState | None = None,
+    limit: Limit = 100,
+) -> AlertList:
+    """A run's alerts (the client hook polls ``?state=firing``)."""
+    return alert_store.run_alerts(
+        session, run_id=run_id, state=state, limit=limit, allowed_project=principal.project
+    )
+
+
+@router.post("/alerts/{alert_id}/ack", response_model=AlertOut, summary="Acknowledge an alert")
+def acknowledge(alert_id: IdPath, session: SessionDep, principal: IngestPrincipal) -> AlertOut:
+    """Mark the alert as seen by someone (kept in its history; notifications continue)."""
+    return alert_store.acknowledge(
+        session, alert_id=alert_id, now=utcnow(), allowed_project=principal.project
+    )
+
+
+@router.post("/alerts/{alert_id}/silence", response_model=AlertOut, summary="Silence an alert")
+def silence(
+    alert_id: IdPath, body: SilenceIn, session: SessionDep, principal: IngestPrincipal
+) -> AlertOut:
+    """No webhook notifications for this alert until ``until`` (``null``: lift the silence)."""
+    return alert_store.silence(
+        session, alert_id=alert_id, until=body.until, now=utcnow(),
+        allowed_project=principal.project,
+    )
+
+
+@router.get("/projects/{project}/rules", response_model=RuleList, summary="A project's rules")
+def list_rules(project: ProjectPath, session: SessionDep, principal: ReadPrincipal) -> RuleList:
+    """Every rule with its effective configuration, defaults and documentation."""
+    return alert_store.list_rules(session, project=project, allowed_project=principal.project)
+
+
+@router.get("/projects/{project}/rules/{rule}", response_model=RuleOut, summary="One rule")
+def get_rule(
+    project: ProjectPath, rule: RulePath, session: SessionDep, principal: ReadPrincipal
+) -> RuleOut:
+    """One rule's effective configuration."""
+    return alert_store.get_rule(
+        session, project=project, rule=rule, allowed_project=principal.project
+    )
+
+
+@router.put("/projects/{project}/rules/{rule}", response_model=RuleOut, summary="Configure a rule")
+def put_rule(
+    project: ProjectPath,
+    rule: RulePath,
+    body: RuleOverrideIn,
+    session: SessionDep,
+    principal: AdminPrincipal,
+) -> RuleOut:
+    """Replace the project's override of a rule: ``enabled``, ``severity``, ``for_steps``,
+    ``resolve_for_steps`` and ``params`` (thresholds). Omitted fields keep the defaults."""
+    override: dict[str, Any] = body.model_dump(exclude_none=True)
+    return alert_store.put_rule(
+        session, project=project, rule=rule, override=override, now=utcnow(),
+        allowed_project=principal.project,
+    )
+
+
+@router.get("/projects/{project}/webhooks", response_model=WebhookList, summary="Webhooks")
+def list_webhooks(
+    project: ProjectPath, session: SessionDep, principal: ReadPrincipal
+) -> WebhookList:
+    """The project's webhooks (secrets are never shown)."""
+    return webhook_store.list_webhooks(
+        session, project=project, allowed_project=principal.project
+    )
+
+
+@router.post(
+    "/projects/{project}/webhooks",
+    response_model=WebhookOut,
+    status_code=http.HTTP_201_CREATED,
+    summary="Add a webhook",
+)
+def create_webhook(
+    project: ProjectPath, body: WebhookIn, session: SessionDep, principal: AdminPrincipal
+) -> WebhookOut:
+    """Notify ``url`` of every alert of the project that fires or resolves."""
+    return webhook_store.create_webhook(
+        session, project=project, webhook_in=body, now=utcnow(),
+        allowed_project=principal.project,
+    )
+
+
+@router.delete(
+    "/projects/{project}/webhooks/{webhook_id}",
+    status_code=http.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    summary="Remove a webhook",
+)
+def delete_webhook(
+    project: ProjectPath, webhook_id: IdPath, session: SessionDep, principal: AdminPrincipal
+) -> Response:
+    """Remove a webhook and its undelivered notifications."""
+    webhook_store.delete_webhook(
+        session, project=project, webhook_id=webhook_id, allowed_project=principal.project
+    )
+    return Response(status_code=http.HTTP_204_NO_CONTENT)
+
+
+@router.get(
+    "/projects/{project}/deliveries", response_model=DeliveryList, summary="Webhook deliveries"
+)
+def list_deliveries(
+    project: ProjectPath,
+    session: SessionDep,
+    principal: ReadPrincipal,
+    status: DeliveryStatus | None = None,
+    limit: Limit = 100,
+) -> DeliveryList:
+    """Notifications and every attempt to send them (status code, error, duration)."""
+    return webhook_store.list_deliveries(
+        session, project=project, status=status, limit=limit,
+        allowed_project=principal.project,
+    )

@@ -1,0 +1,84 @@
+"""A real webhook receiver: an HTTP server on loopback in a thread that records every request
+and answers with scripted status codes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+
+@dataclass
+class Received:
+    """One request the receiver got."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Receiver:
+    """A loopback webhook receiver. ``statuses`` are answered in order (then 200)."""
+
+    url: str
+    port: int
+    server: ThreadingHTTPServer
+    requests: list[Received] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def payloads(self, path: str | None = None) -> list[Any]:
+        with self.lock:
+            return [r.json() for r in self.requests if path is None or r.path == path]
+
+    def by_path(self, path: str) -> list[Received]:
+        with self.lock:
+            return [r for r in self.requests if r.path == path]
+
+
+def start_receiver(port: int = 0) -> Receiver:
+    """Start a receiver on 127.0.0.1 (``port`` 0: any free port)."""
+    holder: dict[str, Receiver] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            rx = holder["rx"]
+            with rx.lock:
+                rx.requests.append(Received(self.path, dict(self.headers), body, time.time()))
+                status = rx.statuses.pop(0) if rx.statuses else 200
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    real_port = int(server.server_address[1])
+    rx = Receiver(url=f"http://127.0.0.1:{real_port}", port=real_port, server=server)
+    holder["rx"] = rx
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return rx
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver for one test."""
+    rx = start_receiver()
+    yield rx
+    rx.server.shutdown()
+    rx.server.server_close()

@@ -1,0 +1,311 @@
+"""The rules on real runs (fixtures written by ``bench/alerts_quality.py``) and on planted
+data, through the same pure evaluator and lifecycle the service's worker uses. No I/O."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.alerting.engine import evaluate_round, replay
+from service.alerting.lifecycle import RuleLifecycle
+from service.alerting.rules import (
+    RULES,
+    EvalContext,
+    Series,
+    burn_in_step,
+    evaluate_rule,
+    rolling_median,
+    rule_config,
+    validate_override,
+)
+from tests.alerting._data import as_series, load, names
+
+HEALTHY = names("healthy-")
+FAULTS = names("fault-")
+#: The rule each planted fault is about.
+EXPECTED = {
+    "low_wd": "weight_norm_drift",
+    "grad_ramp": "grad_norm_drift",
+    "collapse": "polyak_collapse",
+    "spike": "polyak_spike",
+    "nan": "non_finite",
+    "corrupt": "off_curve",
+}
+
+
+def fired(events: list, rule: str | None = None) -> list[int]:
+    return [e.step for e in events if e.kind == "firing" and (rule is None or e.rule == rule)]
+
+
+def test_there_are_enough_real_runs() -> None:
+    assert len(HEALTHY) >= 10
+    assert {load(n)["fault"]["kind"] for n in FAULTS} >= {"low_wd", "grad_ramp", "collapse",
+                                                           "nan"}
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_runs_raise_nothing(name: str) -> None:
+    run = load(name)
+    events = replay(as_series(run), run["config"])
+    assert fired(events) == [], [(e.rule, e.step, e.summary) for e in events]
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_planted_faults_are_caught_by_their_rule(name: str) -> None:
+    run = load(name)
+    fault, total = run["fault"], run["config"]["total_steps"]
+    rule = EXPECTED[fault["kind"]]
+    events = replay(as_series(run), run["config"])
+    onset = fault["onset_step"]
+    if fault["kind"] == "low_wd":  # present from step 1: judged from the end of the burn-in
+        onset = burn_in_step(EvalContext(config=run["config"], last_step=total))
+    steps = [s for s in fired(events, rule) if s >= onset]
+    assert steps, f"{rule} never fired on {name}"
+    # The quality bench reports the delays; the tests hold each rule to its measured delay
+    # (with a little slack) so that a regression shows.
+    assert steps[0] - onset <= LIMITS[name] * total, (steps[0] - onset) / total
+    assert all(s >= onset for s in fired(events, rule)), "fired before the fault"
+
+
+#: Detection delay (fraction of the run) each fixture is held to: the measured delay, rounded
+#: up (BENCHMARKS.md has the table; three of them miss the 5% target, see docs/alerts.md).
+LIMITS: dict[str, float] = {
+    "fault-collapse": 0.05,
+    "fault-nan": 0.05,
+    "fault-spike": 0.05,
+    "fault-grad-ramp": 0.06,
+    "fault-corrupt": 0.08,
+    "fault-low-wd": 0.13,
+}
+
+
+def test_collapse_resolves_on_its_own_once_the_optimizer_moves_again() -> None:
+    run = load("fault-collapse")
+    events = [e for e in replay(as_series(run), run["config"])
+              if e.rule == "polyak_collapse" and e.kind in ("firing", "resolved")]
+    assert [e.kind for e in events][-2:] == ["firing", "resolved"]
+    end_of_fault = run["fault"]["onset_step"] + int(0.2 * run["config"]["total_steps"])
+    assert events[-1].step >= end_of_fault
+
+
+def test_nan_fires_at_the_first_non_finite_step() -> None:
+    run = load("fault-nan")
+    events = replay(as_series(run), run["config"])
+    assert fired(events, "non_finite")[0] == run["fault"]["onset_step"]
+
+
+# --- each rule on small planted series -------------------------------------------------------
+
+CONFIG = {"total_steps": 1000, "warmup_steps": 10, "c_warmup": 20}
+
+
+def base_series(seed: int = 0, n: int = 1000) -> dict[str, Series]:
+    """A flat, noisy, healthy-looking run: every optimizer statistic, norms every 10 steps."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(1, n + 1)
+    noise = rng.lognormal(0.0, 0.2, n)
+    every10 = steps[steps % 10 == 0]
+    return {
+        "loss": Series.of(steps, 3.0 / np.sqrt(steps / 50 + 1) + 1.5
+                          + 0.02 * rng.standard_normal(n)),
+        "sfplus/grad_l1": Series.of(steps, 30.0 * noise),
+        "sfplus/eta": Series.of(steps, 0.1 * rng.lognormal(0.0, 0.1, n)),
+        "sfplus/numerator": Series.of(steps, 3.0 + 0.1 * rng.standard_normal(n)),
+        "sfplus/x_l2": Series.of(every10, 40.0 * rng.lognormal(0.0, 0.02, every10.size)),
+    }
+
+
+def run_all(series: dict[str, Series], config: dict[str, Any] = CONFIG, **kw: Any) -> list:
+    return replay(series, config, with_forecast=False, **kw)
+
+
+def planted(series: dict[str, Series], key: str, fn: Any) -> dict[str, Series]:
+    out = dict(series)
+    s = series[key]
+    out[key] = Series(s.steps.copy(), fn(s.steps, s.values.copy()))
+    return out
+
+
+def test_flat_synthetic_run_is_quiet() -> None:
+    for seed in range(3):
+        assert fired(run_all(base_series(seed))) == []
+
+
+def test_gradient_ramp_up_and_down() -> None:
+    up = planted(base_series(), "sfplus/grad_l1",
+                 lambda s, v: v * 2.0 ** np.clip((s - 500) / 30, 0, 4))
+    steps = fired(run_all(up), "grad_norm_drift")
+    assert steps and 500 < steps[0] <= 560
+    down = planted(base_series(), "sfplus/grad_l1",
+                   lambda s, v: v / 2.0 ** np.clip((s - 500) / 20, 0, 5))
+    assert fired(run_all(down), "grad_norm_drift")
+
+
+def test_gradient_rule_reads_l2_when_asked() -> None:
+    series = base_series()
+    steps = series["sfplus/grad_l1"].steps
+    series["opt/grad_l2"] = Series.of(steps, np.where(steps > 500, 5.0, 1.0))
+    overrides = {"grad_norm_drift": {"params": {"norm": "l2"}}}
+    assert fired(run_all(series, overrides=overrides), "grad_norm_drift")
+    assert not fired(run_all(series), "grad_norm_drift")  # L1 (unchanged) by default
+
+
+def test_weight_norm_growth() -> None:
+    grow = planted(base_series(), "sfplus/x_l2", lambda s, v: v * np.exp(np.clip(s - 300, 0, None)
+                                                                          / 100))
+    steps = fired(run_all(grow), "weight_norm_drift")
+    assert steps and 300 < steps[0] < 500
+
+
+def test_polyak_spike_and_resolution() -> None:
+    spiky = planted(base_series(), "sfplus/eta", lambda s, v: np.where((s >= 600) & (s < 610),
+                                                                        v * 20, v))
+    events = [e for e in run_all(spiky)
+              if e.rule == "polyak_spike" and e.kind in ("firing", "resolved")]
+    assert [e.kind for e in events] == ["firing", "resolved"]
+    assert 600 <= events[0].step <= 603
+    # A single-step blip of 3x is noise, not a spike.
+    blip = planted(base_series(), "sfplus/eta", lambda s, v: np.where(s == 600, v * 3, v))
+    assert not fired(run_all(blip), "polyak_spike")
+
+
+def test_polyak_collapse_needs_a_sustained_stretch() -> None:
+    short = planted(base_series(), "sfplus/eta", lambda s, v: np.where((s >= 600) & (s < 604),
+                                                                        0.0, v))
+    assert not fired(run_all(short), "polyak_collapse")
+    long = planted(base_series(), "sfplus/eta", lambda s, v: np.where((s >= 600) & (s < 700),
+                                                                       0.0, v))
+    events = [e for e in run_all(long)
+              if e.rule == "polyak_collapse" and e.kind in ("firing", "resolved")]
+    assert [e.kind for e in events] == ["firing", "resolved"]
+    assert 600 < events[0].step <= 625 and events[1].step > 700
+
+
+def test_collapse_falls_back_to_the_numerator() -> None:
+    series = base_series()
+    del series["sfplus/eta"]
+    series = planted(series, "sfplus/numerator", lambda s, v: np.where(s > 600, -1.0, v))
+    assert fired(run_all(series), "polyak_collapse")
+
+
+def test_non_finite_is_immediate_even_during_burn_in() -> None:
+    series = planted(base_series(), "sfplus/grad_l1", lambda s, v: np.where(s == 5, np.inf, v))
+    events = [e for e in run_all(series)
+              if e.rule == "non_finite" and e.kind in ("firing", "resolved")]
+    assert events[0].kind == "firing" and events[0].step == 5
+    assert "sfplus/grad_l1" in events[0].summary
+    assert events[1].kind == "resolved"  # one bad batch, then finite again
+
+
+def test_off_curve_against_the_forecast() -> None:
+    rng = np.random.default_rng(1)
+    steps = np.arange(1, 2001)
+    clean = 20.3 / np.sqrt(steps + 377.0) + 2.07 + 0.01 * rng.standard_normal(steps.size)
+    config = {"total_steps": 2000, "c_warmup": 50}
+    assert not fired(replay({"loss": Series.of(steps, clean)}, config), "off_curve")
+    bumped = np.where(steps > 1200, clean + 0.1, clean)
+    steps_fired = fired(replay({"loss": Series.of(steps, bumped)}, config), "off_curve")
+    assert steps_fired and 1200 < steps_fired[0] <= 1300
+
+
+def test_stalled_rule() -> None:
+    cfg = rule_config("stalled")
+    ctx = EvalContext(config={}, last_step=10, seconds_since_ingest=1000, stalled_after_s=900)
+    (obs,) = evaluate_rule("stalled", {}, ctx, cfg).observations
+    assert obs.active
+    finished = EvalContext(config={}, last_step=10, status="finished",
+                           seconds_since_ingest=10_000)
+    assert evaluate_rule("stalled", {}, finished, cfg).observations[0].clear
+    custom = rule_config("stalled", {"params": {"after_s": 5000}})
+    assert not evaluate_rule("stalled", {}, ctx, custom).observations[0].active
+
+
+def test_key_names_of_the_client_hook_work_too() -> None:
+    """The client's ``watch()`` logs ``opt/<stat>``; the rules find those as well."""
+    run = load("fault-collapse")
+    renamed = copy.deepcopy(run)
+    renamed["series"] = {k.replace("sfplus/", "opt/"): v for k, v in run["series"].items()}
+    a = replay(as_series(run), run["config"], with_forecast=False)
+    b = replay(as_series(renamed), run["config"], with_forecast=False)
+    assert [(e.rule, e.kind, e.step) for e in a] == [(e.rule, e.kind, e.step) for e in b]
+
+
+def test_chunking_does_not_change_the_verdicts() -> None:
+    """The worker evaluates whatever arrived since its last round: the outcome must not depend
+    on how the run was batched."""
+    run = load("fault-collapse")
+    series = as_series(run)
+    by = {c: sorted((e.rule, e.step, e.kind) for e in replay(series, run["config"], chunk=c,
+                                                             with_forecast=False))
+          for c in (1, 25, 400)}
+    assert by[1] == by[25] == by[400]
+
+
+def test_evaluate_round_state_is_json_and_resumable() -> None:
+    import json
+
+    run = load("fault-collapse")
+    series = as_series(run)
+    configs = {n: rule_config(n) for n in RULES}
+    state: dict[str, Any] = {}
+    after = -1
+    for upto in (300, 450, 800):
+        ctx = EvalContext(config=run["config"], last_step=upto, after_step=after)
+        state, _ = evaluate_round(series, ctx, configs, json.loads(json.dumps(state)))
+        after = upto
+    assert RuleLifecycle.from_dict(state["polyak_collapse"]["lifecycle"]).state == "inactive"
+
+
+def test_rolling_median_regular_and_irregular_agree() -> None:
+    rng = np.random.default_rng(3)
+    steps = np.arange(0, 500, 5)
+    values = rng.standard_normal(steps.size)
+    values[7] = np.nan
+    fast = rolling_median(steps, values, 23)
+    slow = rolling_median(steps, values, 23, steps.copy())
+    np.testing.assert_allclose(fast, slow)
+
+
+def test_burn_in() -> None:
+    ctx = EvalContext(config={"total_steps": 1000, "c_warmup": 100}, last_step=0)
+    assert burn_in_step(ctx) == 200
+    assert burn_in_step(EvalContext(config={"total_steps": 1000, "warmup_steps": 10},
+                                    last_step=0)) == 100
+    assert burn_in_step(EvalContext(config={}, last_step=0)) == 0
+
+
+@pytest.mark.parametrize(
+    ("rule", "override", "message"),
+    [
+        ("grad_norm_drift", {"params": {"rise_factor": 1.0}}, "rise_factor must be >="),
+        ("grad_norm_drift", {"params": {"nope": 1}}, "has no parameter"),
+        ("grad_norm_drift", {"params": {"window_steps": 2.5}}, "whole number"),
+        ("grad_norm_drift", {"params": {"rise_factor": math.inf}}, "finite"),
+        ("polyak_spike", {"params": {"factor": 3, "resolve_factor": 3}}, "resolve_factor"),
+        ("polyak_collapse", {"params": {"min_fraction": 0.2, "clear_fraction": 0.5}},
+         "clear_fraction"),
+        ("off_curve", {"params": {"confidence": 0.9, "resolve_confidence": 0.95}},
+         "resolve_confidence"),
+        ("non_finite", {"params": {"keys": []}}, "non-empty list"),
+        ("stalled", {"enabled": "yes"}, "true or false"),
+        ("stalled", {"severity": "page"}, "severity"),
+        ("stalled", {"for": 3}, "unknown field"),
+    ],
+)
+def test_invalid_rule_configs_are_refused(rule: str, override: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_override(rule, override)
+
+
+def test_every_rule_documents_its_thresholds() -> None:
+    for spec in RULES.values():
+        assert spec.title and spec.description and spec.for_doc
+        for name, param in spec.params.items():
+            assert param.doc, (spec.name, name)
+        cfg = spec.default_config()
+        assert cfg.enabled
+        assert validate_override(spec.name, cfg.to_dict() | {"params": {}}) is not None

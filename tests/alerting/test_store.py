@@ -1,0 +1,170 @@
+"""The alert store on both backends: one open alert per (run, rule), leases that keep workers
+apart and expire, and an evaluation that lost its lease writes nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.alerting.engine import Transition
+from service.alerting.lifecycle import Event
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
+from service.migrate import upgrade
+from service.models import Alert, AlertDelivery, Run, Webhook
+from service.schemas import RunCreate
+from service.store import alerts as alert_store
+from service.store import runs as run_store
+from service.store import webhooks as webhook_store
+from service.store._common import utcnow
+from tests.conftest import create_pg_database, drop_pg_database
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def factory(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[sessionmaker[Session]]:
+    """A database of its own: these tests claim every due run, which must not lease the runs
+    other tests are waiting on."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'alerts.db'}"
+    else:
+        url = create_pg_database()
+    upgrade(url)
+    engine = make_engine(Settings(database_url=url))
+    yield make_sessionmaker(engine)
+    engine.dispose()
+    if request.param == "postgres":
+        drop_pg_database(url)
+
+
+def _run(factory: sessionmaker[Session], project: str) -> uuid.UUID:
+    run_id = uuid.uuid4()
+    with session_scope(factory) as s:
+        run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
+                                    allowed_project=None)
+    with session_scope(factory) as s:  # pretend points arrived
+        s.execute(update(Run).where(Run.id == run_id).values(n_points=10, last_step=9,
+                                                            last_ingest_at=utcnow()))
+    return run_id
+
+
+def _claim(factory: sessionmaker[Session], run_id: uuid.UUID) -> alert_store.EvalJob | None:
+    with session_scope(factory) as s:
+        jobs = alert_store.claim_eval_jobs(s, now=utcnow(), lease=timedelta(seconds=60),
+                                           limit=1000)
+    return next((j for j in jobs if j.run_id == run_id), None)
+
+
+def _firing(rule: str = "non_finite") -> Transition:
+    return Transition(rule, Event("firing", 5, 1.0, 5), "critical", "s", "d", "loss")
+
+
+def test_one_open_alert_per_run_and_rule(factory: sessionmaker[Session], project: str) -> None:
+    run_id = _run(factory, project)
+    job = _claim(factory, run_id)
+    assert job is not None
+    with session_scope(factory) as s:
+        assert alert_store.apply_evaluation(
+            s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
+            next_check_at=None, now=utcnow(), public_url="http://x")
+    with pytest.raises(IntegrityError), session_scope(factory) as s:
+        s.execute(insert(Alert).values(
+            run_id=run_id, project_id=job.project_id, rule="non_finite", state="pending",
+            severity="critical", summary="", description="", labels={}, started_at=utcnow(),
+            updated_at=utcnow()))
+    with session_scope(factory) as s:  # resolved ones are history: any number
+        for _ in range(2):
+            s.execute(insert(Alert).values(
+                run_id=run_id, project_id=job.project_id, rule="non_finite", state="resolved",
+                severity="critical", summary="", description="", labels={},
+                started_at=utcnow(), updated_at=utcnow()))
+
+
+def test_claimed_runs_are_leased_and_a_lost_lease_writes_nothing(
+    factory: sessionmaker[Session], project: str
+) -> None:
+    run_id = _run(factory, project)
+    job = _claim(factory, run_id)
+    assert job is not None
+    assert _claim(factory, run_id) is None  # leased: nobody else gets it
+    with session_scope(factory) as s:
+        alert_store.release_eval_job(s, job=job)
+    second = _claim(factory, run_id)  # released: claimable again, with a new token
+    assert second is not None and second.token != job.token
+    with session_scope(factory) as s:
+        ok = alert_store.apply_evaluation(
+            s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
+            next_check_at=None, now=utcnow(), public_url="http://x")
+    assert ok is False
+    with session_scope(factory) as s:
+        assert s.scalars(select(Alert).where(Alert.run_id == run_id)).all() == []
+
+
+def test_outbox_rows_are_written_with_the_alert_and_leased_for_sending(
+    factory: sessionmaker[Session], project: str
+) -> None:
+    from service.alerting.schemas import WebhookIn
+
+    with session_scope(factory) as s:
+        hook = webhook_store.create_webhook(
+            s, project=project, webhook_in=WebhookIn(url="http://127.0.0.1:9/h"), now=utcnow(),
+            allowed_project=None)
+    run_id = _run(factory, project)
+    job = _claim(factory, run_id)
+    assert job is not None
+    with session_scope(factory) as s:
+        alert_store.apply_evaluation(
+            s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
+            next_check_at=None, now=utcnow(), public_url="http://x")
+    with session_scope(factory) as s:
+        rows = s.scalars(select(AlertDelivery).where(AlertDelivery.webhook_id == hook.id)).all()
+        assert [r.event for r in rows] == ["firing"] and rows[0].status == "pending"
+    now = utcnow()
+    with session_scope(factory) as s:
+        first = webhook_store.claim_deliveries(s, now=now, lease=timedelta(seconds=30),
+                                               limit=100)
+    assert hook.id in {_webhook_of(factory, d.id) for d in first}
+    with session_scope(factory) as s:
+        again = webhook_store.claim_deliveries(s, now=now, lease=timedelta(seconds=30),
+                                               limit=100)
+    assert {d.id for d in again}.isdisjoint({d.id for d in first})
+    with session_scope(factory) as s:  # the lease expires: another sender may take it
+        later = webhook_store.claim_deliveries(s, now=now + timedelta(seconds=31),
+                                               lease=timedelta(seconds=30), limit=100)
+    assert {d.id for d in first} <= {d.id for d in later}
+
+
+def _webhook_of(factory: sessionmaker[Session], delivery_id: uuid.UUID) -> int:
+    with session_scope(factory) as s:
+        return int(s.scalar(select(AlertDelivery.webhook_id)
+                            .where(AlertDelivery.id == delivery_id)))  # type: ignore[arg-type]
+
+
+def test_deleting_a_webhook_drops_its_deliveries(factory: sessionmaker[Session],
+                                                 project: str) -> None:
+    from service.alerting.schemas import WebhookIn
+
+    with session_scope(factory) as s:
+        hook = webhook_store.create_webhook(
+            s, project=project, webhook_in=WebhookIn(url="http://127.0.0.1:9/h"), now=utcnow(),
+            allowed_project=None)
+    run_id = _run(factory, project)
+    job = _claim(factory, run_id)
+    assert job is not None
+    with session_scope(factory) as s:
+        alert_store.apply_evaluation(
+            s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
+            next_check_at=None, now=utcnow(), public_url="http://x")
+    with session_scope(factory) as s:
+        webhook_store.delete_webhook(s, project=project, webhook_id=hook.id, allowed_project=None)
+    with session_scope(factory) as s:
+        assert s.scalars(select(Webhook).where(Webhook.id == hook.id)).all() == []
+        assert s.scalars(select(AlertDelivery)
+                         .where(AlertDelivery.webhook_id == hook.id)).all() == []
