@@ -6,11 +6,17 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from service.config import Settings, is_loopback_host
+# Every import of the server's dependencies happens inside the command that needs it, so that
+# `curvecast sync` works on a training machine with only the standard-library client installed.
+if TYPE_CHECKING:
+    from service.config import Settings
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from service.config import Settings
+
     url = getattr(args, "database_url", None)
     return Settings(database_url=url) if url else Settings()
 
@@ -28,6 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import prepare_database
+    from service.config import Settings, is_loopback_host
     from service.errors import SchemaOutOfDate
 
     if args.database_url:
@@ -170,13 +177,13 @@ def _add_optional_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     # Each part registers its own subcommand; a part that is not there yet is simply absent.
     try:
         from service.forecast.cli import add_forecast_parser
-    except ImportError:
+    except ImportError:  # numpy/scipy missing: a client-only install
         pass
     else:
         add_forecast_parser(sub)
     try:
         from service.demo import add_demo_parser
-    except ImportError:  # the demo needs the [server] extra's httpx-free parts only
+    except ImportError:  # uvicorn missing: a client-only install
         pass
     else:
         add_demo_parser(sub)

@@ -1,0 +1,7 @@
+"""``python -m client sync [DIR]``: ``curvecast sync`` without the server extras installed."""
+
+import sys
+
+from client._cli import main
+
+sys.exit(main())

@@ -1,0 +1,301 @@
+"""``curvecast sync [DIR]``: upload the points training runs left in their spools.
+
+Registered into the ``curvecast`` command by ``service.cli`` (``add_sync_parser``) and also
+runnable without the server extras as ``python -m client sync [DIR]``. Standard library only.
+
+For each run directory: create the run (idempotent ``PUT``, from ``run.json``), send every
+spooled line (corrupted lines are skipped and reported), delete each segment once all of it was
+acknowledged, then merge the config and set the final status the run ended with. A run still
+being written by a live process (its lock is held) is skipped. Re-running is always safe:
+ingest is idempotent, so a line sent twice is stored once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from client._api import Api, Backoff, Outcome, Result
+from client._batcher import Batch, split_batch
+from client._monitor import DEFAULT_URL
+from client._spool import (
+    REJECTED_SUFFIX,
+    SegmentReader,
+    Spool,
+    default_spool_dir,
+    find_run_dirs,
+    is_locked,
+    iter_segment_paths,
+    read_meta,
+)
+from client._transport import HTTPTransport, Transport
+from client._validate import check_run_id
+
+
+class Progress:
+    """A one-line progress bar on a terminal; one summary line per run otherwise."""
+
+    def __init__(self, stream: TextIO, total_bytes: int, label: str) -> None:
+        self.stream = stream
+        self.total = max(1, total_bytes)
+        self.label = label
+        self.points = 0
+        self.tty = stream.isatty()
+        self._last_draw = 0.0
+
+    def update(self, done_bytes: int, points: int) -> None:
+        """Record progress; redraws at most 10 times a second."""
+        self.points += points
+        now = time.monotonic()
+        if self.tty and (now - self._last_draw > 0.1 or done_bytes >= self.total):
+            self._last_draw = now
+            frac = min(1.0, done_bytes / self.total)
+            bar = "#" * int(frac * 30)
+            self.stream.write(
+                f"\r{self.label} [{bar:<30}] {frac:4.0%}  {self.points:,} points"
+            )
+            self.stream.flush()
+
+    def close(self, message: str) -> None:
+        """End the line with ``message``."""
+        if self.tty:
+            self.stream.write("\r\033[K")
+        self.stream.write(f"{self.label}: {message}\n")
+        self.stream.flush()
+
+
+@dataclass
+class SyncResult:
+    """What syncing one run directory did."""
+
+    run_dir: Path
+    ok: bool
+    points: int = 0
+    corrupt: list[str] = field(default_factory=list)
+    rejected: int = 0
+    message: str = ""
+
+
+def _with_retries(
+    call: Callable[[], Result],
+    *,
+    attempts: int,
+    backoff: Backoff,
+    sleep: Callable[[float], None],
+) -> Result:
+    result = call()
+    for attempt in range(1, attempts):
+        if result.outcome is not Outcome.RETRY:
+            break
+        sleep(backoff.delay(attempt, result.retry_after))
+        result = call()
+    return result
+
+
+def sync_run(
+    run_dir: Path,
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    timeout: float = 30.0,
+    attempts: int = 5,
+    transport: Transport | None = None,
+    stream: TextIO = sys.stderr,
+    sleep: Callable[[float], None] = time.sleep,
+    backoff: Backoff | None = None,
+) -> SyncResult:
+    """Upload one run directory's spool; see the module docstring.
+
+    Args:
+        run_dir: ``<spool root>/<run_id>``.
+        url: service URL (default: the one the run was logging to, from ``run.json``).
+        token: bearer token.
+        timeout: seconds per request.
+        attempts: tries per request while the service answers "retry later".
+        transport: injected transport (tests).
+        stream: where progress goes.
+        sleep: how to wait between attempts (tests inject a fake).
+        backoff: retry delays.
+    """
+    meta = read_meta(run_dir) or {}
+    try:
+        run_id = check_run_id(meta.get("run_id") or run_dir.name)
+    except ValueError:
+        return SyncResult(run_dir, False, message="not a run directory (no run id)")
+    target = url or meta.get("url") or os.environ.get("CURVECAST_URL") or DEFAULT_URL
+    job = _RunSync(
+        run_dir,
+        run_id,
+        meta,
+        Api(transport or HTTPTransport(target), token=token, timeout=timeout),
+        target,
+        stream,
+        lambda call: _with_retries(
+            call, attempts=attempts, backoff=backoff or Backoff(base=1.0, cap=10.0), sleep=sleep
+        ),
+    )
+    try:
+        return job.run()
+    finally:
+        job.spool.close()
+
+
+class _RunSync:
+    """Uploading one run directory."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        run_id: str,
+        meta: dict[str, Any],
+        api: Api,
+        target: str,
+        stream: TextIO,
+        retried: Callable[[Callable[[], Result]], Result],
+    ) -> None:
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.meta = meta
+        self.api = api
+        self.target = target
+        self.retried = retried
+        self.spool = Spool(run_dir.parent, run_dir.name)
+        self.out = SyncResult(run_dir, True)
+        self.segments = list(iter_segment_paths(run_dir))
+        total = sum(p.stat().st_size for p in self.segments)
+        self.progress = Progress(stream, total, f"run {run_id[:8]}")
+
+    def create(self) -> Result | None:
+        if "project" not in self.meta:
+            return None  # no run.json: the run must exist already
+        payload = {k: self.meta[k] for k in ("project", "name", "config") if self.meta.get(k)}
+        return self.retried(lambda: self.api.put_run(self.run_id, payload))
+
+    def fail(self, result: Result, what: str) -> SyncResult:
+        self.out.ok = False
+        self.out.message = f"{what} failed: {result.message}; kept {self.run_dir}, sync again later"
+        self.progress.close(self.out.message)
+        return self.out
+
+    def corrupt(self, path: Path, line_no: int, reason: str) -> None:
+        self.out.corrupt.append(f"{path.name}:{line_no}: {reason}")
+
+    def post(self, batch: Batch) -> Result:
+        result = self.retried(lambda: self.api.post_metrics(self.run_id, batch.body))
+        if result.outcome is Outcome.TOO_LARGE:
+            parts = split_batch(batch)
+            if len(parts) > 1:
+                for part in parts:
+                    result = self.post(part)
+                    if not result.ok:
+                        return result
+        return result
+
+    def run(self) -> SyncResult:
+        out, meta = self.out, self.meta
+        created = self.create()
+        if created is not None and not created.ok:
+            return self.fail(created, f"creating the run at {self.target}")
+        done_bytes = 0
+        for segment in self.segments:
+            reader = SegmentReader(segment, self.corrupt)
+            try:
+                while (item := reader.next()) is not None:
+                    batch = Batch(*item)
+                    result = self.post(batch)
+                    if result.outcome is Outcome.RUN_MISSING and (again := self.create()):
+                        if not again.ok:
+                            return self.fail(again, "creating the run")
+                        result = self.post(batch)
+                    if result.outcome in (Outcome.REJECTED, Outcome.TOO_LARGE):
+                        self.spool.reject(batch.body)
+                        out.rejected += batch.points
+                    elif not result.ok:
+                        return self.fail(result, f"sending points to {self.target}")
+                    else:
+                        out.points += batch.points
+                    self.progress.update(done_bytes + reader.position, batch.points)
+            finally:
+                reader.close()
+            done_bytes += segment.stat().st_size
+            segment.unlink()
+        final = {k: meta[k] for k in ("config", "status") if meta.get(k)}
+        if final:
+            result = self.retried(lambda: self.api.patch_run(self.run_id, final))
+            if not result.ok and result.outcome is not Outcome.REJECTED:
+                return self.fail(result, "setting the run's status")
+        self.spool.cleanup()
+        parts = [f"{out.points:,} points uploaded to {self.target}"]
+        if meta.get("status"):
+            parts.append(f"status {meta['status']}")
+        if out.corrupt:
+            shown = "; ".join(out.corrupt[:3])
+            parts.append(f"{len(out.corrupt)} corrupted lines skipped ({shown})")
+        if out.rejected:
+            parts.append(f"{out.rejected} points refused by the server, kept as *{REJECTED_SUFFIX}")
+        out.message = ", ".join(parts)
+        self.progress.close(out.message)
+        return out
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    """Entry point of ``curvecast sync``."""
+    root = Path(args.dir).expanduser() if args.dir else default_spool_dir()
+    token = args.token or os.environ.get("CURVECAST_TOKEN") or None
+    run_dirs = find_run_dirs(root)
+    if not run_dirs:
+        print(f"curvecast sync: nothing to upload in {root}", file=sys.stderr)
+        return 0
+    failed = 0
+    for run_dir in run_dirs:
+        if is_locked(run_dir):
+            print(
+                f"curvecast sync: skipping {run_dir}: a running process is still writing it "
+                "(its monitor replays it itself)",
+                file=sys.stderr,
+            )
+            failed += 1
+            continue
+        result = sync_run(run_dir, url=args.url, token=token, timeout=args.timeout)
+        failed += not result.ok
+    if failed:
+        print(f"curvecast sync: {failed} of {len(run_dirs)} runs not uploaded", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_sync_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``sync`` on the ``curvecast`` command's subparsers."""
+    parser = sub.add_parser(
+        "sync",
+        help="upload points that training runs left in their local spool",
+        description="Upload spooled points (left when the service was unreachable) and mark "
+        "each run with the status it ended with. Safe to re-run: ingest is idempotent.",
+    )
+    parser.add_argument(
+        "dir",
+        nargs="?",
+        help="a spool root or one run's directory (default: $CURVECAST_SPOOL_DIR, else the "
+        "user cache dir)",
+    )
+    parser.add_argument(
+        "--url", help="service URL (default: the URL each run was logging to, from run.json)"
+    )
+    parser.add_argument("--token", help="bearer token (default: $CURVECAST_TOKEN)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    parser.set_defaults(func=cmd_sync)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m client sync ...`` (works with the standard-library-only install)."""
+    parser = argparse.ArgumentParser(prog="python -m client")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_sync_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))

@@ -1,0 +1,716 @@
+"""``Monitor``: the training-loop hook.
+
+Threads and data flow::
+
+    training thread          batcher thread                    sender thread
+    ---------------          --------------                    -------------
+    log() -> deque  ------>  drain, read tensors, encode  -->  outbox (memory, bounded) --> HTTP
+      (validate names                     |  offline or full                    ^
+       once, no I/O)                      v                                     |
+                                       spool (disk, per run, capped) --- replay-+
+
+``log()`` only validates and appends; both threads are daemons that catch and log every
+exception and keep going, so neither can take the training loop down nor block interpreter
+exit. ``finish()`` (also run by ``atexit``) flushes for up to ``flush_timeout`` seconds, then
+spools what is left and says where.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from client._api import Api, Backoff
+from client._batcher import Batch, KeyMap, Outbox, Record, encode_records
+from client._sender import Counters, Sender, spool_batch
+from client._spool import Spool, default_spool_dir
+from client._transport import HTTPTransport, Transport
+from client._validate import (
+    MAX_STEP,
+    check_config,
+    check_key,
+    check_project,
+    check_run_id,
+    check_run_name,
+    check_step,
+    check_value,
+)
+
+log = logging.getLogger("curvecast.client")
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+RunStatus = str  # "finished" | "failed" | "crashed"
+_FINAL_STATUSES = ("finished", "failed", "crashed")
+_LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) inherits the monitor but not its threads: make sure
+    # it never flushes or spools the parent's points at its own exit.
+    for monitor in list(_LIVE):
+        monitor._forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Monitor:
+    """Streams a training run's metrics to a curvecast service, without slowing the loop.
+
+    Example:
+        >>> mon = Monitor(project="lm", run_name="gpt-120m", total_steps=20_000)
+        >>> mon.watch(optimizer)                 # ScheduleFreePlus telemetry every step
+        >>> for step in range(1, 20_001):
+        ...     loss = train_step()
+        ...     mon.log(step, loss=loss)         # floats or 0-d tensors, never a device sync
+        >>> mon.finish()                         # also runs at interpreter exit
+
+    Args:
+        url: service base URL (default ``$CURVECAST_URL``, else ``http://127.0.0.1:8000``).
+        project: project name (default ``$CURVECAST_PROJECT``, else ``"default"``).
+        run_name: display name of the run.
+        config: the run's configuration (plain JSON, finite numbers). The service reads
+            ``total_steps``, ``warmup_steps``, ``c_warmup``, ``weight_decay`` and ``fit_key``.
+        total_steps: planned number of steps (stored as ``config["total_steps"]``).
+        token: bearer token (default ``$CURVECAST_TOKEN``; none when the service has auth off).
+        run_id: the run's UUID. Pass the id of an earlier run (``mon.run_id``) to resume it after
+            a restart; default ``$CURVECAST_RUN_ID``, else a new random UUID.
+        spool_dir: where unsent points are kept (default ``$CURVECAST_SPOOL_DIR``, else
+            ``<user cache dir>/curvecast/spool``).
+        norms_every: ``watch()`` logs weight and gradient L2 norms every this many steps
+            (0 disables them). They cost a reduction pass over the parameters and one device
+            sync, so they are not computed every step; 100 gives a drift trend hundreds of
+            points long on a typical run for well under 1% of the step time.
+        on_alert: called from the background thread with each newly firing alert of the run
+            (a dict as the service returns it). Keep it short: sending waits while it runs.
+        alert_interval: seconds between alert polls when ``on_alert`` is set.
+        flush_interval: seconds between batches (a batch also leaves when enough is logged).
+        flush_timeout: at ``finish()``/exit, how long to keep trying before spooling the rest.
+        timeout: seconds per HTTP request.
+        max_buffer: the most ``log()`` calls held in memory before they are batched.
+        max_pending_bytes: the most encoded bytes held in memory; beyond, batches are spooled.
+        spool_max_bytes: cap on this run's spool; beyond it points are dropped, loudly.
+        max_batch_points: the most points per request.
+        transport: how requests reach the service (default :class:`~client.HTTPTransport`).
+        clock: monotonic clock of the retry schedule (inject a fake one in tests).
+        wall_clock: the source of each point's wall time.
+        backoff: the retry delay policy.
+
+    Raises:
+        ValueError, TypeError: for an invalid project, run name, run id, url or config.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        project: str | None = None,
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        total_steps: int | None = None,
+        token: str | None = None,
+        *,
+        run_id: str | uuid.UUID | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        norms_every: int = 100,
+        on_alert: Callable[[dict[str, Any]], None] | None = None,
+        alert_interval: float = 10.0,
+        flush_interval: float = 1.0,
+        flush_timeout: float = 10.0,
+        timeout: float = 15.0,
+        max_buffer: int = 20_000,
+        max_pending_bytes: int = 16 << 20,
+        spool_max_bytes: int = 1 << 30,
+        max_batch_points: int = 50_000,
+        transport: Transport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.url = (url or os.environ.get("CURVECAST_URL") or DEFAULT_URL).rstrip("/")
+        self.project = check_project(project or os.environ.get("CURVECAST_PROJECT") or "default")
+        self.run_name = check_run_name(run_name)
+        self.run_id = check_run_id(run_id or os.environ.get("CURVECAST_RUN_ID") or uuid.uuid4())
+        cfg = check_config(config)
+        if total_steps is not None:
+            cfg["total_steps"] = total_steps
+            cfg = check_config(cfg)
+        self._config = cfg
+        self._user_keys = frozenset(cfg)
+        if norms_every < 0:
+            raise ValueError(f"norms_every must be >= 0, got {norms_every}")
+        for name, value in (("max_buffer", max_buffer), ("max_batch_points", max_batch_points)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.norms_every = norms_every
+        self.flush_interval = flush_interval
+        self.flush_timeout = flush_timeout
+        self.spool_dir = Path(spool_dir).expanduser() if spool_dir else default_spool_dir()
+        self._transport = transport if transport is not None else HTTPTransport(self.url)
+        self._api = Api(
+            self._transport,
+            token=token or os.environ.get("CURVECAST_TOKEN") or None,
+            timeout=timeout,
+            clock=clock,
+        )
+        self._wall = wall_clock
+        self._max_batch_points = max_batch_points
+
+        # Hot-path state: the buffer, and each metric name's last step (its presence means the
+        # name was validated).
+        self._buffer: deque[Record] = deque()
+        self._last_step: dict[str, int] = {}
+        self._backwards_warned: set[str] = set()
+        self._max_buffer = max_buffer
+        self._wake_at = min(max_buffer, 1024)
+        self._batcher_stalled = False
+        self._dropped_calls = 0
+
+        self._counters = Counters()
+        self._outbox = Outbox(max_pending_bytes)
+        self._spool = Spool(
+            self.spool_dir, self.run_id, max_bytes=spool_max_bytes, meta=self._meta, clock=clock
+        )
+        self._sender = Sender(
+            api=self._api,
+            run_id=self.run_id,
+            run_payload=self._run_payload,
+            outbox=self._outbox,
+            spool=self._spool,
+            counters=self._counters,
+            backoff=backoff or Backoff(),
+            clock=clock,
+            on_alert=on_alert,
+            alert_interval=alert_interval,
+        )
+
+        self._closing = False
+        self._stop = False
+        self._forked = False
+        self._finished: bool | None = None
+        self._finish_lock = threading.Lock()
+        self._batching = False
+        self._progress = threading.Condition()
+        self._batch_wake = threading.Event()
+        self._send_wake = threading.Event()
+        self._batcher = threading.Thread(
+            target=self._batcher_loop, name=f"curvecast-batcher-{self.run_id[:8]}", daemon=True
+        )
+        self._sender_thread = threading.Thread(
+            target=self._sender_loop, name=f"curvecast-sender-{self.run_id[:8]}", daemon=True
+        )
+        self._batcher.start()
+        self._sender_thread.start()
+        _LIVE.add(self)
+        atexit.register(self._atexit)
+
+    # -- the hot path ----------------------------------------------------------------------
+
+    def log(self, step: int, metrics: Mapping[str, Any] | None = None, /, **kwargs: Any) -> None:
+        """Record metrics at ``step``. Returns at once: no I/O, no device sync.
+
+        Args:
+            step: the step number, an int ``>= 0``.
+            metrics: optionally, a mapping of names to values (for names that are not Python
+                identifiers, e.g. ``{"eval/loss": v}``).
+            **kwargs: more metrics by name. Values are ints, floats, NaN/inf included, or
+                0-d tensors (read in the background thread; don't modify them in place after
+                logging).
+
+        Raises:
+            ValueError, TypeError: an invalid name, a value that is not a number, a bad step.
+            RuntimeError: after ``finish()``.
+        """
+        if metrics is not None:
+            kwargs = {**metrics, **kwargs}
+        if type(step) is not int or step < 0 or step > MAX_STEP:
+            step = check_step(step)
+        if self._closing:
+            raise RuntimeError(f"Monitor.log() after finish() (run {self.run_id})")
+        last = self._last_step
+        for key, value in kwargs.items():
+            prev = last.get(key)
+            if prev is None:
+                check_key(key)
+            elif step < prev:
+                self._went_backwards(key, step, prev)
+            kind = type(value)
+            if kind is not float and kind is not int:
+                kwargs[key] = check_value(key, value)
+            last[key] = step
+        buf = self._buffer
+        buf.append((step, self._wall(), kwargs, None))
+        if len(buf) >= self._wake_at:
+            self._buffer_filling()
+
+    def _record(self, step: int, metrics: dict[str, Any], keymap: KeyMap | None = None) -> None:
+        """``log()`` for the optimizer hook: names are mapped (and values read) in the
+        background, so the training thread only appends."""
+        if self._closing:
+            return
+        buf = self._buffer
+        buf.append((step, self._wall(), metrics, keymap))
+        if len(buf) >= self._wake_at:
+            self._buffer_filling()
+
+    def _went_backwards(self, key: str, step: int, prev: int) -> None:
+        if key in self._backwards_warned:
+            return
+        self._backwards_warned.add(key)
+        warnings.warn(
+            f"curvecast: metric {key!r} logged at step {step} after step {prev}. The point is "
+            "sent, but where a step is logged twice the service keeps the first value "
+            "(warned once per metric).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _buffer_filling(self) -> None:
+        self._batch_wake.set()
+        if len(self._buffer) < self._max_buffer:
+            return
+        # The batcher never waits on the network, so it only falls this far behind when
+        # starved of CPU: give it a moment (bounded), then drop rather than grow without bound.
+        if not self._batcher_stalled:
+            deadline = time.monotonic() + 5.0
+            with self._progress:
+                while len(self._buffer) >= self._max_buffer and time.monotonic() < deadline:
+                    self._progress.wait(0.05)
+            if len(self._buffer) < self._max_buffer:
+                return
+            self._batcher_stalled = True
+        _, _, metrics, _ = self._buffer.pop()
+        self._dropped_calls += 1
+        self._counters.points_dropped += len(metrics)
+        if self._dropped_calls in (1, 10, 100) or self._dropped_calls % 1000 == 0:
+            log.error(
+                "curvecast: POINTS ARE BEING LOST: the in-memory buffer is full (%d log() calls) "
+                "and the background thread is not draining it; %d points dropped so far",
+                self._max_buffer,
+                self._counters.points_dropped,
+            )
+
+    # -- the optimizer hook ----------------------------------------------------------------
+
+    def watch(
+        self,
+        optimizer: Any,
+        *,
+        norms_every: int | None = None,
+        prefix: str = "opt/",
+        step_fn: Callable[[], int] | None = None,
+        log_config: bool = True,
+    ) -> Any:
+        """Log an optimizer's telemetry after every ``step()``.
+
+        With :class:`sfplus.ScheduleFreePlus` (anything with a ``stats()`` method) each step
+        logs ``{prefix}eta``, ``alpha``, ``loss`` (F), ``inner`` (I), ``numerator``, ``grad_l1``,
+        ``denom_ema``, ``gamma_max``, ``c``, ``sf_beta`` and ``warmup`` (free: read on the host
+        during the step), and every ``norms_every`` steps ``x_l2``, ``y_l2``, ``z_l2`` and
+        ``grad_l2``. With any other ``torch.optim.Optimizer`` it logs ``{prefix}lr`` (or
+        ``{prefix}lr/{i}`` per parameter group).
+
+        Steps are the optimizer's own count (ScheduleFree+: restored from checkpoints; others:
+        steps since ``watch``, from 1) unless ``step_fn`` returns them.
+
+        Args:
+            optimizer: a ``torch.optim.Optimizer``.
+            norms_every: override the monitor's ``norms_every``.
+            prefix: prefix of the metric names.
+            step_fn: returns the step number to log at (e.g. ``lambda: trainer.global_step``).
+            log_config: merge the optimizer's hyper-parameters into the run config (keys given
+                in ``config=`` win).
+
+        Returns:
+            The hook handle; ``handle.remove()`` stops logging.
+        """
+        register = getattr(optimizer, "register_step_post_hook", None)
+        if not callable(register):
+            raise TypeError(
+                f"watch() needs a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        every = self.norms_every if norms_every is None else norms_every
+        if every < 0:
+            raise ValueError(f"norms_every must be >= 0, got {every}")
+        check_key(prefix + "x")
+        keymap = KeyMap(prefix, skip=("step",))
+        names: dict[str, str] = {}
+
+        def name(stat: str) -> str:
+            full = names.get(stat)
+            if full is None:
+                full = names[stat] = check_key(prefix + stat)
+            return full
+
+        counter = [0]
+        failed = [False]
+
+        def sfplus_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
+            # Runs after every step: keep it to a few dict operations (names are mapped and
+            # values checked in the batcher thread).
+            try:
+                counter[0] += 1
+                stats = opt.stats()
+                if not stats:
+                    return
+                step = step_fn() if step_fn else int(stats.get("step") or counter[0])
+                if every and step % every == 0:
+                    stats = opt.stats(norms=True)
+                self._record(step, stats, keymap)
+            except Exception:
+                if not failed[0]:
+                    failed[0] = True
+                    log.exception("curvecast: reading the optimizer's stats failed (ignored)")
+
+        def lr_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
+            try:
+                counter[0] += 1
+                step = step_fn() if step_fn else counter[0]
+                groups = opt.param_groups
+                if len(groups) == 1:
+                    lrs = {name("lr"): groups[0]["lr"]}
+                else:
+                    lrs = {name(f"lr/{i}"): g["lr"] for i, g in enumerate(groups)}
+                for key, value in lrs.items():
+                    if type(value) is not float:  # a tensor LR: checked like a logged value
+                        lrs[key] = check_value(key, value)
+                self._record(step, lrs)
+            except Exception:
+                if not failed[0]:
+                    failed[0] = True
+                    log.exception("curvecast: reading the learning rate failed (ignored)")
+
+        is_sfplus = callable(getattr(optimizer, "stats", None))
+        handle = register(sfplus_hook if is_sfplus else lr_hook)
+        if log_config:
+            self.update_config(optimizer_config(optimizer))
+        return handle
+
+    def update_config(self, changes: Mapping[str, Any]) -> None:
+        """Merge keys into the run's config (sent in the background; keys passed to the
+        constructor's ``config=`` are never overwritten).
+
+        Raises:
+            ValueError, TypeError: if the keys are not valid config (see ``config=``).
+        """
+        fresh = {k: v for k, v in check_config(changes).items() if k not in self._user_keys}
+        if not fresh:
+            return
+        self._config = check_config({**self._config, **fresh})
+        self._sender.update_config(fresh)
+        self._send_wake.set()
+        if self._spool.path.exists():
+            try:
+                self._spool.update_meta()
+            except OSError:
+                log.exception("curvecast: could not update %s", self._spool.path)
+
+    def _run_payload(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {"project": self.project, "config": self._config}
+        if self.run_name is not None:
+            payload["name"] = self.run_name
+        return payload
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "run_id": self.run_id,
+            "url": self.url,
+            **self._run_payload(),
+            "status": self._sender.final_status if self._sender.finishing else None,
+        }
+
+    # -- alerts ----------------------------------------------------------------------------
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The run's firing alerts (a short request; on any error, the last known list).
+
+        A service without the alerts endpoint answers "no alerts". Never raises for network
+        or server errors.
+        """
+        result = self._api.get_alerts(self.run_id, timeout=min(2.0, self._api.timeout))
+        if result.ok:
+            body = result.body if isinstance(result.body, dict) else {}
+            alerts = body.get("alerts", [])
+            # Asked with ?state=firing; an alert without a state is taken as firing.
+            firing = [
+                a for a in alerts if isinstance(a, dict) and a.get("state", "firing") == "firing"
+            ]
+            self._sender.last_alerts = firing
+        return list(self._sender.last_alerts)
+
+    # -- background threads ----------------------------------------------------------------
+
+    def _batcher_loop(self) -> None:
+        while True:
+            self._batch_wake.wait(self.flush_interval)
+            self._batch_wake.clear()
+            try:
+                self._drain()
+                self._spool.sync_if_due()
+            except Exception:
+                log.exception("curvecast: batcher error (continuing)")
+            finally:
+                self._batching = False
+                with self._progress:
+                    self._progress.notify_all()
+            if self._stop:
+                return
+
+    def _drain(self) -> None:
+        buf = self._buffer
+        while buf:
+            self._batching = True
+            records = [buf.popleft() for _ in range(min(len(buf), 16_384))]
+            with self._progress:
+                self._progress.notify_all()  # room in the buffer for a waiting log()
+            self._batcher_stalled = False
+            batches, unreadable = encode_records(records, max_points=self._max_batch_points)
+            self._counters.points_dropped += unreadable
+            for batch in batches:
+                self._counters.points_logged += batch.points
+                self._dispatch(batch)
+
+    def _dispatch(self, batch: Batch) -> None:
+        if self._outbox.offer(batch):
+            self._send_wake.set()
+        else:
+            spool_batch(self._spool, batch, self._counters)
+            if self._sender.online:
+                self._send_wake.set()  # the outbox was full: the sender replays the spool
+
+    def _sender_loop(self) -> None:
+        while not self._stop:
+            self._send_wake.clear()
+            try:
+                delay = self._sender.tick()
+            except Exception:
+                log.exception("curvecast: sender error (continuing)")
+                delay = 1.0
+            with self._progress:
+                self._progress.notify_all()
+            if delay > 0 and not self._stop:
+                self._send_wake.wait(delay)
+
+    # -- flushing and finishing ------------------------------------------------------------
+
+    def _wait_for(self, condition: Callable[[], bool], deadline: float) -> bool:
+        with self._progress:
+            while not condition():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._progress.wait(min(left, 0.1))
+        return True
+
+    def _idle_batcher(self) -> bool:
+        return not self._buffer and not self._batching
+
+    def _all_sent(self) -> bool:
+        s = self._sender
+        return (
+            self._idle_batcher()
+            and s.created
+            and not len(self._outbox)
+            and s._line is None
+            and s._reader is None
+            and not self._spool.has_data()
+            and s._config_patch is None
+        )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything logged so far is stored by the service.
+
+        Args:
+            timeout: seconds to wait at most (default ``flush_timeout``).
+
+        Returns:
+            True if everything was acknowledged, False on timeout (nothing is lost: what is not
+            sent yet stays queued or spooled).
+        """
+        deadline = time.monotonic() + (self.flush_timeout if timeout is None else timeout)
+        self._batch_wake.set()
+        if not self._wait_for(self._idle_batcher, deadline):
+            return False
+        self._send_wake.set()
+        return self._wait_for(self._all_sent, deadline)
+
+    def finish(self, status: RunStatus = "finished", *, timeout: float | None = None) -> bool:
+        """Send everything, mark the run ``status``, and stop the background threads.
+
+        Keeps trying for up to ``timeout`` seconds (default ``flush_timeout``); whatever is
+        still unsent then is written to the spool, and a warning says where and how to upload
+        it (``curvecast sync``). Idempotent; runs automatically at interpreter exit.
+
+        Args:
+            status: ``"finished"``, ``"failed"`` or ``"crashed"``.
+            timeout: seconds to keep trying.
+
+        Returns:
+            True if everything, the status included, reached the service.
+        """
+        if status not in _FINAL_STATUSES:
+            raise ValueError(f"status must be one of {_FINAL_STATUSES}, got {status!r}")
+        with self._finish_lock:
+            if self._finished is not None:
+                return self._finished
+            self._finished = False
+        atexit.unregister(self._atexit)
+        _LIVE.discard(self)
+        if self._forked:
+            return False
+        deadline = time.monotonic() + (self.flush_timeout if timeout is None else timeout)
+        self._closing = True
+        self._batch_wake.set()
+        self._wait_for(self._idle_batcher, deadline)
+        self._sender.begin_finish(status)
+        self._send_wake.set()
+        done = self._wait_for(lambda: self._idle_batcher() and self._sender.done, deadline)
+
+        self._stop = True
+        self._sender.stopped = True
+        self._batch_wake.set()
+        self._send_wake.set()
+        current = threading.current_thread()  # finish() may be called from on_alert
+        if current is not self._batcher:
+            self._batcher.join(timeout=2.0)
+        if current is not self._sender_thread:
+            self._sender_thread.join(timeout=0.5)
+        try:
+            self._spool_leftovers(status, done)
+        except Exception:
+            log.exception("curvecast: could not spool the remaining points of run %s", self.run_id)
+        self._transport.close()
+        self._finished = done
+        return done
+
+    def _spool_leftovers(self, status: str, done: bool) -> None:
+        records = [self._buffer.popleft() for _ in range(len(self._buffer))]
+        if records:
+            batches, unreadable = encode_records(records, max_points=self._max_batch_points)
+            self._counters.points_dropped += unreadable
+            for batch in batches:
+                self._counters.points_logged += batch.points
+                spool_batch(self._spool, batch, self._counters)
+        for batch in self._outbox.take_all():
+            spool_batch(self._spool, batch, self._counters)
+        c = self._counters
+        if done:
+            self._spool.cleanup()
+            self._spool.close()
+            if c.points_dropped or c.points_rejected:
+                log.warning(
+                    "curvecast: run %s finished; %d points were dropped and %d refused",
+                    self.run_id,
+                    c.points_dropped,
+                    c.points_rejected,
+                )
+            return
+        self._spool.update_meta(status=status)
+        self._spool.close()
+        left = max(0, c.points_logged - c.points_sent - c.points_dropped - c.points_rejected)
+        what = f"{left} points of run {self.run_id} and its final status" if left else (
+            f"the final status of run {self.run_id}"
+        )
+        log.warning(
+            "curvecast: %s could not be sent to %s within the flush timeout; they are kept in "
+            "%s. Upload them with:  curvecast sync %s",
+            what,
+            self.url,
+            self._spool.path,
+            self._spool.path,
+        )
+        if c.points_dropped:
+            log.error("curvecast: %d points were lost (spool cap or errors)", c.points_dropped)
+
+    def _atexit(self) -> None:
+        failed = getattr(sys, "last_value", None) is not None
+        try:
+            self.finish("failed" if failed else "finished")
+        except Exception:
+            log.exception("curvecast: finishing run %s at exit failed", self.run_id)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish("failed" if exc_type is not None else "finished")
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and state, for dashboards, tests and benchmarks.
+
+        Keys: ``points_logged`` (encoded so far), ``points_sent``, ``points_spooled``,
+        ``points_dropped``, ``points_rejected``, ``batches_sent``, ``corrupt_lines``,
+        ``failures``, ``online``, ``run_created``, ``buffered`` (``log()`` calls not yet
+        batched), ``pending_bytes`` (in memory), ``spool_bytes``, ``rtt_ms_median`` and
+        ``rtt_ms_max`` (of the last 512 batches).
+        """
+        c = self._counters
+        rtts = [r * 1000 for r in self._sender.rtts]
+        return {
+            **vars(c),
+            "online": self._sender.online,
+            "run_created": self._sender.created,
+            "buffered": len(self._buffer),
+            "pending_bytes": self._outbox.nbytes,
+            "spool_bytes": self._spool.nbytes,
+            "rtt_ms_median": statistics.median(rtts) if rtts else None,
+            "rtt_ms_max": max(rtts) if rtts else None,
+        }
+
+    @property
+    def finished(self) -> bool:
+        """Whether ``finish()`` was called (``log()`` raises from then on)."""
+        return self._closing
+
+    @property
+    def spool_path(self) -> Path:
+        """This run's spool directory (it exists only while points are spooled)."""
+        return self._spool.path
+
+    def __repr__(self) -> str:
+        return f"Monitor(url={self.url!r}, project={self.project!r}, run_id={self.run_id!r})"
+
+
+def optimizer_config(optimizer: Any) -> dict[str, Any]:
+    """The run-config keys describing an optimizer.
+
+    ScheduleFree+ (anything with a ``config()`` method) contributes its hyper-parameters under
+    ``"optimizer"`` and the keys the service reads (``weight_decay`` = AdamC lambda, ``c_warmup``,
+    ``warmup_steps``) at the top level. Other optimizers contribute their JSON-safe defaults
+    under ``"optimizer"`` only (their ``weight_decay`` is not on the AdamC scale).
+    """
+    config_fn = getattr(optimizer, "config", None)
+    if callable(config_fn):
+        cfg = dict(config_fn())
+        out: dict[str, Any] = {"optimizer": cfg}
+        for key in ("weight_decay", "c_warmup", "warmup_steps"):
+            if cfg.get(key) is not None:
+                out[key] = cfg[key]
+        return out
+    defaults = getattr(optimizer, "defaults", {}) or {}
+    safe: dict[str, Any] = {"name": type(optimizer).__name__}
+    for key, value in defaults.items():
+        if isinstance(value, bool | str | None):
+            safe[key] = value
+        elif isinstance(value, int | float) and value == value and abs(value) != float("inf"):
+            safe[key] = value
+        elif isinstance(value, tuple | list) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value
+        ):
+            safe[key] = list(value)
+    return {"optimizer": safe}

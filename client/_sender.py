@@ -1,0 +1,400 @@
+"""The sender: everything the monitor says to the service, as a step-by-step state machine.
+
+:meth:`Sender.tick` does one unit of work (create the run, send one batch, replay one spooled
+line, poll alerts, ...) and returns how long to wait before the next tick. The monitor's
+background thread calls it in a loop; tests call it directly with a fake transport and a fake
+clock, so retry, backoff and ``Retry-After`` are checked without sockets or sleeps.
+
+Order of work: create the run (idempotent ``PUT``), merge config updates (``PATCH``), replay the
+spool (oldest first), send in-memory batches, and when finishing, ``PATCH`` the final status.
+On any failure that may heal (no answer, 5xx, 429, 401/403) the in-memory batches move to the
+spool, the outbox goes offline (new batches are spooled directly) and the next try waits for the
+backoff delay; the first success puts everything back online.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from client._api import Api, Backoff, Outcome, Result
+from client._batcher import Batch, Outbox, split_batch
+from client._spool import SegmentReader, Spool
+
+log = logging.getLogger("curvecast.client")
+
+#: Idle ticks wait at most this long (the thread is woken early when there is work).
+IDLE_WAIT = 5.0
+#: The shortest wait after an authentication failure or a refused run: a human must act.
+HUMAN_WAIT = 60.0
+
+
+@dataclass
+class Counters:
+    """What happened so far (read by ``Monitor.stats()``)."""
+
+    points_logged: int = 0
+    points_sent: int = 0
+    points_spooled: int = 0
+    points_dropped: int = 0
+    points_rejected: int = 0
+    batches_sent: int = 0
+    corrupt_lines: int = 0
+    failures: int = 0
+
+
+class Sender:
+    """State machine behind the monitor's sender thread.
+
+    Args:
+        api: the REST calls.
+        run_id: the run.
+        run_payload: returns the ``PUT`` body (project, name, config).
+        outbox: in-memory batches.
+        spool: the run's spool.
+        counters: shared counters.
+        backoff: delay policy.
+        clock: monotonic clock.
+        on_alert: called with each newly firing alert (from this thread).
+        alert_interval: seconds between alert polls (only when ``on_alert`` is set).
+    """
+
+    def __init__(
+        self,
+        *,
+        api: Api,
+        run_id: str,
+        run_payload: Callable[[], dict[str, Any]],
+        outbox: Outbox,
+        spool: Spool,
+        counters: Counters,
+        backoff: Backoff,
+        clock: Callable[[], float],
+        on_alert: Callable[[dict[str, Any]], None] | None = None,
+        alert_interval: float = 10.0,
+    ) -> None:
+        self.api = api
+        self.run_id = run_id
+        self._run_payload = run_payload
+        self.outbox = outbox
+        self.spool = spool
+        self.counters = counters
+        self.backoff = backoff
+        self.clock = clock
+        self.on_alert = on_alert
+        self.alert_interval = alert_interval
+
+        self.created = False
+        self.online = True
+        self.attempt = 0
+        self.next_try = 0.0
+        self._retry_after_until = 0.0
+        self._config_lock = threading.Lock()
+        self._config_patch: dict[str, Any] | None = None
+        self._reader: SegmentReader | None = None
+        self._line: tuple[bytes, int] | None = None
+        self._missing_in_a_row = 0
+        self._told: set[str] = set()
+        self.rtts: deque[float] = deque(maxlen=512)
+        self.finishing = False
+        self.final_status: str | None = None
+        self.status_sent = False
+        self.stopped = False
+        self._next_alert_poll = 0.0
+        self._seen_alerts: set[Any] = set()
+        self.last_alerts: list[dict[str, Any]] = []
+
+    # -- inputs from the monitor -----------------------------------------------------------
+
+    def update_config(self, changes: dict[str, Any]) -> None:
+        """Queue config keys to merge into the run's stored config."""
+        with self._config_lock:
+            self._config_patch = {**(self._config_patch or {}), **changes}
+
+    def begin_finish(self, status: str) -> None:
+        """Send what is left, then the final status; retry now rather than after the backoff
+        (but never before a server's ``Retry-After``)."""
+        self.final_status = status
+        self.finishing = True
+        self.next_try = max(self.clock(), self._retry_after_until)
+
+    @property
+    def done(self) -> bool:
+        """Whether everything, the final status included, reached the service."""
+        return (
+            self.finishing
+            and self.status_sent
+            and self._line is None
+            and self._reader is None
+            and not len(self.outbox)
+            and not self.spool.has_data()
+        )
+
+    # -- the state machine -----------------------------------------------------------------
+
+    def tick(self) -> float:
+        """Do one unit of work; returns seconds to wait before the next tick (0: call again)."""
+        if self.stopped:
+            return IDLE_WAIT
+        now = self.clock()
+        if now < self.next_try:
+            return self.next_try - now
+        if not self.created:
+            return self._create()
+        with self._config_lock:
+            patch = self._config_patch
+        if patch is not None:
+            return self._patch_config(patch)
+        if self._line is not None or self._reader is not None or self.spool.has_data():
+            return self._replay_one()
+        batch = self.outbox.peek()
+        if batch is not None:
+            return self._send(batch)
+        if self.finishing:
+            if not self.status_sent:
+                return self._send_status()
+            return IDLE_WAIT
+        return self._poll_alerts(now)
+
+    def _create(self) -> float:
+        result = self.api.put_run(self.run_id, self._run_payload())
+        if not result.ok:
+            return self._fail(result, "creating the run")
+        self.created = True
+        self._success()
+        return 0.0
+
+    def _patch_config(self, patch: dict[str, Any]) -> float:
+        result = self.api.patch_run(self.run_id, {"config": patch})
+        if result.outcome is Outcome.RUN_MISSING:
+            return self._run_missing(result)
+        if result.outcome is Outcome.REJECTED:
+            self._tell("config", f"curvecast: the service refused the run config: {result.message}")
+        elif not result.ok:
+            return self._fail(result, "updating the run config")
+        with self._config_lock:
+            if self._config_patch is patch:
+                self._config_patch = None
+        self._success()
+        return 0.0
+
+    def _send_status(self) -> float:
+        assert self.final_status is not None
+        result = self.api.patch_run(self.run_id, {"status": self.final_status})
+        if result.outcome is Outcome.RUN_MISSING:
+            return self._run_missing(result)
+        if not result.ok and result.outcome is not Outcome.REJECTED:
+            return self._fail(result, "setting the final status")
+        self.status_sent = True
+        self._success()
+        return 0.0
+
+    def _send(self, batch: Batch) -> float:
+        result = self.api.post_metrics(self.run_id, batch.body)
+        if result.ok:
+            self.outbox.ack(batch)
+            self._sent(batch.points, result)
+            return 0.0
+        if result.outcome is Outcome.RUN_MISSING:
+            return self._run_missing(result)
+        if result.outcome is Outcome.TOO_LARGE:
+            parts = split_batch(batch)
+            if len(parts) > 1:
+                self.outbox.replace_head(batch, parts)
+                return 0.0
+        if result.outcome in (Outcome.REJECTED, Outcome.TOO_LARGE):
+            self._rejected(batch.body, batch.points, result)
+            self.outbox.ack(batch)
+            return 0.0
+        return self._fail(result, "sending points")
+
+    def _replay_one(self) -> float:
+        if self._line is None:
+            if self._reader is None:
+                segments = self.spool.closed_segments()
+                if not segments:
+                    return 0.0
+                try:
+                    self._reader = SegmentReader(segments[0], self._corrupt)
+                except FileNotFoundError:  # removed by a concurrent `curvecast sync`
+                    return 0.0
+            line = self._reader.next()
+            if line is None:
+                self._reader.close()
+                self.spool.remove_segment(self._reader.path)
+                self._reader = None
+                return 0.0
+            self._line = line
+        body, points = self._line
+        result = self.api.post_metrics(self.run_id, body)
+        if result.outcome is Outcome.TOO_LARGE:
+            result = self._send_split(Batch(body, points))
+        if result.ok:
+            self._line = None
+            self._sent(points, result)
+            return 0.0
+        if result.outcome is Outcome.RUN_MISSING:
+            return self._run_missing(result)
+        if result.outcome in (Outcome.REJECTED, Outcome.TOO_LARGE):
+            self._rejected(body, points, result)
+            self._line = None
+            return 0.0
+        return self._fail(result, "replaying the spool")
+
+    def _send_split(self, batch: Batch) -> Result:
+        parts = split_batch(batch)
+        if len(parts) == 1:
+            return Result(Outcome.REJECTED, 413, "a single row is larger than the server accepts")
+        result = Result(Outcome.OK, 200)
+        for part in parts:
+            result = self.api.post_metrics(self.run_id, part.body)
+            if result.outcome is Outcome.TOO_LARGE:
+                result = self._send_split(part)
+            if not result.ok:
+                return result
+        return result
+
+    def _poll_alerts(self, now: float) -> float:
+        if self.on_alert is None or not self.online:
+            return IDLE_WAIT
+        if now < self._next_alert_poll:
+            return min(IDLE_WAIT, self._next_alert_poll - now)
+        self._next_alert_poll = now + self.alert_interval
+        result = self.api.get_alerts(self.run_id)
+        if result.ok:
+            self.notify_alerts(result.body)
+        return min(IDLE_WAIT, self.alert_interval)
+
+    def notify_alerts(self, body: Any) -> list[dict[str, Any]]:
+        """Record a ``GET .../alerts`` answer; call ``on_alert`` for newly firing alerts."""
+        alerts = body.get("alerts", []) if isinstance(body, dict) else []
+        firing = [a for a in alerts if isinstance(a, dict) and a.get("state", "firing") == "firing"]
+        self.last_alerts = firing
+        for alert in firing:
+            key = alert.get("id", (alert.get("rule"), alert.get("started_at")))
+            if key in self._seen_alerts:
+                continue
+            self._seen_alerts.add(key)
+            if self.on_alert is not None:
+                try:
+                    self.on_alert(alert)
+                except Exception:
+                    log.exception("curvecast: the on_alert callback raised (ignored)")
+        return firing
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _sent(self, points: int, result: Result) -> None:
+        self.counters.points_sent += points
+        self.counters.batches_sent += 1
+        self.rtts.append(result.elapsed)
+        self._missing_in_a_row = 0
+        self._success()
+
+    def _success(self) -> None:
+        if not self.online:
+            log.info("curvecast: the service answers again; replaying spooled points")
+        self.online = True
+        self.outbox.online = True
+        self.attempt = 0
+
+    def _run_missing(self, result: Result) -> float:
+        # The run vanished (a fresh database?) or was never created: create it, then resend.
+        self.created = False
+        self._missing_in_a_row += 1
+        if self._missing_in_a_row > 2:
+            return self._fail(result, "sending points (the run keeps disappearing)")
+        return 0.0
+
+    def _rejected(self, body: bytes, points: int, result: Result) -> None:
+        self.counters.points_rejected += points
+        try:
+            where: Path | str = self.spool.reject(body)
+        except OSError as exc:
+            where = f"nowhere ({exc})"
+        log.error(
+            "curvecast: the service refused a batch of %d points (%s); it is kept in %s",
+            points,
+            result.message,
+            where,
+        )
+
+    def _fail(self, result: Result, what: str) -> float:
+        self.attempt += 1
+        self.counters.failures += 1
+        delay = self.backoff.delay(self.attempt, result.retry_after)
+        if result.retry_after is not None:
+            self._retry_after_until = self.clock() + result.retry_after
+        if result.outcome is Outcome.AUTH:
+            self._tell("auth", f"curvecast: the service refused the token ({result.message}); "
+                       f"points are kept in {self.spool.path}")
+            delay = max(delay, HUMAN_WAIT)
+        elif result.outcome in (Outcome.REJECTED, Outcome.TOO_LARGE):
+            self._tell(what, f"curvecast: {what} failed: {result.message}")
+            delay = max(delay, HUMAN_WAIT)
+        if self.online:
+            log.warning(
+                "curvecast: %s failed (%s); spooling points to %s and retrying in %.2g s",
+                what,
+                result.message,
+                self.spool.path,
+                delay,
+            )
+        self.online = False
+        self.outbox.online = False
+        self.spill()
+        self.next_try = self.clock() + delay
+        return delay
+
+    def spill(self) -> None:
+        """Move every in-memory batch to the spool."""
+        for batch in self.outbox.take_all():
+            spool_batch(self.spool, batch, self.counters)
+
+    def _corrupt(self, path: Path, line_no: int, reason: str) -> None:
+        self.counters.corrupt_lines += 1
+        log.warning("curvecast: skipped corrupted spool line %s:%d (%s)", path, line_no, reason)
+
+    def _tell(self, topic: str, message: str) -> None:
+        if topic not in self._told:
+            self._told.add(topic)
+            log.error(message)
+
+
+_cap_warned: set[str] = set()
+
+
+def spool_batch(spool: Spool, batch: Batch, counters: Counters) -> bool:
+    """Append a batch to the spool; when that is impossible (cap reached, disk error) count the
+    points as dropped and say so loudly. Returns whether it was spooled."""
+    try:
+        ok = spool.append(batch.body)
+        reason = f"the spool size cap ({spool.max_bytes:,} bytes) is reached"
+    except OSError as exc:
+        ok, reason = False, f"writing to the spool failed: {exc}"
+    if ok:
+        counters.points_spooled += batch.points
+        return True
+    counters.points_dropped += batch.points
+    key = str(spool.path)
+    if key not in _cap_warned:
+        _cap_warned.add(key)
+        log.error(
+            "curvecast: POINTS ARE BEING LOST: %s (%s). The service has been unreachable; "
+            "raise spool_max_bytes= or free disk space.",
+            reason,
+            spool.path,
+        )
+    else:
+        log.warning(
+            "curvecast: dropped %d points (%d lost so far): %s",
+            batch.points,
+            counters.points_dropped,
+            reason,
+        )
+    return False

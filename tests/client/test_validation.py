@@ -1,0 +1,148 @@
+"""Programmer errors raise at once, in the caller's thread, with a message that says what to fix."""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from client import Monitor
+from tests.client._helpers import FakeTransport
+
+
+@pytest.fixture
+def mon(spool_dir: Path):
+    monitor = Monitor(project="p", transport=FakeTransport(), spool_dir=spool_dir)
+    yield monitor
+    monitor.finish(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "error", "match"),
+    [
+        ({"bad name": 1.0}, ValueError, r"invalid metric name 'bad name'"),
+        ({"x" * 201: 1.0}, ValueError, "invalid metric name"),
+        ({"loss": "0.5"}, TypeError, r"metric 'loss': str '0.5' is not a number"),
+        ({"loss": None}, TypeError, r"metric 'loss': None is not a number.*float\('nan'\)"),
+        ({"flag": True}, TypeError, r"metric 'flag': True is not a number"),
+        ({"loss": [1.0]}, TypeError, r"metric 'loss': list"),
+        ({"loss": torch.ones(3)}, ValueError, r"shape \(3,\) is not a scalar"),
+        ({"loss": torch.tensor(True)}, TypeError, r"torch.bool tensor is not a real number"),
+        ({"z": torch.tensor(1 + 2j)}, TypeError, "not a real number"),
+    ],
+)
+def test_bad_metrics_raise(mon: Monitor, metrics, error, match) -> None:
+    with pytest.raises(error, match=match):
+        mon.log(1, metrics)
+
+
+@pytest.mark.parametrize(
+    ("step", "error", "match"),
+    [
+        (-1, ValueError, "step must be between 0 and 2\\*\\*62, got -1"),
+        (2**63, ValueError, "step must be between"),
+        (1.5, TypeError, "step must be an int, got float"),
+        (True, TypeError, "step must be a Python int, got bool"),
+        (torch.tensor(3), TypeError, r"call int\(\) on it"),
+        ("3", TypeError, "step must be an int"),
+    ],
+)
+def test_bad_steps_raise(mon: Monitor, step, error, match) -> None:
+    with pytest.raises(error, match=match):
+        mon.log(step, loss=1.0)
+
+
+def test_accepted_values(mon: Monitor) -> None:
+    mon.log(np.int64(3), a=1, b=2.5, c=np.float32(0.25), d=Fraction(1, 4), e=math.nan,
+            f=math.inf, g=torch.tensor(1.5), h=np.array(2.0), i=torch.ones(1, 1), j=10**400)
+    mon.log(4, {"eval/loss": 1.0, "x-y.z_w": 2.0})
+
+
+def test_tensor_with_grad_is_detached(mon: Monitor) -> None:
+    w = torch.ones((), requires_grad=True)
+    loss = w * 2
+    mon.log(1, loss=loss)
+    _, _, stored, _ = mon._buffer[-1]
+    assert not stored["loss"].requires_grad
+
+
+def test_step_going_backwards_warns_once_per_key(mon: Monitor) -> None:
+    mon.log(10, loss=1.0, lr=0.1)
+    with pytest.warns(RuntimeWarning, match="'loss' logged at step 5 after step 10") as record:
+        mon.log(5, loss=2.0)
+        mon.log(4, loss=3.0)  # not again
+    assert len(record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mon.log(11, loss=1.0, lr=0.1)  # forward again: fine
+
+
+def test_log_after_finish_raises(spool_dir: Path) -> None:
+    monitor = Monitor(project="p", transport=FakeTransport(), spool_dir=spool_dir)
+    monitor.finish(timeout=5)
+    with pytest.raises(RuntimeError, match="after finish"):
+        monitor.log(1, loss=1.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"project": "has space"}, ValueError, "invalid project 'has space'"),
+        ({"run_name": "a\nb"}, ValueError, "invalid run_name"),
+        ({"run_id": "not-a-uuid"}, ValueError, "run_id must be a UUID"),
+        ({"config": {"lr": float("nan")}}, ValueError, "finite numbers only"),
+        ({"config": {"model": object()}}, TypeError, "JSON-serialisable"),
+        ({"total_steps": 0}, ValueError, r"config\['total_steps'\] must be an integer >= 1"),
+        ({"config": {"c_warmup": 1.5}}, ValueError, r"config\['c_warmup'\]"),
+        ({"config": {"weight_decay": -1}}, ValueError, r"config\['weight_decay'\]"),
+        ({"config": {"fit_key": "eval loss"}}, ValueError, "invalid metric name"),
+        ({"url": "127.0.0.1:8000"}, ValueError, "url must look like http://host:port"),
+        ({"norms_every": -1}, ValueError, "norms_every must be >= 0"),
+    ],
+)
+def test_bad_construction_raises(spool_dir: Path, kwargs, error, match) -> None:
+    with pytest.raises(error, match=match):
+        Monitor(project=kwargs.pop("project", "p"), spool_dir=spool_dir, **kwargs)
+
+
+def test_watch_needs_an_optimizer(mon: Monitor) -> None:
+    with pytest.raises(TypeError, match="watch\\(\\) needs a torch.optim.Optimizer"):
+        mon.watch(object())
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match="invalid metric name"):
+        mon.watch(opt, prefix="bad prefix ")
+
+
+class _Recorder(torch.Tensor):
+    """A tensor that records which thread runs which torch function on it."""
+
+    calls: list[tuple[str, str]] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        cls.calls.append((threading.current_thread().name, name))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_logging_a_tensor_reads_it_only_in_the_background(spool_dir: Path) -> None:
+    """No value read (item/to/stack/tolist: a device sync on CUDA) in the training thread."""
+    transport = FakeTransport()
+    monitor = Monitor(project="p", transport=transport, spool_dir=spool_dir)
+    loss = torch.tensor(0.75).as_subclass(_Recorder)
+    _Recorder.calls.clear()
+    monitor.log(1, loss=loss)
+    in_training_thread = {name for thread, name in _Recorder.calls
+                          if thread == threading.current_thread().name}
+    assert in_training_thread <= {"numel", "__get__"}, in_training_thread  # metadata only
+    assert monitor.finish(timeout=10)
+    background = {name for thread, name in _Recorder.calls if thread.startswith("curvecast")}
+    assert background & {"to", "stack", "reshape"}
+    [body] = [b for m, _, b in transport.requests if m == "POST"]
+    assert b'"loss":[0.75]' in body
