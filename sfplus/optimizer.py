@@ -1,0 +1,805 @@
+"""The ScheduleFree+ optimizer: AdamC + Schedule-Free averaging + a Polyak step size."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from sfplus import _distributed as _dist
+from sfplus import functional as F
+
+__all__ = ["STATS_KEYS", "NORM_STATS_KEYS", "ScheduleFreePlus"]
+
+#: Keys of :meth:`ScheduleFreePlus.stats` (always present after the first step).
+STATS_KEYS = (
+    "step",
+    "loss",
+    "inner",
+    "numerator",
+    "grad_l1",
+    "denom_ema",
+    "eta",
+    "alpha",
+    "gamma_max",
+    "c",
+    "sf_beta",
+    "warmup",
+)
+#: Extra keys of ``stats(norms=True)``.
+NORM_STATS_KEYS = ("x_l2", "y_l2", "z_l2", "grad_l2")
+
+# Hyper-parameters that describe the whole model rather than a parameter group: the Polyak step
+# (loss, L1 norm, inner product) and the SF beta are global, so every group must agree on them.
+_SHARED_KEYS = ("sf_beta", "sf_beta_max", "anneal_steps", "polyak_beta", "f_star")
+
+# Per-parameter state keys.
+_DELTA = "z_minus_y"
+_STEP = "step"
+# Optimizer-wide state lives in one dict under this key in the first parameter's state (the
+# pattern torch's own LBFGS uses): it then travels with state_dict()/load_state_dict() and
+# survives FSDP/DCP state-dict round trips, which only know about per-parameter state and groups.
+_GLOBAL = "sfplus"
+
+LossLike = Tensor | float
+Closure = Callable[[], LossLike]
+
+
+class ScheduleFreePlus(torch.optim.Optimizer):
+    r"""ScheduleFree+ (the paper's Algorithm 1): learning-rate-free AdamC + Schedule-Free averaging.
+
+    Three sequences are involved: ``z`` (the raw AdamC iterate), ``x`` (a weighted average of
+    ``z``: the model to evaluate and ship) and ``y = beta x + (1 - beta) z`` (where gradients are
+    taken). Each step ``t``, with gradient ``g`` and loss ``F`` measured at ``y``::
+
+        tau     = min(t / anneal_steps, 1)
+        beta_t  = 1 - exp((1 - tau) ln(1 - sf_beta) + tau ln(1 - sf_beta_max))
+        I       = beta_t <g, z - x>                            # Taylor estimate of f(z) - f(y)
+        e       = polyak_beta e + (1 - polyak_beta) sqrt(pi/2) ||g||_1
+        e_hat   = e / (1 - polyak_beta^t)                      # bias-corrected, never written back
+        eta     = max(0, F + I - f_star) / e_hat               # the Polyak step
+        alpha   = min(1, t/warmup_steps) * lr * eta            # effective step size
+        gamma_max = max(gamma_max, alpha)
+        c       = 1 if t <= c_warmup else w_t / sum(w),  w_t = t^r gamma_max^weight_lr_power
+        z      -= alpha^2 weight_decay y                       # fully decoupled AdamC decay
+        z      -= alpha m_hat / (sqrt(v_hat) + eps)            # Adam step on z
+        x       = (1 - c) x + c z
+        y       = beta_t x + (1 - beta_t) z
+
+    ``||g||_1`` and ``<g, z - x>`` run over *all* parameters of all groups; under
+    ``torch.distributed`` the loss is averaged over the data-parallel group and sums over sharded
+    (DTensor) parameters are added up across shards, so every rank takes the same step.
+
+    Memory: besides the parameter (which holds ``y``) each parameter has three buffers, ``exp_avg``,
+    ``exp_avg_sq`` and ``z_minus_y``; ``x`` is never stored because ``z - y = beta (z - x)``. That
+    is 4 parameter-sized tensors in all, one more than AdamW.
+
+    Synchronisation: the loss and the two global sums are fetched to the host in one transfer
+    per step (the only device-to-host sync; none on CPU); everything else is host arithmetic.
+    :meth:`stats` reads values saved during that transfer and so costs nothing;
+    ``stats(norms=True)`` costs one extra reduction pass and sync, only when asked.
+
+    Train/eval: the parameters hold ``y`` in train mode (the default) and ``x`` in eval mode.
+    Call :meth:`eval` before evaluating or saving a model for use, :meth:`train` before training
+    again, or wrap evaluation in ``with opt.averaged(model): ...``. ``step()`` refuses to run in
+    eval mode. Normalisation-layer running statistics are collected at ``y``, not ``x``; for
+    BatchNorm models recompute them at ``x`` before evaluating.
+
+    Args:
+        params: parameters or parameter groups, as for any ``torch.optim.Optimizer``.
+        lr: multiplier on the Polyak step size (1.0 = the paper's learning-rate-free setting).
+        betas: Adam's ``(beta1, beta2)`` for the moments of ``z``'s update.
+        eps: Adam's epsilon, and the initial ``gamma_max``.
+        weight_decay: fully decoupled AdamC ``lambda``: ``z -= alpha^2 * lambda * y``. Not on the
+            AdamW scale: the paper uses 5-50 and calls it necessary with the Polyak step, which
+            otherwise grows as weight norms grow and gradient norms shrink. The default 0 keeps
+            the public signature; small models are unstable without it (BENCHMARKS.md,
+            "train_quality").
+        sf_beta: Schedule-Free interpolation ``beta`` in ``(0, 1)`` (initial value if annealed).
+        sf_beta_max: final ``beta`` when annealing.
+        anneal_steps: if ``> 0``, anneal ``beta`` log-linearly from ``sf_beta`` to ``sf_beta_max``
+            over this many steps (the paper anneals 0.9 -> 0.965 over the run).
+        warmup_steps: length of the linear multiplicative warmup ``min(1, t / warmup_steps)``.
+        c_warmup: steps without averaging (``c = 1``, so ``x`` follows ``z``); ``None`` means
+            ``2 * warmup_steps``, the paper's heuristic.
+        r: averaging weights grow as ``t^r`` (the paper recommends ``r = 1`` for long runs).
+        weight_lr_power: averaging weights grow as ``gamma_max^weight_lr_power``.
+        polyak_beta: EMA coefficient of the Polyak denominator, in ``[0, 1)``. The default 0.9 is
+            the paper's: "We apply an exponential moving average (coefficient 0.9) to the
+            stochastic estimates", and its L1-approximation study (Figure "l1_approximation") uses
+            a 0.9 EMA because the per-batch denominator "is too noisy to be used in practice".
+            The public reference defaults to 0 (no smoothing), which lets one small-gradient
+            batch blow the step up (the paper's "vanishing denominators"). The bias correction
+            makes the first steps unbiased, so no extra warmup is needed for the EMA itself.
+        f_star: the loss floor in the numerator ``max(0, F + I - f_star)``; the paper uses 0.
+            A parameter-group key, so it can be changed between steps (set it on every group).
+        foreach: use the ``torch._foreach_*`` multi-tensor kernels. ``None`` picks them when all
+            of a group's parameters are on an accelerator and the per-tensor path on CPU, where
+            it walks tensors in cache-sized blocks and is faster.
+        process_group: the data-parallel group over which the loss is averaged under
+            ``torch.distributed``; ``None`` means the default group.
+
+    Raises:
+        ValueError: for any invalid hyper-parameter; the message names it.
+
+    Example:
+        >>> opt = ScheduleFreePlus(model.parameters(), warmup_steps=100, weight_decay=10.0)
+        >>> for batch in loader:
+        ...     loss = model(batch)
+        ...     loss.backward()
+        ...     opt.step(loss=loss)
+        ...     opt.zero_grad()
+        >>> with opt.averaged(model):
+        ...     evaluate(model)
+
+    State (``state_dict()``): per parameter ``step`` (int), ``exp_avg``, ``exp_avg_sq`` and
+    ``z_minus_y``; optimizer-wide scalars (step count, raw Polyak EMA and its weight, the SF beta
+    that formed ``y``, the train/eval mode, and per group ``gamma_max`` and the weight sum) as
+    plain Python numbers in the first parameter's state under ``"sfplus"``. Loading resumes a
+    run exactly, including its train/eval mode.
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        sf_beta: float = 0.9,
+        sf_beta_max: float = 0.965,
+        anneal_steps: int = 0,
+        warmup_steps: int = 0,
+        c_warmup: int | None = None,
+        r: float = 0.0,
+        weight_lr_power: float = 2.0,
+        polyak_beta: float = 0.9,
+        f_star: float = 0.0,
+        foreach: bool | None = None,
+        *,
+        process_group: Any = None,
+    ) -> None:
+        defaults: dict[str, Any] = dict(  # noqa: C408 - mirrors the signature, like torch.optim
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            sf_beta=sf_beta,
+            sf_beta_max=sf_beta_max,
+            anneal_steps=anneal_steps,
+            warmup_steps=warmup_steps,
+            c_warmup=c_warmup,
+            r=r,
+            weight_lr_power=weight_lr_power,
+            polyak_beta=polyak_beta,
+            f_star=f_star,
+            foreach=foreach,
+        )
+        defaults = _validate_hyperparameters(defaults, where="")
+        super().__init__(params, defaults)
+        self._process_group = process_group
+        self._stats: dict[str, float] = {}
+        if self._anchor() is None:
+            raise ValueError("ScheduleFreePlus got no parameters (every parameter group is empty)")
+        self._global()  # created eagerly so that state_dict() carries the mode from the start
+
+    # ----------------------------------------------------------------------------------------
+    # torch.optim.Optimizer plumbing
+    # ----------------------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group, validating its hyper-parameters (see the class docstring)."""
+        super().add_param_group(param_group)  # fills in defaults, checks duplicates
+        index = len(self.param_groups) - 1
+        group = self.param_groups[index]
+        try:
+            group.update(_validate_hyperparameters(group, where=f" (parameter group {index})"))
+            if index > 0:
+                _check_shared(self.param_groups)
+            if any(torch.is_complex(p) for p in group["params"]):
+                raise ValueError("ScheduleFreePlus does not support complex parameters")
+        except ValueError:
+            self.param_groups.pop()  # a refused group must not stay in a live optimizer
+            raise
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle/deepcopy state: torch's, plus the last step's telemetry (plain floats)."""
+        state = super().__getstate__()
+        state["_stats"] = dict(self.__dict__.get("_stats", {}))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore from a pickle or ``load_state_dict``; fill defaults added since a checkpoint."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+        self.__dict__.setdefault("_process_group", None)
+        self.__dict__.setdefault("_stats", {})
+        if self._anchor() is not None:
+            self._global()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict; the train/eval mode and all scalars are restored exactly.
+
+        The parameters must hold what they held when the state dict was saved (``y`` if it was
+        saved in train mode, ``x`` in eval mode), as they do when the model's state dict is
+        saved and loaded alongside.
+        """
+        super().load_state_dict(state_dict)
+        self._stats = {}
+
+    # ----------------------------------------------------------------------------------------
+    # Optimizer-wide state
+    # ----------------------------------------------------------------------------------------
+
+    def _anchor(self) -> Tensor | None:
+        for group in self.param_groups:
+            if group["params"]:
+                anchor: Tensor = group["params"][0]
+                return anchor
+        return None
+
+    def _global(self) -> dict[str, Any]:
+        anchor = self._anchor()
+        if anchor is None:  # pragma: no cover - refused in __init__
+            raise RuntimeError("ScheduleFreePlus has no parameters")
+        state = self.state[anchor]
+        glob: dict[str, Any] | None = state.get(_GLOBAL)
+        if glob is None:
+            glob = {
+                "step": 0,
+                "denom_ema": 0.0,
+                "denom_ema_weight": 0.0,
+                "sf_beta_prev": float(self.param_groups[0]["sf_beta"]),
+                "train_mode": True,
+                "gamma_max": [],
+                "weight_sum": [],
+            }
+            state[_GLOBAL] = glob
+        # Groups added after construction get their per-group scalars on first use.
+        while len(glob["gamma_max"]) < len(self.param_groups):
+            glob["gamma_max"].append(float(self.param_groups[len(glob["gamma_max"])]["eps"]))
+        while len(glob["weight_sum"]) < len(self.param_groups):
+            glob["weight_sum"].append(0.0)
+        return glob
+
+    @property
+    def train_mode(self) -> bool:
+        """True while the parameters hold ``y`` (training), False while they hold ``x``."""
+        return bool(self._global()["train_mode"])
+
+    @property
+    def step_count(self) -> int:
+        """Number of steps taken."""
+        return int(self._global()["step"])
+
+    def _use_foreach(self, group: dict[str, Any]) -> bool:
+        if group["foreach"] is not None:
+            return bool(group["foreach"])
+        # Like torch.optim: multi-tensor kernels on accelerators; on CPU the blocked per-tensor
+        # path is faster because it keeps each block in cache across all operations.
+        return bool(group["params"]) and all(p.device.type != "cpu" for p in group["params"])
+
+    # ----------------------------------------------------------------------------------------
+    # Train / eval
+    # ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def eval(self) -> None:
+        """Make the parameters hold ``x`` (the averaged model). Idempotent."""
+        glob = self._global()
+        if glob["train_mode"]:
+            self._swap(to_x=True, sf_beta_prev=glob["sf_beta_prev"])
+            glob["train_mode"] = False
+
+    @torch.no_grad()
+    def train(self) -> None:
+        """Make the parameters hold ``y`` (where gradients are taken). Idempotent."""
+        glob = self._global()
+        if not glob["train_mode"]:
+            self._swap(to_x=False, sf_beta_prev=glob["sf_beta_prev"])
+            glob["train_mode"] = True
+
+    def _swap(self, *, to_x: bool, sf_beta_prev: float) -> None:
+        for group in self.param_groups:
+            params: list[Tensor] = []
+            deltas: list[Tensor] = []
+            for p in group["params"]:
+                delta = self.state.get(p, {}).get(_DELTA)
+                if delta is not None:
+                    params.append(_dist.local(p))
+                    deltas.append(_dist.local(delta))
+            swap = F.swap_y_to_x if to_x else F.swap_x_to_y
+            swap(params, deltas, sf_beta_prev=sf_beta_prev, foreach=self._use_foreach(group))
+
+    @contextlib.contextmanager
+    def averaged(self, module: torch.nn.Module | None = None) -> Iterator[None]:
+        """Context manager: parameters hold ``x`` inside, and whatever they held before after.
+
+        Args:
+            module: optionally, a module to put in ``eval()`` mode inside the block as well
+                (its previous ``training`` flag is restored on exit).
+
+        Example:
+            >>> with opt.averaged(model):
+            ...     val_loss = evaluate(model)
+        """
+        was_training = self.train_mode
+        module_training = module.training if module is not None else False
+        self.eval()
+        if module is not None:
+            module.eval()
+        try:
+            yield
+        finally:
+            if module is not None:
+                module.train(module_training)
+            if was_training:
+                self.train()
+
+    # ----------------------------------------------------------------------------------------
+    # The step
+    # ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(  # type: ignore[override]
+        self, closure: Closure | None = None, *, loss: LossLike | None = None
+    ) -> LossLike | None:
+        """Take one ScheduleFree+ step.
+
+        The Polyak step size needs the loss at the current parameters ``y``: pass it as
+        ``loss=`` (a float or a 0-d tensor; a tensor costs no extra synchronisation) or pass a
+        ``closure`` that recomputes it (called with gradients enabled).
+
+        Args:
+            closure: re-evaluates the model and returns the loss.
+            loss: the loss of the batch whose gradients are in ``.grad``. Under
+                ``torch.distributed`` pass this rank's loss: it is averaged across ranks.
+
+        Returns:
+            The loss, as given or as returned by the closure.
+
+        Raises:
+            RuntimeError: if called in eval mode.
+            ValueError: if neither or both of ``closure`` and ``loss`` are given, or the loss is
+                not a scalar.
+        """
+        if closure is not None and loss is not None:
+            raise ValueError(
+                "ScheduleFreePlus.step(): pass the loss as `loss=` or a `closure`, not both"
+            )
+        glob = self._global()
+        if not glob["train_mode"]:
+            raise RuntimeError(
+                "ScheduleFreePlus.step() called in eval mode: the parameters hold the averaged "
+                "point x. Call optimizer.train() before training (and optimizer.eval() before "
+                "evaluating), or evaluate inside `with optimizer.averaged(): ...`."
+            )
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if loss is None:
+            raise ValueError(
+                "ScheduleFreePlus.step() needs the loss at the current parameters for its Polyak "
+                "step size: call optimizer.step(loss=loss) (a float or 0-d tensor) or "
+                "optimizer.step(closure)."
+            )
+        _check_loss_type(loss)
+        _check_shared(self.param_groups)
+        self._step(loss, glob)
+        return loss
+
+    def _step(self, loss: LossLike, glob: dict[str, Any]) -> None:
+        g0 = self.param_groups[0]
+        t = int(glob["step"]) + 1
+        beta = F.sf_beta_schedule(t, g0["sf_beta"], g0["sf_beta_max"], g0["anneal_steps"])
+        beta_prev = float(glob["sf_beta_prev"])
+
+        # 1. Gather tensors (local shards) and lazily create state.
+        work = [self._gather(group) for group in self.param_groups]
+        if not any(w.grads for w in work):
+            return  # no gradients anywhere: nothing to do, and the step is not counted
+        device = next(w.grads[0].device for w in work if w.grads)
+
+        # Cache blocking only pays on CPU; accelerators get whole tensors (or foreach lists).
+        block = F.cpu_block() if device.type == "cpu" else None
+
+        # 2. Global reductions: ||g||_1 and <g, z - y>, per sharding layout, then one fetch.
+        replicated = torch.zeros(2, dtype=_acc_dtype(device), device=device)
+        sharded: dict[_dist.ShardKey, Tensor] = {}
+        for group, w in zip(self.param_groups, work, strict=True):
+            foreach = self._use_foreach(group)
+            for key, idx in w.by_shard().items():
+                part = F.reductions(
+                    [w.grads[i] for i in idx],
+                    [w.reduction_deltas[i] for i in idx],
+                    foreach=foreach,
+                    block=block,
+                ).to(device=device, dtype=replicated.dtype)
+                if key is None:
+                    replicated += part
+                else:
+                    sharded[key] = sharded[key] + part if key in sharded else part
+        # The loss joins the single fetch when it lives on the device or must be all-reduced;
+        # a host float needs neither.
+        loss_t: Tensor | None = None
+        if isinstance(loss, Tensor) or _dist.is_active(self._process_group):
+            loss_t = _loss_tensor(loss, device, replicated.dtype)
+        means, sums = _dist.fetch_global(loss_t, replicated, sharded, group=self._process_group)
+        loss_value = means[0] if loss_t is not None else float(loss)
+        grad_l1, dot = sums
+
+        # 3. Host scalars: the Polyak step (global) and, per group, alpha / gamma_max / c.
+        inner = beta / beta_prev * dot  # beta_t <g, z - x> with z - x = (z - y) / beta'
+        eta, numerator, denom, ema, ema_weight = F.polyak_step(
+            loss_value,
+            inner,
+            grad_l1,
+            ema=glob["denom_ema"],
+            ema_weight=glob["denom_ema_weight"],
+            polyak_beta=g0["polyak_beta"],
+            f_star=g0["f_star"],
+        )
+        group_stats: list[tuple[float, float, float, float]] = []
+        for gi, (group, w) in enumerate(zip(self.param_groups, work, strict=True)):
+            warm = F.warmup_factor(t, group["warmup_steps"])
+            alpha = warm * group["lr"] * eta
+            gamma_max = max(glob["gamma_max"][gi], alpha)
+            c, weight_sum = F.averaging_weight(
+                t,
+                gamma_max,
+                glob["weight_sum"][gi],
+                c_warmup=F.resolve_c_warmup(group["c_warmup"], group["warmup_steps"]),
+                r=group["r"],
+                weight_lr_power=group["weight_lr_power"],
+            )
+            glob["gamma_max"][gi] = gamma_max
+            glob["weight_sum"][gi] = weight_sum
+            group_stats.append((alpha, gamma_max, c, warm))
+
+            # 4. The in-place update of this group's tensors.
+            foreach = self._use_foreach(group)
+            beta1, beta2 = group["betas"]
+            F.update(
+                w.params,
+                w.grads,
+                w.exp_avgs,
+                w.exp_avg_sqs,
+                w.deltas,
+                w.steps,
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                alpha=alpha,
+                c=c,
+                sf_beta=beta,
+                sf_beta_prev=beta_prev,
+                foreach=foreach,
+                block=block,
+            )
+            F.rescale_for_beta(
+                w.skipped_params,
+                w.skipped_deltas,
+                sf_beta=beta,
+                sf_beta_prev=beta_prev,
+                foreach=foreach,
+            )
+            for state in w.states:
+                state[_STEP] += 1
+
+        glob.update(step=t, denom_ema=ema, denom_ema_weight=ema_weight, sf_beta_prev=beta)
+        alpha0, gamma_max0, c0, warm0 = group_stats[0]
+        self._stats = {
+            "step": float(t),
+            "loss": loss_value,
+            "inner": inner,
+            "numerator": numerator,
+            "grad_l1": grad_l1,
+            "denom_ema": denom,
+            "eta": eta,
+            "alpha": alpha0,
+            "gamma_max": gamma_max0,
+            "c": c0,
+            "sf_beta": beta,
+            "warmup": warm0,
+        }
+
+    def _gather(self, group: dict[str, Any]) -> _GroupWork:
+        w = _GroupWork()
+        for p in group["params"]:
+            if p.grad is None:
+                # .get, not [], so that parameters without gradients get no empty state entry.
+                state = self.state.get(p, {})
+                if _DELTA in state:
+                    w.skipped_params.append(_dist.local(p))
+                    w.skipped_deltas.append(_dist.local(state[_DELTA]))
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("ScheduleFreePlus does not support sparse gradients")
+            state = self.state[p]
+            fresh = _DELTA not in state
+            if fresh:
+                state[_STEP] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state[_DELTA] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            delta = _dist.local(state[_DELTA])
+            w.params.append(_dist.local(p))
+            w.grads.append(_dist.local(p.grad))
+            w.exp_avgs.append(_dist.local(state["exp_avg"]))
+            w.exp_avg_sqs.append(_dist.local(state["exp_avg_sq"]))
+            w.deltas.append(delta)
+            # A fresh delta is known to be zero: skip its dot product.
+            w.reduction_deltas.append(None if fresh else delta)
+            w.steps.append(int(state[_STEP]) + 1)
+            w.states.append(state)
+            w.keys.append(_dist.shard_key(p))
+        return w
+
+    # ----------------------------------------------------------------------------------------
+    # Observability
+    # ----------------------------------------------------------------------------------------
+
+    def stats(self, norms: bool = False) -> dict[str, float]:
+        """Telemetry of the last step, as plain floats (``{}`` before the first step).
+
+        Keys (all global, except ``alpha``, ``gamma_max``, ``c`` and ``warmup``, which are those
+        of the first parameter group):
+
+        * ``step``: the step number ``t``.
+        * ``loss``: ``F``, the loss at ``y`` (averaged over data-parallel ranks).
+        * ``inner``: ``I = beta_t <g, z - x>``.
+        * ``numerator``: ``F + I - f_star``, *before* clipping at 0.
+        * ``grad_l1``: ``||g||_1`` over all parameters.
+        * ``denom_ema``: the bias-corrected EMA of ``sqrt(pi/2) ||g||_1`` (the denominator).
+        * ``eta``: the Polyak scalar; ``alpha``: the effective step ``warmup * lr * eta``.
+        * ``gamma_max``: running max of ``alpha``; ``c``: the averaging weight.
+        * ``sf_beta``: SF beta of the step; ``warmup``: the warmup factor.
+
+        With ``norms=True`` also ``x_l2``, ``y_l2``, ``z_l2`` (the iterates *after* the step) and
+        ``grad_l2``. These cost a reduction pass over the parameters and one device sync, so
+        they are computed only when asked; the other keys are free (read on the host during
+        the step), so calling ``stats()`` from a step post-hook adds no synchronisation.
+        """
+        out = dict(self._stats)
+        if norms and out:
+            out.update(self._norms())
+        return out
+
+    @torch.no_grad()
+    def _norms(self) -> dict[str, float]:
+        glob = self._global()
+        # ||p + k delta||^2 = ||p||^2 + 2k <p, delta> + k^2 ||delta||^2 for any k: the norms of
+        # x, y and z come from three sums without materialising x or z.
+        buckets: dict[_dist.ShardKey | None, list[Tensor]] = defaultdict(list)
+        device: torch.device | None = None
+        for group in self.param_groups:
+            for p in group["params"]:
+                pl = _dist.local(p)
+                if device is None:
+                    device = pl.device
+                delta = self.state.get(p, {}).get(_DELTA)
+                dl = _dist.local(delta) if delta is not None else None
+                gl = _dist.local(p.grad) if p.grad is not None else None
+                acc = _acc_dtype(pl.device)
+                zero = torch.zeros((), dtype=acc, device=pl.device)
+                parts = [
+                    _sumsq(pl),
+                    F.dot(pl, dl) if dl is not None else zero,
+                    _sumsq(dl) if dl is not None else zero,
+                    _sumsq(gl) if gl is not None else zero,
+                ]
+                sq = torch.stack([q.to(acc) for q in parts])
+                buckets[_dist.shard_key(p)].append(sq)
+        assert device is not None
+        acc = _acc_dtype(device)
+        replicated = torch.zeros(4, dtype=acc, device=device)
+        sharded: dict[_dist.ShardKey, Tensor] = {}
+        for key, parts in buckets.items():
+            total = torch.stack([q.to(device) for q in parts]).sum(0)
+            if key is None:
+                replicated += total
+            else:
+                sharded[key] = total
+        _, (pp, pd, dd, gg) = _dist.fetch_global(None, replicated, sharded)
+        inv = 1.0 / float(glob["sf_beta_prev"])
+        if glob["train_mode"]:  # p = y;  z = y + delta;  x = y + (1 - 1/beta') delta
+            k_x, k_y, k_z = 1.0 - inv, 0.0, 1.0
+        else:  # p = x;  y = x + (1/beta' - 1) delta;  z = x + delta / beta'
+            k_x, k_y, k_z = 0.0, inv - 1.0, inv
+
+        def norm(k: float) -> float:
+            return math.sqrt(max(pp + 2.0 * k * pd + k * k * dd, 0.0))
+
+        return {"x_l2": norm(k_x), "y_l2": norm(k_y), "z_l2": norm(k_z), "grad_l2": math.sqrt(gg)}
+
+    def config(self) -> dict[str, Any]:
+        """The hyper-parameters (of the first parameter group) as a JSON-ready dict.
+
+        ``c_warmup`` is the effective value (``2 * warmup_steps`` when it was left as ``None``).
+        Meant to be sent as a run's configuration to the monitoring service.
+        """
+        g = self.param_groups[0]
+        return {
+            "optimizer": type(self).__name__,
+            "lr": float(g["lr"]),
+            "betas": [float(b) for b in g["betas"]],
+            "eps": float(g["eps"]),
+            "weight_decay": float(g["weight_decay"]),
+            "sf_beta": float(g["sf_beta"]),
+            "sf_beta_max": float(g["sf_beta_max"]),
+            "anneal_steps": int(g["anneal_steps"]),
+            "warmup_steps": int(g["warmup_steps"]),
+            "c_warmup": F.resolve_c_warmup(g["c_warmup"], g["warmup_steps"]),
+            "r": float(g["r"]),
+            "weight_lr_power": float(g["weight_lr_power"]),
+            "polyak_beta": float(g["polyak_beta"]),
+            "f_star": float(g["f_star"]),
+            "param_groups": len(self.param_groups),
+            "num_parameters": sum(p.numel() for grp in self.param_groups for p in grp["params"]),
+        }
+
+
+class _GroupWork:
+    """The tensors one parameter group contributes to a step (local shards)."""
+
+    __slots__ = (
+        "params",
+        "grads",
+        "exp_avgs",
+        "exp_avg_sqs",
+        "deltas",
+        "reduction_deltas",
+        "steps",
+        "states",
+        "keys",
+        "skipped_params",
+        "skipped_deltas",
+    )
+
+    def __init__(self) -> None:
+        self.params: list[Tensor] = []
+        self.grads: list[Tensor] = []
+        self.exp_avgs: list[Tensor] = []
+        self.exp_avg_sqs: list[Tensor] = []
+        self.deltas: list[Tensor] = []
+        self.reduction_deltas: list[Tensor | None] = []
+        self.steps: list[int] = []
+        self.states: list[dict[str, Any]] = []
+        self.keys: list[_dist.ShardKey | None] = []
+        self.skipped_params: list[Tensor] = []
+        self.skipped_deltas: list[Tensor] = []
+
+    def by_shard(self) -> dict[_dist.ShardKey | None, list[int]]:
+        out: dict[_dist.ShardKey | None, list[int]] = defaultdict(list)
+        for i, key in enumerate(self.keys):
+            out[key].append(i)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _acc_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def _sumsq(t: Tensor) -> Tensor:
+    half = t.dtype in (torch.float16, torch.bfloat16)
+    norm: Tensor = torch.linalg.vector_norm(t, 2, dtype=torch.float32 if half else None)
+    return norm.square()
+
+
+def _loss_tensor(loss: LossLike, device: torch.device, dtype: torch.dtype) -> Tensor:
+    if isinstance(loss, Tensor):
+        if loss.numel() != 1:
+            raise ValueError(
+                "ScheduleFreePlus.step(): the loss must be a scalar, got a tensor of shape "
+                f"{tuple(loss.shape)}"
+            )
+        return loss.detach().reshape(1).to(device=device, dtype=dtype)
+    # torch.full fills on the device from a host scalar: no host-to-device copy to wait for.
+    return torch.full((1,), float(loss), dtype=dtype, device=device)
+
+
+def _check_loss_type(loss: object) -> None:
+    if isinstance(loss, Tensor) or (isinstance(loss, numbers.Real) and not isinstance(loss, bool)):
+        return
+    raise ValueError(
+        "ScheduleFreePlus.step(): the loss must be a float or a 0-d tensor, got "
+        f"{type(loss).__name__}"
+    )
+
+
+def _check_shared(groups: list[dict[str, Any]]) -> None:
+    first = groups[0]
+    for i, group in enumerate(groups[1:], start=1):
+        for key in _SHARED_KEYS:
+            if group[key] != first[key]:
+                raise ValueError(
+                    f"{key} must be the same in every parameter group because it belongs to the "
+                    f"whole model's Polyak step (group 0 has {first[key]!r}, group {i} has "
+                    f"{group[key]!r}); set it on every group"
+                )
+    f_star = first["f_star"]
+    if not _is_real(f_star) or not math.isfinite(f_star):
+        raise ValueError(f"Invalid f_star: {f_star!r} (must be a finite number)")
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _validate_hyperparameters(values: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """Check every known hyper-parameter; return the cleaned values. Raise ValueError naming one."""
+
+    def real(
+        name: str,
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        low_open: bool = False,
+        high_open: bool = True,
+    ) -> float:
+        v = values[name]
+        if not _is_real(v) or not math.isfinite(float(v)):
+            raise ValueError(f"Invalid {name}{where}: {v!r} (must be a finite number)")
+        x = float(v)
+        if low is not None and (x < low or (low_open and x == low)):
+            raise ValueError(
+                f"Invalid {name}{where}: {v!r} (must be {'>' if low_open else '>='} {low})"
+            )
+        if high is not None and (x > high or (high_open and x == high)):
+            raise ValueError(
+                f"Invalid {name}{where}: {v!r} (must be {'<' if high_open else '<='} {high})"
+            )
+        return x
+
+    def integer(name: str, *, optional: bool = False) -> int | None:
+        v = values[name]
+        if v is None and optional:
+            return None
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or int(v) < 0:
+            raise ValueError(f"Invalid {name}{where}: {v!r} (must be an integer >= 0)")
+        return int(v)
+
+    out: dict[str, Any] = {}
+    if isinstance(values.get("lr"), Tensor):
+        raise ValueError(
+            f"Invalid lr{where}: tensor learning rates are not supported, pass a float"
+        )
+    out["lr"] = real("lr", 0.0)
+    betas = values["betas"]
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"Invalid betas{where}: {betas!r} (must be a pair (beta1, beta2))")
+    for i, b in enumerate(betas):
+        if not _is_real(b) or not 0.0 <= float(b) < 1.0:
+            raise ValueError(f"Invalid betas{where}: beta{i + 1} = {b!r} (must be in [0, 1))")
+    out["betas"] = (float(betas[0]), float(betas[1]))
+    out["eps"] = real("eps", 0.0)
+    out["weight_decay"] = real("weight_decay", 0.0)
+    out["sf_beta"] = real("sf_beta", 0.0, 1.0, low_open=True)
+    out["sf_beta_max"] = real("sf_beta_max", 0.0, 1.0, low_open=True)
+    out["anneal_steps"] = integer("anneal_steps")
+    out["warmup_steps"] = integer("warmup_steps")
+    out["c_warmup"] = integer("c_warmup", optional=True)
+    out["r"] = real("r", 0.0, None)
+    out["weight_lr_power"] = real("weight_lr_power", 0.0, None)
+    out["polyak_beta"] = real("polyak_beta", 0.0, 1.0)
+    out["f_star"] = real("f_star")
+    foreach = values["foreach"]
+    if foreach is not None and not isinstance(foreach, bool):
+        raise ValueError(f"Invalid foreach{where}: {foreach!r} (must be None, True or False)")
+    out["foreach"] = foreach
+    return out
