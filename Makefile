@@ -28,8 +28,14 @@ demo: $(STAMP)
 
 serve: demo
 
+# Each benchmark writes its own section of BENCHMARKS.md (several minutes each).
 bench: $(STAMP)
 	$(BIN)/python -m bench.ingest
+	$(BIN)/python -m bench.forecast_latency
+	$(BIN)/python -m bench.forecast_backtest
+	$(BIN)/python -m bench.optimizer
+	$(BIN)/python -m bench.client_overhead
+	$(BIN)/python -m bench.dashboard --postgres
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache artifacts *.egg-info

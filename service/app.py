@@ -2,24 +2,58 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__
-from service.api import forecast, health, metrics, pages, runs
+from service.alerting.tasks import deliver_webhooks, evaluate_alerts
+from service.api import alerts, forecast, health, metrics, pages, runs
 from service.config import Settings
 from service.db import make_engine, make_sessionmaker
-from service.errors import ERROR_CODE_TO_HTTP_STATUS, install_handlers
+from service.errors import ERROR_CODE_TO_HTTP_STATUS, ERROR_RESPONSES, install_handlers
 from service.migrate import check_schema, upgrade
-from service.worker import Worker
+from service.worker import Worker, refit_due_runs
 
 log = logging.getLogger(__name__)
+
+
+class RedactSecrets(logging.Filter):
+    """Hide bearer tokens in log records: the dashboards' one-time ``?token=`` login, and any
+    token-shaped string (``cc_<prefix>_<secret>``, kept as ``cc_<prefix>_***``), so access logs
+    (``curvecast serve --access-log``) never hold a usable secret."""
+
+    _QUERY = re.compile(r"((?:^|[?&])token=)[^&\s\"]*", re.IGNORECASE)
+    _TOKEN = re.compile(r"(cc_[0-9a-f]{12}_)[A-Za-z0-9_-]{43}")
+
+    def redact(self, text: str) -> str:
+        return self._TOKEN.sub(r"\1***", self._QUERY.sub(r"\1***", text))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self.redact(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.msg, str) and not record.args:
+            record.msg = self.redact(record.msg)
+        return True
+
+
+_REDACT = RedactSecrets()
+
+
+def install_log_redaction() -> None:
+    """Attach :class:`RedactSecrets` to uvicorn's loggers (once per process)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if _REDACT not in logger.filters:
+            logger.addFilter(_REDACT)
 
 
 class BodySizeLimit:
@@ -51,7 +85,11 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise _TooLarge
+                    # Drain first, then raise an HTTPException: FastAPI turns any other error
+                    # raised while it reads the body into "400 error parsing the body".
+                    if message.get("more_body", False):
+                        await self._drain(receive, None)
+                    raise _TooLarge(self.max_bytes)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -61,9 +99,8 @@ class BodySizeLimit:
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
+        except _TooLarge:  # raised outside the exception handlers' reach (already drained)
             if not response_started:
-                await self._drain(receive, None)
                 await self._reject(send)
 
     async def _drain(self, receive: Receive, declared: int | None) -> None:
@@ -85,11 +122,9 @@ class BodySizeLimit:
                 return
 
     async def _reject(self, send: Send) -> None:
-        body = (
-            b'{"error_code":"payload_too_large","message":"request body is larger than '
-            + str(self.max_bytes).encode()
-            + b' bytes; send smaller batches"}'
-        )
+        body = json.dumps(
+            {"error_code": "payload_too_large", "message": _too_large_message(self.max_bytes)}
+        ).encode()
         await send(
             {
                 "type": "http.response.start",
@@ -104,8 +139,15 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    pass
+def _too_large_message(max_bytes: int) -> str:
+    return f"request body is larger than {max_bytes} bytes; send smaller batches"
+
+
+class _TooLarge(StarletteHTTPException):
+    """A streamed body went over the limit (handled by the 413 of the one error table)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, _too_large_message(max_bytes), headers={"Connection": "close"})
 
 
 def prepare_database(settings: Settings) -> None:
@@ -133,7 +175,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings)
 
     sessions = make_sessionmaker(engine)
-    worker = Worker(sessions, settings) if settings.worker_enabled else None
+    worker = (
+        Worker(sessions, settings, tasks=(refit_due_runs, evaluate_alerts, deliver_webhooks))
+        if settings.worker_enabled
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -151,13 +197,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Watch and forecast neural-network training runs.",
         lifespan=lifespan,
     )
+    install_log_redaction()
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = sessions
     app.state.notify_ingest = (lambda _run_id: worker.notify()) if worker else _no_worker
     install_handlers(app, settings.retry_after_s)
-    for module in (health, runs, metrics, forecast, pages):
-        app.include_router(module.router)
+    for module in (health, runs, metrics, forecast, pages, alerts):
+        # API routes document the standard error answers (health probes have their own).
+        app.include_router(module.router, responses=None if module is health else ERROR_RESPONSES)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
 

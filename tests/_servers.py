@@ -50,7 +50,9 @@ def wait_until_healthy(
 @contextmanager
 def thread_server(settings: Settings) -> Iterator[str]:
     """Run the real app under uvicorn on a loopback port in a background thread."""
-    sock = socket.socket()
+    # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on sockets it can tell are TCP,
+    # and without it every small test request waits out a delayed ACK (~40 ms).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")

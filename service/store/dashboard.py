@@ -150,14 +150,15 @@ def run_summaries(
                 Series.run_id.in_(run_ids), Series.key.in_(LOSS_KEYS)
             )
         ).all()
-        for run_id, key, sid in rows:
-            series.setdefault(run_id, {})[str(key)] = int(sid)
+        for run_id, series_key, sid in rows:
+            series.setdefault(run_id, {})[str(series_key)] = int(sid)
     fits = latest_fits(session, run_ids)
     out = []
     for run in page.runs:
         keys = series.get(run.id, {})
-        key = next((k for k in LOSS_KEYS if k in keys), None)
-        last = first = None
+        key: str | None = next((k for k in LOSS_KEYS if k in keys), None)
+        last: tuple[int, float] | None = None
+        first: int | None = None
         spark_steps: list[float] = []
         spark_values: list[float] = []
         if key is not None:

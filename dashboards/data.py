@@ -1,0 +1,304 @@
+"""The REST API's JSON shapes as plain arrays: what the figure builders consume.
+
+Everything here is pure: dictionaries shaped like the API's answers come in, numpy arrays and
+small frozen dataclasses come out. Non-finite values travel in the API as the strings ``"NaN"``,
+``"Infinity"`` and ``"-Infinity"``; they are parsed back to floats here, once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+
+#: Series the run page draws as evaluation loss, in order of preference (the same names the
+#: forecaster looks for).
+EVAL_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation/loss")
+#: The per-step training loss.
+TRAIN_KEY = "loss"
+#: ScheduleFree+ telemetry prefixes: the issue's ``sfplus/`` and the client hook's default
+#: ``opt/`` (``Monitor.watch(prefix=...)``). The first prefix with data wins.
+TELEMETRY_PREFIXES = ("sfplus/", "opt/")
+#: Telemetry names (without prefix) that the run page draws.
+TELEMETRY = (
+    "eta",
+    "alpha",
+    "grad_l1",
+    "denom_ema",
+    "x_l2",
+    "y_l2",
+    "z_l2",
+    "grad_l2",
+    "c",
+    "sf_beta",
+    "numerator",
+)
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def to_float(value: Any) -> float:
+    """One API value as a float: numbers as they are, ``None`` and the non-finite strings
+    parsed (``None`` → NaN)."""
+    if value is None:
+        return math.nan
+    if isinstance(value, str):
+        return _NON_FINITE.get(value, math.nan)
+    return float(value)
+
+
+def to_float_array(values: Iterable[Any] | None) -> FloatArray:
+    """A list of API values as a float64 array (see :func:`to_float`)."""
+    if values is None:
+        return np.zeros(0, dtype=np.float64)
+    items = list(values)
+    try:
+        return np.asarray(items, dtype=np.float64)
+    except (TypeError, ValueError):  # strings or None inside: the slow path, only then
+        return np.fromiter((to_float(v) for v in items), dtype=np.float64, count=len(items))
+
+
+def plottable(values: FloatArray) -> FloatArray:
+    """Values with ±Infinity replaced by NaN: Plotly draws NaN as a gap, infinity not at all."""
+    out = values.copy()
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+@dataclass(frozen=True)
+class SeriesData:
+    """One metric series (``GET .../metrics`` item). When ``downsampled``, entry i is a bucket:
+    ``steps``/``values`` its last point, ``vmin``/``vmax`` its extremes."""
+
+    key: str
+    steps: FloatArray
+    values: FloatArray
+    vmin: FloatArray | None
+    vmax: FloatArray | None
+    downsampled: bool
+    total_points: int
+
+    @classmethod
+    def from_api(cls, item: Mapping[str, Any]) -> SeriesData:
+        """Parse one item of ``MetricsOut.series``."""
+        downsampled = bool(item.get("downsampled"))
+        return cls(
+            key=str(item["key"]),
+            steps=to_float_array(item.get("steps")),
+            values=to_float_array(item.get("values")),
+            vmin=to_float_array(item["min"]) if downsampled and item.get("min") else None,
+            vmax=to_float_array(item["max"]) if downsampled and item.get("max") else None,
+            downsampled=downsampled,
+            total_points=int(item.get("total_points") or len(item.get("steps") or ())),
+        )
+
+    @classmethod
+    def empty(cls, key: str) -> SeriesData:
+        """A series with no points (the key was never logged)."""
+        zero = np.zeros(0, dtype=np.float64)
+        return cls(key, zero, zero, None, None, False, 0)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last(self) -> tuple[float, float] | None:
+        """The last (step, value), or None for an empty series."""
+        if not len(self.steps):
+            return None
+        return float(self.steps[-1]), float(self.values[-1])
+
+
+SeriesLike = SeriesData | Mapping[str, Any]
+
+
+def as_series(item: SeriesLike | None, key: str = "") -> SeriesData:
+    """Accept an API dict, a :class:`SeriesData` or None (→ empty)."""
+    if item is None:
+        return SeriesData.empty(key)
+    if isinstance(item, SeriesData):
+        return item
+    return SeriesData.from_api(item)
+
+
+def series_by_key(
+    metrics: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+) -> dict[str, SeriesData]:
+    """``GET .../metrics`` (the whole answer or its ``series`` list) keyed by metric key."""
+    items = metrics.get("series", []) if isinstance(metrics, Mapping) else metrics
+    return {str(item["key"]): SeriesData.from_api(item) for item in items}
+
+
+def telemetry_prefix(keys_with_data: Iterable[str]) -> str:
+    """The telemetry prefix this run uses (first of :data:`TELEMETRY_PREFIXES` with data)."""
+    present = set(keys_with_data)
+    for prefix in TELEMETRY_PREFIXES:
+        if any(prefix + name in present for name in TELEMETRY):
+            return prefix
+    return TELEMETRY_PREFIXES[0]
+
+
+def eval_key(keys_with_data: Iterable[str]) -> str | None:
+    """The evaluation-loss key this run logs, if any."""
+    present = set(keys_with_data)
+    return next((k for k in EVAL_KEYS if k in present), None)
+
+
+def burn_in(config: Mapping[str, Any]) -> int | None:
+    """Steps before averaging starts: ``c_warmup``, else twice ``warmup_steps`` (the paper's
+    heuristic), else None."""
+    c_warmup = config.get("c_warmup")
+    if isinstance(c_warmup, int | float) and not isinstance(c_warmup, bool) and c_warmup > 0:
+        return int(c_warmup)
+    warmup = config.get("warmup_steps")
+    if isinstance(warmup, int | float) and not isinstance(warmup, bool) and warmup > 0:
+        return int(2 * warmup)
+    return None
+
+
+def horizon(config: Mapping[str, Any], last_step: int | None) -> tuple[int | None, bool]:
+    """The forecast horizon and whether it is the run's planned ``total_steps``.
+
+    Without ``total_steps`` the pages look twice as far as the run has come, so a forecast is
+    still drawn (and labelled as such).
+    """
+    total = config.get("total_steps")
+    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+        return total, True
+    if last_step is None or last_step <= 0:
+        return None, False
+    return int(2 * last_step), False
+
+
+def weight_decay(config: Mapping[str, Any]) -> float | None:
+    """AdamC's lambda from the run's config, when set and positive."""
+    value = config.get("weight_decay")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A forecast value with its interval at a step (``PredictionOut``)."""
+
+    step: float
+    value: float
+    lo: float
+    hi: float
+
+    @classmethod
+    def from_api(cls, item: Mapping[str, Any] | None) -> Prediction | None:
+        """Parse ``PredictionOut``; None when absent or without a finite value."""
+        if not item:
+            return None
+        value = to_float(item.get("value"))
+        step = to_float(item.get("step"))
+        if not (math.isfinite(value) and math.isfinite(step)):
+            return None
+        return cls(step, value, to_float(item.get("lo")), to_float(item.get("hi")))
+
+
+@dataclass(frozen=True)
+class ForecastData:
+    """The fields of ``GET .../forecast`` the pictures use."""
+
+    status: str
+    key: str | None
+    a: float
+    b: float
+    c: float
+    fitted_upto_step: float | None
+    f_star: Prediction | None  # step = NaN: f* has no step
+    prediction: Prediction | None
+    confidence: float
+    off_model: bool
+    message: str
+
+    @classmethod
+    def from_api(cls, item: Mapping[str, Any] | None) -> ForecastData | None:
+        """Parse ``ForecastOut``; None when there is no usable fit (pending or failed)."""
+        if not item:
+            return None
+        a, b, c = (to_float(item.get(k)) for k in ("a", "b", "c"))
+        if not all(math.isfinite(x) for x in (a, b, c)):
+            return None
+        star = item.get("f_star") or None
+        f_star = None
+        if star and math.isfinite(to_float(star.get("value"))):
+            f_star = Prediction(
+                math.nan, to_float(star["value"]), to_float(star.get("lo")),
+                to_float(star.get("hi")),
+            )
+        upto = item.get("fitted_upto_step")
+        return cls(
+            status=str(item.get("status", "")),
+            key=item.get("key"),
+            a=a,
+            b=b,
+            c=c,
+            fitted_upto_step=None if upto is None else float(upto),
+            f_star=f_star,
+            prediction=Prediction.from_api(item.get("prediction")),
+            confidence=float(item.get("confidence") or 0.9),
+            off_model=bool(item.get("off_model")),
+            message=str(item.get("message") or ""),
+        )
+
+    def curve(self, steps: FloatArray) -> FloatArray:
+        """The fitted curve ``a / sqrt(t + b) + c`` (NaN where ``t + b <= 0``)."""
+        shifted = steps + self.b
+        out = np.full(len(steps), np.nan)
+        ok = shifted > 0
+        out[ok] = self.a / np.sqrt(shifted[ok]) + self.c
+        return out
+
+
+def predictions(items: Iterable[Mapping[str, Any] | None]) -> list[Prediction]:
+    """Parse a list of ``PredictionOut`` (e.g. the forecast band's samples), sorted by step."""
+    parsed = [p for p in (Prediction.from_api(item) for item in items) if p is not None]
+    return sorted(parsed, key=lambda p: p.step)
+
+
+@dataclass(frozen=True)
+class AlertData:
+    """The fields of an alert the pictures use (``GET .../alerts`` items)."""
+
+    id: str
+    rule: str
+    state: str
+    severity: str
+    summary: str
+    step: float | None
+    value: float | None
+
+    @classmethod
+    def from_api(cls, item: Mapping[str, Any]) -> AlertData:
+        """Parse one alert; unknown fields are ignored, missing ones default.
+
+        The marker's step is where the alert fired (``fired_step``), else where its condition
+        began (``since_step``, a pending alert), else the last evaluated ``step``.
+        """
+        step = next((item[k] for k in ("fired_step", "since_step", "step")
+                     if item.get(k) is not None), None)
+        value = item.get("value")
+        return cls(
+            id=str(item.get("id", "")),
+            rule=str(item.get("rule", "")),
+            state=str(item.get("state", "")),
+            severity=str(item.get("severity", "")),
+            summary=str(item.get("summary", "")),
+            step=None if step is None else to_float(step),
+            value=None if value is None else to_float(value),
+        )
+
+
+def alerts_list(items: Iterable[Mapping[str, Any]] | None) -> list[AlertData]:
+    """Parse alerts (``{"alerts": [...]}`` items)."""
+    return [AlertData.from_api(item) for item in items or ()]

@@ -1,0 +1,428 @@
+"""Page compositions (pure): the REST API's answers for a run (or several) in, the page's
+figures, headline numbers and verdicts out.
+
+The service's page routes gather the answers (``GET /api/v1/runs/{id}``, ``.../metrics``,
+``.../forecast``, ``.../forecast/history``, ``.../alerts``) and hand them here unchanged; the
+tests and the benchmark do the same with dictionaries of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from dashboards import figures, fmt, palette
+from dashboards.data import (
+    EVAL_KEYS,
+    TELEMETRY_PREFIXES,
+    TRAIN_KEY,
+    AlertData,
+    ForecastData,
+    Prediction,
+    SeriesData,
+    alerts_list,
+    eval_key,
+    horizon,
+    predictions,
+    series_by_key,
+    telemetry_prefix,
+)
+
+#: The run page's charts, in page order.
+RUN_CHARTS = ("loss", "step_size", "gradient", "norms", "averaging", "evolution")
+#: Charts drawn from metric series (the forecast evolution is drawn from the fit history).
+SERIES_CHARTS = RUN_CHARTS[:-1]
+#: Telemetry names per telemetry chart (prefixed with the run's telemetry prefix).
+_TELEMETRY_OF = {
+    "step_size": ("eta", "alpha"),
+    "gradient": ("grad_l1", "denom_ema"),
+    "norms": ("x_l2", "y_l2", "z_l2", "grad_l2"),
+    "averaging": ("c", "sf_beta"),
+}
+#: Steps at which the forecast band is sampled between the last fit and the horizon.
+BAND_SAMPLES = 7
+#: Buckets requested per chart: about one per horizontal pixel of the chart at 1280 px wide.
+MAX_POINTS = {"loss": 1200, "compare": 1000}
+DEFAULT_MAX_POINTS = 600
+
+
+def chart_keys(chart: str, prefixes: Sequence[str] = TELEMETRY_PREFIXES) -> list[str]:
+    """The metric keys to request for ``chart`` (every telemetry prefix: missing keys come
+    back empty and cost nothing)."""
+    if chart == "loss":
+        return [TRAIN_KEY, *EVAL_KEYS]
+    if chart in _TELEMETRY_OF:
+        return [p + name for p in prefixes for name in _TELEMETRY_OF[chart]]
+    return []
+
+
+def band_steps(fitted_upto: float | None, end: int | None, n: int = BAND_SAMPLES) -> list[int]:
+    """Steps at which to ask for the forecast interval to draw its band to ``end``.
+
+    Denser near the last fitted step, where the band's width changes fastest; the figures
+    draw the band's edges as splines through these samples.
+    """
+    if fitted_upto is None or end is None or end <= fitted_upto:
+        return []
+    frac = np.linspace(0.0, 1.0, n) ** 1.5
+    steps = np.unique(np.round(fitted_upto + (end - fitted_upto) * frac).astype(np.int64))
+    return [int(s) for s in steps]
+
+
+@dataclass(frozen=True)
+class Kpi:
+    """One headline number of the run page."""
+
+    id: str
+    label: str
+    value: str
+    detail: str
+    tone: str = "neutral"  # neutral | good | warn | bad
+
+
+@dataclass
+class RunPage:
+    """Everything the run page shows, in the REST API's shapes.
+
+    Attributes:
+        run: ``GET /api/v1/runs/{id}``.
+        metrics: ``GET .../metrics`` answer(s): the ``series`` items of every requested key.
+        forecast: ``GET .../forecast`` (default horizon).
+        band: ``GET .../forecast?horizon=t`` answers' ``prediction`` items (the band).
+        history: ``GET .../forecast/history``.
+        alerts: ``GET .../alerts`` items (empty when the alerts API is absent).
+        alerts_available: whether the service has the alerts API.
+    """
+
+    run: Mapping[str, Any]
+    metrics: Sequence[Mapping[str, Any]] = ()
+    forecast: Mapping[str, Any] | None = None
+    band: Sequence[Mapping[str, Any] | None] = ()
+    history: Mapping[str, Any] | None = None
+    alerts: Sequence[Mapping[str, Any]] = ()
+    alerts_available: bool = False
+    _series: dict[str, SeriesData] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._series = series_by_key(self.metrics)
+
+    @property
+    def series(self) -> dict[str, SeriesData]:
+        """The metric series by key."""
+        return self._series
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The run's config."""
+        config = self.run.get("config") or {}
+        return config if isinstance(config, Mapping) else {}
+
+    @property
+    def prefix(self) -> str:
+        """The run's telemetry prefix."""
+        return telemetry_prefix(k for k, s in self._series.items() if len(s))
+
+    @property
+    def horizon(self) -> tuple[int | None, bool]:
+        """The forecast horizon and whether it is the planned ``total_steps``."""
+        return horizon(self.config, self.run.get("last_step"))
+
+    @property
+    def alert_items(self) -> list[AlertData]:
+        """Parsed alerts."""
+        return alerts_list(self.alerts)
+
+    def eval_series(self) -> SeriesData | None:
+        """The evaluation-loss series, if the run logs one."""
+        key = eval_key(k for k, s in self._series.items() if len(s))
+        return self._series.get(key) if key else None
+
+    def cursor(self) -> dict[str, float]:
+        """The last step drawn per key: live updates ask for points after it."""
+        return {k: float(s.steps[-1]) for k, s in self._series.items() if len(s)}
+
+
+def run_figures(page: RunPage, charts: Iterable[str] = RUN_CHARTS,
+                x_range: Sequence[float] | None = None) -> dict[str, go.Figure]:
+    """Build the run page's figures (only ``charts``)."""
+    out: dict[str, go.Figure] = {}
+    prefix = page.prefix
+    config = page.config
+    alerts = page.alert_items
+    end, planned = page.horizon
+    for chart in charts:
+        if chart == "loss":
+            out[chart] = figures.loss_figure(
+                train=page.series.get(TRAIN_KEY) or SeriesData.empty(TRAIN_KEY),
+                evaluation=page.eval_series(),
+                forecast=page.forecast,
+                band=[b for b in page.band if b],
+                config=config,
+                horizon=end,
+                horizon_planned=planned,
+                alerts=alerts,
+                x_range=x_range,
+            )
+        elif chart == "step_size":
+            out[chart] = figures.step_size_figure(page.series, prefix=prefix, config=config,
+                                                  alerts=alerts, x_range=x_range)
+        elif chart == "gradient":
+            out[chart] = figures.gradient_figure(page.series, prefix=prefix, config=config,
+                                                 alerts=alerts, x_range=x_range)
+        elif chart == "norms":
+            out[chart] = figures.norms_figure(page.series, prefix=prefix, config=config,
+                                              alerts=alerts, x_range=x_range)
+        elif chart == "averaging":
+            out[chart] = figures.averaging_figure(page.series, prefix=prefix, config=config,
+                                                  alerts=alerts, x_range=x_range)
+        elif chart == "evolution":
+            out[chart] = figures.evolution_figure(page.history or {"points": []},
+                                                  horizon_planned=planned)
+        else:
+            raise ValueError(f"unknown chart {chart!r}; choose from {', '.join(RUN_CHARTS)}")
+    return out
+
+
+def run_kpis(page: RunPage) -> list[Kpi]:
+    """The run page's headline numbers: progress, last loss, forecast, f*, fit, alerts."""
+    run = page.run
+    config = page.config
+    last_step = run.get("last_step")
+    end, planned = page.horizon
+    kpis: list[Kpi] = []
+    total = config.get("total_steps")
+    if isinstance(total, int) and total > 0 and last_step is not None:
+        detail = f"of {fmt.step(total)} planned ({min(1.0, last_step / total):.0%})"
+    else:
+        detail = "no total_steps in the config"
+    kpis.append(Kpi("progress", "Step", fmt.step(last_step), detail))
+
+    train = page.series.get(TRAIN_KEY)
+    last = train.last if train is not None else None
+    ev = page.eval_series()
+    ev_last = ev.last if ev is not None else None
+    if last is not None:
+        detail = f"training loss at step {fmt.step(last[0])}"
+        if ev_last is not None:
+            detail += f"; eval {fmt.loss(ev_last[1])} at {fmt.step(ev_last[0])}"
+        kpis.append(Kpi("last_loss", "Last loss", fmt.loss(last[1]), detail,
+                        "bad" if not math.isfinite(last[1]) else "neutral"))
+    else:
+        kpis.append(Kpi("last_loss", "Last loss", "—", "no loss logged yet"))
+
+    fit = ForecastData.from_api(page.forecast)
+    status = (page.forecast or {}).get("status", "pending")
+    where = f"step {fmt.short_step(end)}" if end is not None else "the horizon"
+    if fit is not None and fit.prediction is not None:
+        pred = fit.prediction
+        detail = f"{fit.confidence:.0%} interval {fmt.interval(pred.lo, pred.hi)}"
+        if not planned:
+            detail += " (look-ahead: no total_steps)"
+        kpis.append(Kpi("forecast", f"Forecast at {where}", fmt.loss(pred.value), detail,
+                        "warn" if fit.off_model else "good"))
+    else:
+        message = (page.forecast or {}).get("message") or "waiting for the first fit"
+        kpis.append(Kpi("forecast", f"Forecast at {where}", "pending" if status == "pending"
+                        else "—", str(message)))
+    if fit is not None and fit.f_star is not None:
+        kpis.append(Kpi("f_star", "f* (asymptote c)", fmt.loss(fit.f_star.value),
+                        f"{fit.confidence:.0%} interval "
+                        f"{fmt.interval(fit.f_star.lo, fit.f_star.hi)}"))
+    else:
+        kpis.append(Kpi("f_star", "f* (asymptote c)", "—", "no fit yet"))
+
+    if page.forecast and status != "pending":
+        fitted_on = page.forecast.get("key") or "?"
+        upto = page.forecast.get("fitted_upto_step")
+        when = fmt.ago(page.forecast.get("fitted_at"))
+        detail = f"{fitted_on} up to step {fmt.step(upto)}, {when}"
+        tone = "good" if status == "ok" and not page.forecast.get("off_model") else "warn"
+        label = "off model" if page.forecast.get("off_model") else str(status).replace("_", " ")
+        kpis.append(Kpi("fit", "Fit", label, detail, tone))
+    else:
+        kpis.append(Kpi("fit", "Fit", "pending", "no fit stored yet"))
+
+    if page.alerts_available:
+        alerts = page.alert_items
+        firing = sum(a.state == "firing" for a in alerts)
+        pending = sum(a.state == "pending" for a in alerts)
+        resolved = sum(a.state == "resolved" for a in alerts)
+        kpis.append(Kpi("alerts", "Alerts", f"{firing} firing",
+                        f"{pending} pending, {resolved} resolved", "bad" if firing else "good"))
+    else:
+        kpis.append(Kpi("alerts", "Alerts", "—", "alerting is not enabled on this service"))
+    return kpis
+
+
+def figure_json(fig: go.Figure) -> str:
+    """A figure as JSON for ``Plotly.newPlot`` (numpy arrays travel as typed arrays)."""
+    return str(pio.to_json(fig, validate=False, engine="json"))
+
+
+def charts_payload(figs: Mapping[str, go.Figure], **extra: Any) -> str:
+    """The JSON body of a figures answer: ``{"charts": {id: figure}, **extra}``.
+
+    Figures are serialised by Plotly (typed arrays); the rest with the standard encoder.
+    """
+    charts = ",".join(f"{json.dumps(name)}:{figure_json(fig)}" for name, fig in figs.items())
+    rest = "".join(f",{json.dumps(k)}:{json.dumps(v, allow_nan=False)}" for k, v in extra.items())
+    return "{" + f'"charts":{{{charts}}}' + rest + "}"
+
+
+def run_payload(page: RunPage, charts: Sequence[str], x_range: Sequence[float] | None) -> str:
+    """The run page's figures answer: figures, headline numbers and live-update state."""
+    figs = run_figures(page, charts, x_range)
+    state: dict[str, Any] = {
+        "cursor": page.cursor(),
+        "prefix": page.prefix,
+        "horizon": page.horizon[0],
+        "run_status": page.run.get("status"),
+        "last_step": page.run.get("last_step"),
+    }
+    if page.forecast is not None:  # only when this answer carries the forecast
+        state["fitted_at"] = page.forecast.get("fitted_at")
+        state["fit_status"] = page.forecast.get("status", "pending")
+    if "loss" not in charts:  # headline numbers need the loss and the forecast
+        return charts_payload(figs, state=state)
+    return charts_payload(figs, kpis=[asdict(k) for k in run_kpis(page)], state=state)
+
+
+# --- compare ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompareRun:
+    """One run's answers for the compare page (REST shapes)."""
+
+    run: Mapping[str, Any]
+    metrics: Sequence[Mapping[str, Any]]
+    forecast: Mapping[str, Any] | None
+    band: Sequence[Mapping[str, Any] | None]
+    at_horizon: Mapping[str, Any] | None  # ``prediction`` at the common horizon
+
+
+def common_horizon(runs: Sequence[Mapping[str, Any]], requested: int | None = None) -> int | None:
+    """The horizon the compare page forecasts to: as requested, else the largest planned
+    ``total_steps`` among the runs, else twice the furthest run's last step."""
+    if requested is not None:
+        return requested
+    planned = [horizon(r.get("config") or {}, r.get("last_step")) for r in runs]
+    totals = [h for h, is_planned in planned if h is not None and is_planned]
+    if totals:
+        return max(totals)
+    others = [h for h, _ in planned if h is not None]
+    return max(others) if others else None
+
+
+def compare_entries(runs: Sequence[CompareRun]) -> list[figures.CompareEntry]:
+    """Parse each run's answers for the compare figures."""
+    entries = []
+    for item in runs:
+        fit = ForecastData.from_api(item.forecast)
+        series = series_by_key(item.metrics)
+        key = (fit.key if fit and fit.key in series else None) or (
+            TRAIN_KEY if TRAIN_KEY in series else next(iter(series), TRAIN_KEY))
+        entries.append(figures.CompareEntry(
+            run=item.run,
+            series=series.get(key) or SeriesData.empty(key),
+            forecast=fit,
+            band=predictions(b for b in item.band if b),
+            at_horizon=Prediction.from_api(item.at_horizon) if fit is not None else None,
+        ))
+    return entries
+
+
+def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
+                    x_range: Sequence[float] | None = None) -> str:
+    """The compare page's figures answer: overlay, ranking and the verdict sentence."""
+    entries = compare_entries(runs)
+    ranking = figures.rank_forecasts(entries, horizon_step)
+    figs = {
+        "compare": figures.compare_figure(entries, horizon_step, x_range=x_range),
+        "ranking": figures.ranking_figure(entries, ranking),
+    }
+    rows = []
+    for index in ranking.order:
+        entry = entries[index]
+        pred = entry.at_horizon
+        last = entry.series.last
+        rows.append({
+            "run_id": str(entry.run.get("id")),
+            "name": str(entry.run.get("name") or ""),
+            "status": str(entry.run.get("status") or ""),
+            "last_step": fmt.step(entry.run.get("last_step")),
+            "last_loss": fmt.loss(last[1]) if last else "—",
+            "forecast": fmt.loss(pred.value) if pred else "—",
+            "interval": fmt.interval(pred.lo, pred.hi) if pred else "",
+            "f_star": fmt.loss(entry.forecast.f_star.value)
+            if entry.forecast and entry.forecast.f_star else "—",
+            "best": index == ranking.best,
+            "colour": palette.run_colour(index),
+        })
+    verdict = {"message": ranking.message, "clear": ranking.clear,
+               "best": str(entries[ranking.best].run.get("id")) if ranking.best is not None
+               else None, "horizon": horizon_step}
+    return charts_payload(figs, verdict=verdict, rows=rows)
+
+
+# --- runs list ----------------------------------------------------------------------------------
+
+
+def _sort_value(value: float | None) -> str:
+    """A numeric sort key for a table cell ("" sorts last)."""
+    return "" if value is None or not math.isfinite(value) else repr(float(value))
+
+
+def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of the runs list.
+
+    Args:
+        items: per run ``{"run": RunOut dict, "last_loss": float | None, "last_loss_step":
+            int | None, "spark_steps": [...], "spark_values": [...], "forecast": ForecastOut
+            dict | None, "firing": int | None}`` (``firing`` None: no alerts API).
+
+    Returns:
+        Display strings and sort keys per row (the template escapes every string).
+    """
+    from dashboards.sparkline import sparkline_path
+
+    rows = []
+    for item in items:
+        run = item["run"]
+        fit = ForecastData.from_api(item.get("forecast"))
+        pred = fit.prediction if fit else None
+        star = fit.f_star if fit else None
+        last_loss = item.get("last_loss")
+        firing = item.get("firing")
+        status = (item.get("forecast") or {}).get("status")
+        rows.append({
+            "id": str(run["id"]),
+            "name": str(run.get("name") or ""),
+            "project": str(run.get("project") or ""),
+            "status": str(run.get("status") or ""),
+            "last_step": fmt.step(run.get("last_step")),
+            "last_step_sort": _sort_value(run.get("last_step")),
+            "last_loss": fmt.loss(last_loss) if last_loss is not None else "—",
+            "last_loss_sort": _sort_value(last_loss),
+            "forecast": fmt.loss(pred.value) if pred else ("pending" if status in (None, "pending")
+                                                           else "—"),
+            "forecast_interval": fmt.interval(pred.lo, pred.hi) if pred else "",
+            "forecast_step": fmt.short_step(pred.step) if pred else "",
+            "forecast_sort": _sort_value(pred.value if pred else None),
+            "off_model": bool(fit and fit.off_model),
+            "f_star": fmt.loss(star.value) if star else "—",
+            "f_star_sort": _sort_value(star.value if star else None),
+            "firing": "—" if firing is None else str(firing),
+            "firing_sort": _sort_value(None if firing is None else float(firing)),
+            "spark": sparkline_path(item.get("spark_steps") or [], item.get("spark_values") or []),
+            "updated": fmt.ago(run.get("updated_at")),
+            "updated_sort": str(run.get("updated_at") or ""),
+        })
+    return rows

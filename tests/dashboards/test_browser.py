@@ -1,0 +1,390 @@
+"""The pages in a real browser: Debian's Chromium driven by playwright-python.
+
+Chromium is started with the flags the issue names and a fresh user-data directory. Under
+``CI=true`` these tests must run: a missing Chromium or playwright fails them. Screenshots of
+every page land in ``artifacts/`` (look at them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
+from service.store import tokens
+from tests.conftest import IN_CI
+from tests.dashboards import _synthetic as syn
+from tests.dashboards.conftest import (
+    FakeAlerts,
+    app_server,
+    live_settings,
+    make_run,
+    new_app,
+    wait_for_fit,
+)
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("CURVECAST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+#: Exactly the flags of the issue (the user-data directory is a fresh temporary one).
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run"]
+XSS = "<script>alert(1)</script></script><img src=x onerror=alert(2)>"
+CHARTS = ("loss", "step_size", "gradient", "norms", "averaging", "evolution")
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"the browser tests must run under CI=true but {reason}; .ci/run installs "
+                    "Debian's chromium (apt-get install chromium) and the dev extra playwright",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One headless Chromium (persistent context on a fresh profile) for the module."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed")
+    if not Path(CHROMIUM).exists():
+        _unavailable(f"Chromium is not installed at {CHROMIUM}")
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=FLAGS,
+            viewport={"width": 1280, "height": 800},
+        )
+        context.set_default_timeout(30_000)
+        yield context
+        context.close()
+
+
+@dataclass
+class Tab:
+    """A page with everything it logged: console errors, uncaught exceptions, dialogs."""
+
+    page: Any
+    errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+
+    def no_errors(self) -> None:
+        assert not self.errors, f"console errors: {self.errors}"
+        assert not self.dialogs, f"dialogs opened (script ran): {self.dialogs}"
+
+    def wait_for_charts(self, charts: tuple[str, ...]) -> None:
+        selector = ", ".join(f"#chart-{c}[data-rendered]" for c in charts)
+        self.page.wait_for_function(
+            f"document.querySelectorAll({selector!r}).length === {len(charts)}")
+
+    def traces(self, chart: str) -> list[dict[str, Any]]:
+        """What Plotly is drawing: each trace's meta, type and x-range, read from the DOM."""
+        return list(self.page.evaluate(
+            """chart => document.getElementById('chart-' + chart).data.map(t => ({
+                meta: t.meta || {}, type: t.type, name: t.name,
+                n: t.x ? t.x.length : 0,
+                x0: t.x && t.x.length ? t.x[0] : null,
+                x1: t.x && t.x.length ? t.x[t.x.length - 1] : null}))""", chart))
+
+
+@pytest.fixture
+def tab(browser: Any) -> Iterator[Tab]:
+    page = browser.new_page()
+    tab = Tab(page)
+
+    def on_console(msg: Any) -> None:
+        if msg.type == "error":
+            tab.errors.append(msg.text)
+
+    def on_dialog(dialog: Any) -> None:
+        tab.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: tab.errors.append(f"uncaught: {exc}"))
+    page.on("dialog", on_dialog)
+    yield tab
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def alerts() -> FakeAlerts:
+    return FakeAlerts()
+
+
+@pytest.fixture(scope="module")
+def live(sqlite_url: str, alerts: FakeAlerts) -> Iterator[str]:
+    """A live service (worker refitting every fraction of a second); its alerts reads are
+    answered by a stand-in the tests fill."""
+    with app_server(new_app(live_settings(sqlite_url), alerts)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(live: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def streaming_run(client: httpx.Client) -> tuple[uuid.UUID, str]:
+    """A ScheduleFree+ run 3,000 steps into a planned 20,000, with a fit."""
+    project = f"browser-{uuid.uuid4().hex[:8]}"
+    run_id = make_run(client, project, name="gpt-120m sfplus", steps=3000, eval_every=250)
+    return run_id, project
+
+
+def shot(tab: Tab, artifacts_dir: Path, name: str, full: bool = False) -> Path:
+    path = artifacts_dir / f"dashboard-{name}.png"
+    tab.page.screenshot(path=str(path), full_page=full)
+    return path
+
+
+def test_run_page_draws_everything_and_updates_live(
+    tab: Tab, live: str, client: httpx.Client, streaming_run: tuple[uuid.UUID, str],
+    artifacts_dir: Path,
+) -> None:
+    run_id, _project = streaming_run
+    tab.page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(CHARTS)
+    loss = tab.traces("loss")
+    roles = {t["meta"].get("role") for t in loss}
+    assert {"min", "max", "last", "fit", "forecast", "band_lo", "band_hi", "f_star",
+            "prediction"} <= roles
+    assert {t["meta"].get("key") for t in loss if t["meta"].get("role") == "last"} == {
+        "loss", "eval_loss"}
+    for chart, keys in (("step_size", {"sfplus/eta", "sfplus/alpha"}),
+                        ("gradient", {"sfplus/grad_l1", "sfplus/denom_ema"}),
+                        ("norms", {"sfplus/x_l2", "sfplus/y_l2", "sfplus/z_l2"}),
+                        ("averaging", {"sfplus/c", "sfplus/sf_beta"})):
+        traces = tab.traces(chart)
+        assert keys <= {t["meta"].get("key") for t in traces}, chart
+        assert all(t["n"] > 0 for t in traces), chart
+    assert any(t["meta"].get("role") == "ratio" for t in tab.traces("norms"))
+    assert tab.traces("evolution")[-1]["n"] >= 1
+    kpi = tab.page.locator('[data-kpi="forecast"] .kpi-value').inner_text()
+    assert kpi.replace(".", "", 1).isdigit(), kpi
+    shot(tab, artifacts_dir, "run")
+    shot(tab, artifacts_dir, "run-full", full=True)
+    tab.no_errors()
+
+    # Live: new points appear without a reload, then the new fit redraws the forecast.
+    syn.stream(client, run_id, 3000, 4500, total_steps=20_000, eval_every=250)
+    tab.page.wait_for_function(
+        """() => document.getElementById('chart-loss').data.some(t => t.meta &&
+             t.meta.key === 'loss' && t.meta.role === 'last' && t.x[t.x.length - 1] >= 4499)""")
+    tab.page.wait_for_function(
+        """() => document.querySelector('[data-kpi="progress"] .kpi-value').textContent
+             === '4,499'""")
+    wait_for_fit(client, run_id, upto=4000)
+    tab.page.wait_for_function(
+        """() => document.getElementById('chart-loss').data.some(t => t.meta &&
+             t.meta.role === 'forecast' && t.x[0] >= 4000)""")
+    grad = [t for t in tab.traces("gradient") if t["meta"].get("key") == "sfplus/grad_l1"
+            and t["meta"].get("role") == "last"]
+    assert grad[0]["x1"] >= 4499  # telemetry charts grow live too
+    shot(tab, artifacts_dir, "run-live")
+    tab.no_errors()
+
+
+def test_zoom_refetches_the_visible_range_at_full_resolution(
+    tab: Tab, live: str, streaming_run: tuple[uuid.UUID, str],
+) -> None:
+    run_id, _ = streaming_run
+    tab.page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(("loss",))
+    overview = [t for t in tab.traces("loss") if t["meta"] == {"key": "loss", "role": "last"}]
+    assert any(t["meta"].get("role") == "min" for t in tab.traces("loss"))  # downsampled
+    tab.page.evaluate("""() => Plotly.relayout('chart-loss',
+        {'xaxis.range[0]': 1000, 'xaxis.range[1]': 1300})""")
+    tab.page.wait_for_function(
+        """() => { const t = document.getElementById('chart-loss').data.find(t => t.meta &&
+             t.meta.key === 'loss' && t.meta.role === 'last');
+             return t && t.x.length === 301 && t.x[0] === 1000 && t.x[300] === 1300; }""")
+    assert not any(t["meta"].get("role") == "min" for t in tab.traces("loss"))  # raw points
+    tab.page.evaluate("() => Plotly.relayout('chart-loss', {'xaxis.autorange': true})")
+    tab.page.wait_for_function(
+        """() => document.getElementById('chart-loss').data.some(t => t.meta &&
+             t.meta.role === 'min')""")
+    back = [t for t in tab.traces("loss") if t["meta"] == {"key": "loss", "role": "last"}]
+    assert back[0]["x0"] == overview[0]["x0"]
+    tab.no_errors()
+
+
+def test_forecast_box_answers_through_the_rest_api(
+    tab: Tab, live: str, streaming_run: tuple[uuid.UUID, str],
+) -> None:
+    run_id, _ = streaming_run
+    page = tab.page
+    page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(("loss",))
+    page.fill("#ask-step-input", "15000")
+    page.click("#ask-step button")
+    page.wait_for_function(
+        "() => document.getElementById('ask-step-answer').textContent.includes('interval')")
+    answer = page.locator("#ask-step-answer").inner_text()
+    assert answer.startswith("Loss at step 15,000: 2.") and "90% interval" in answer
+    assert page.locator("#ask-rest").inner_text() == (
+        f"GET /api/v1/runs/{run_id}/forecast?horizon=15000")
+    page.fill("#ask-loss-input", "2.6")
+    page.click("#ask-loss button")
+    page.wait_for_function(
+        "() => document.getElementById('ask-loss-answer').textContent.includes('step')")
+    assert "is forecast at step" in page.locator("#ask-loss-answer").inner_text()
+    page.fill("#ask-loss-input", "0.5")
+    page.click("#ask-loss button")
+    page.wait_for_function(
+        "() => document.getElementById('ask-loss-answer').textContent.includes('reachable')")
+    assert page.locator("#ask-loss-answer").inner_text().startswith("Not reachable")
+    tab.no_errors()
+
+
+def test_names_render_as_text_everywhere(
+    tab: Tab, live: str, client: httpx.Client, artifacts_dir: Path,
+) -> None:
+    project = f"xss-{uuid.uuid4().hex[:8]}"
+    evil = make_run(client, project, name=XSS, steps=1500, eval_every=None)
+    page = tab.page
+    page.goto(f"{live}/runs/{evil}")
+    tab.wait_for_charts(("loss",))
+    assert page.locator("#run-name").inner_text() == XSS
+    assert page.title() == f"{XSS} · curvecast"
+    page.goto(f"{live}/?project={project}")
+    assert page.locator("td.name a").inner_text() == XSS
+    page.goto(f"{live}/compare?runs={evil}")
+    tab.wait_for_charts(("compare", "ranking"))
+    legend = page.evaluate(
+        "() => [...document.querySelectorAll('#chart-compare .legendtext')]"
+        ".map(e => e.textContent)")
+    assert legend == [XSS]
+    assert XSS in page.locator("#verdict").inner_text()
+    assert page.evaluate("() => document.querySelectorAll('img[src=x]').length") == 0
+    shot(tab, artifacts_dir, "xss")
+    tab.no_errors()
+
+
+def test_runs_list_sorts_and_opens_a_comparison(
+    tab: Tab, live: str, client: httpx.Client, artifacts_dir: Path,
+) -> None:
+    project = f"list-{uuid.uuid4().hex[:8]}"
+    names = {"baseline lr=1": (60.0, 300.0, 2.25), "lr=2 wd=10": (55.0, 250.0, 2.05),
+             "lr=0.5": (65.0, 400.0, 2.4)}
+    ids = {name: make_run(client, project, name=name, steps=2500, eval_every=None, curve=c,
+                          seed=i) for i, (name, c) in enumerate(names.items())}
+    page = tab.page
+    page.goto(f"{live}/?project={project}")
+    assert page.locator("#runs-body tr").count() == 3
+    page.click("th button[data-col='5']")  # forecast of the final loss, ascending
+    order = page.locator("td.name a").all_inner_texts()
+    assert order == ["lr=2 wd=10", "baseline lr=1", "lr=0.5"]
+    assert page.locator("td.spark svg path").count() == 3
+    shot(tab, artifacts_dir, "runs")
+    tab.no_errors()
+    for name in names:
+        page.check(f".pick-run[value='{ids[name]}']")
+    page.click("#compare-selected")
+    page.wait_for_url("**/compare?runs=*")
+    tab.wait_for_charts(("compare", "ranking"))
+    verdict = page.locator("#verdict").inner_text()
+    assert verdict.startswith("At step 20,000 the forecasts say lr=2 wd=10 will be best")
+    assert page.locator("#compare-body tr.best a").inner_text() == "lr=2 wd=10"
+    runs_drawn = tab.page.evaluate(
+        """() => new Set(document.getElementById('chart-compare').data
+             .filter(t => t.meta && t.meta.role === 'forecast').map(t => t.meta.run)).size""")
+    assert runs_drawn == 3
+    shot(tab, artifacts_dir, "compare")
+    tab.no_errors()
+
+
+def test_alert_markers_and_list(
+    tab: Tab, live: str, client: httpx.Client, alerts: FakeAlerts,
+    streaming_run: tuple[uuid.UUID, str], artifacts_dir: Path,
+) -> None:
+    run_id, project = streaming_run
+    alerts.add(run_id, project, rule="grad_l1_drift", fired_step=2600, step=2900,
+               summary="gradient L1 norm 2.1x its post-burn-in baseline")
+    alerts.add(run_id, project, rule="polyak_negative_numerator", state="resolved",
+               fired_step=1200, step=1500, summary="Polyak numerator below 0 for 50 steps",
+               resolved_at="2026-01-01T00:05:00Z")
+    page = tab.page
+    page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(CHARTS)
+    page.wait_for_function("() => document.querySelectorAll('#alerts-body tr').length === 2")
+    states = page.locator("#alerts-body .badge").all_inner_texts()
+    assert states == ["firing", "resolved"]
+    marks = page.evaluate("""() => (document.getElementById('chart-loss').layout.annotations
+        || []).filter(a => a.name === 'alert').map(a => a.x)""")
+    assert sorted(marks) == [1200, 2600]
+    assert page.locator('[data-kpi="alerts"] .kpi-value').inner_text() == "1 firing"
+    # A new alert appears without a reload, in the list and as a marker.
+    alerts.add(run_id, project, rule="weight_norm_shrink", state="pending", since_step=2950,
+               fired_step=None, summary="‖x‖₂ falling")
+    page.wait_for_function("() => document.querySelectorAll('#alerts-body tr').length === 3")
+    page.wait_for_function("""() => (document.getElementById('chart-gradient').layout
+        .annotations || []).filter(a => a.name === 'alert').length === 3""")
+    shot(tab, artifacts_dir, "run-alerts", full=True)
+    tab.no_errors()
+
+
+def _read_token(database_url: str, project: str, scope: str) -> str:
+    engine = make_engine(Settings(database_url=database_url))
+    with session_scope(make_sessionmaker(engine)) as session:
+        token = tokens.create_token(session, project=project, scope=scope, name="b").token  # type: ignore[arg-type]
+    engine.dispose()
+    return token
+
+
+def test_pages_with_auth_on(browser: Any, tab: Tab, sqlite_url: str) -> None:
+    project = f"auth-{uuid.uuid4().hex[:8]}"
+    read = _read_token(sqlite_url, project, "read")
+    ingest = _read_token(sqlite_url, project, "ingest")
+    settings = live_settings(sqlite_url, auth_enabled=True)
+    with app_server(new_app(settings)) as url:
+        headers = {"authorization": f"Bearer {ingest}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as c:
+            run_id = uuid.uuid4()
+            syn.create_run(c, run_id, project, name="private run")
+            syn.stream(c, run_id, 0, 2000, total_steps=20_000)
+            wait_for_fit(c, run_id)
+        page = tab.page
+        denied = page.goto(f"{url}/runs/{run_id}")
+        assert denied is not None and denied.status == 401
+        assert "?token=" in page.locator("main").inner_text()
+        tab.errors.clear()  # the browser reports the 401 document itself as an error
+        page.goto(f"{url}/runs/{run_id}?token={read}")
+        assert page.url == f"{url}/runs/{run_id}"  # the token left the address bar
+        tab.wait_for_charts(CHARTS)
+        cookies = {c["name"]: c for c in browser.cookies(url)}
+        assert cookies["curvecast_token"]["httpOnly"] is True
+        assert page.evaluate("() => document.cookie") == ""
+        page.fill("#ask-step-input", "10000")
+        page.click("#ask-step button")
+        page.wait_for_function(
+            "() => document.getElementById('ask-step-answer').textContent.includes('interval')")
+        page.goto(f"{url}/")
+        assert page.locator("td.name a").inner_text() == "private run"
+        tab.no_errors()
+        page.goto(f"{url}/logout")
+        browser.clear_cookies()
+
+
+def test_time_to_first_chart_is_recorded(tab: Tab, live: str,
+                                         streaming_run: tuple[uuid.UUID, str]) -> None:
+    """The page exposes when its first chart was drawn (the benchmark reads it)."""
+    run_id, _ = streaming_run
+    tab.page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(("loss",))
+    first = tab.page.evaluate("() => window.__cc.firstChart")
+    assert isinstance(first, int | float) and first > 0
+    tab.no_errors()
+

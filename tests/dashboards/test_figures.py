@@ -1,0 +1,361 @@
+"""Figure builders and page compositions, without HTTP: data shaped like the REST API's answers
+in, figures out."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from dashboards import figures, fmt, html, palette, views
+from dashboards.data import SeriesData, burn_in, horizon, series_by_key, telemetry_prefix
+from dashboards.sparkline import sparkline_path
+
+OKABE_ITO = {palette.BLACK, palette.ORANGE, palette.SKY, palette.GREEN, palette.YELLOW,
+             palette.BLUE, palette.VERMILLION, palette.PURPLE, palette.GREY}
+
+
+@pytest.fixture(autouse=True)
+def _validate_figures() -> Iterator[None]:
+    """Validate every figure in full here (the service skips validation for speed)."""
+    figures.VALIDATE = True
+    yield
+    figures.VALIDATE = False
+
+
+def downsampled(key: str, n_buckets: int = 50, spike_at: int | None = 20) -> dict[str, Any]:
+    """A downsampled ``SeriesOut`` as the metrics API returns it."""
+    steps = np.linspace(100, 10_000, n_buckets).round().astype(int)
+    values = 60 / np.sqrt(steps + 300.0) + 2.0
+    vmax = values + 0.05
+    if spike_at is not None:
+        vmax[spike_at] = 9.5  # a one-step spike inside a bucket
+    return {"key": key, "total_points": 10_000, "downsampled": True, "steps": steps.tolist(),
+            "values": values.tolist(), "min": (values - 0.05).tolist(), "max": vmax.tolist(),
+            "count": [200] * n_buckets}
+
+
+def raw(key: str, steps: list[int], values: list[Any]) -> dict[str, Any]:
+    return {"key": key, "total_points": len(steps), "downsampled": False, "steps": steps,
+            "values": values}
+
+
+FORECAST = {
+    "status": "ok", "n_points": 10_000, "fitted_upto_step": 10_000.0, "a": 60.0, "b": 300.0,
+    "c": 2.0, "f_star": {"value": 2.0, "lo": 1.95, "hi": 2.05},
+    "prediction": {"step": 20_000, "value": 2.42, "lo": 2.38, "hi": 2.47}, "target": None,
+    "key": "loss", "fitted_at": "2026-01-01T00:00:00Z", "confidence": 0.9, "off_model": False,
+    "message": "",
+}
+BAND = [{"step": s, "value": 60 / math.sqrt(s + 300) + 2, "lo": 60 / math.sqrt(s + 300) + 1.97,
+         "hi": 60 / math.sqrt(s + 300) + 2.04} for s in (10_000, 12_000, 15_000, 20_000)]
+CONFIG = {"total_steps": 20_000, "warmup_steps": 200, "c_warmup": 400, "weight_decay": 5.0}
+
+
+def by_role(fig: go.Figure) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for trace in fig.data:
+        meta = trace.meta or {}
+        out.setdefault(meta.get("role", "?"), []).append(trace)
+    return out
+
+
+def trace_colours(fig: go.Figure) -> set[str]:
+    colours = set()
+    for trace in fig.data:
+        line = getattr(trace, "line", None)
+        if line is not None and line.color and line.width != 0:
+            colours.add(line.color)
+    return colours
+
+
+def test_loss_figure_has_data_fit_forecast_band_fstar_and_burn_in() -> None:
+    fig = figures.loss_figure(
+        train=downsampled("loss"), evaluation=raw("eval_loss", [1000, 5000, 10_000],
+                                                  [3.0, 2.7, 2.55]),
+        forecast=FORECAST, band=BAND, config=CONFIG, horizon=20_000,
+    )
+    roles = by_role(fig)
+    assert {"min", "max", "last", "fit", "band_lo", "band_hi", "forecast", "f_star",
+            "prediction"} <= set(roles)
+    # The downsampled series is drawn as a min-max band under the last-value line, so the
+    # spike inside bucket 20 is visible.
+    band_max = roles["max"][0]
+    assert band_max.fill == "tonexty" and max(band_max.y) == pytest.approx(9.5)
+    assert {t.meta["key"] for t in roles["last"]} == {"loss", "eval_loss"}
+    # The forecast runs from the last fitted step to the horizon; the fit from the burn-in on.
+    forecast = roles["forecast"][0]
+    assert forecast.x[0] == pytest.approx(10_000) and forecast.x[-1] == pytest.approx(20_000)
+    assert forecast.y[-1] == pytest.approx(60 / math.sqrt(20_300) + 2)
+    assert roles["fit"][0].x[0] == pytest.approx(400)
+    assert list(roles["band_hi"][0].y) == pytest.approx([p["hi"] for p in BAND])
+    assert list(roles["f_star"][0].y) == [2.0, 2.0]
+    assert roles["prediction"][0].x[0] == 20_000
+    burn = [s for s in fig.layout.shapes if s.type == "rect" and s.yref == "paper"]
+    assert burn and burn[0].x0 == 100 and burn[0].x1 == 400
+    assert fig.layout.xaxis.range[1] >= 20_000
+    assert fig.layout.meta["chart"] == "loss"
+    assert fig.layout.yaxis.title.text == "loss" and fig.layout.xaxis.title.text == "step"
+    assert trace_colours(fig) <= OKABE_ITO
+    labels = [b.label for m in fig.layout.updatemenus for b in m.buttons]
+    assert {"linear y", "log y", "linear x", "log x"} <= set(labels)
+
+
+def test_loss_figure_without_a_fit_and_with_non_finite_values() -> None:
+    train = raw("loss", [0, 1, 2, 3], [5.0, "NaN", "Infinity", 4.0])
+    fig = figures.loss_figure(train=train, forecast={"status": "pending", "a": None, "b": None,
+                                                     "c": None}, config={}, horizon=None)
+    roles = by_role(fig)
+    assert set(roles) == {"last"}
+    y = list(roles["last"][0].y)
+    assert y[0] == 5.0 and math.isnan(y[1]) and math.isnan(y[2]) and y[3] == 4.0
+
+
+def test_loss_figure_with_no_data_says_so() -> None:
+    fig = figures.loss_figure(train=None, config={}, horizon=None)
+    assert any("no data yet" in a.text for a in fig.layout.annotations)
+    assert [t.meta["role"] for t in fig.data] == ["last"]  # live updates can append to it
+
+
+def test_zoomed_loss_figure_keeps_the_range() -> None:
+    fig = figures.loss_figure(train=raw("loss", list(range(500, 600)), [2.5] * 100),
+                              config=CONFIG, horizon=20_000, x_range=[500, 599])
+    assert list(fig.layout.xaxis.range) == [500, 599]
+    assert fig.layout.uirevision == "loss"
+
+
+def test_long_series_use_webgl_and_short_ones_svg() -> None:
+    long = downsampled("loss", n_buckets=1500)
+    fig = figures.loss_figure(train=long, config={}, horizon=None)
+    assert {t.type for t in fig.data} == {"scattergl"}
+    fig = figures.loss_figure(train=downsampled("loss", n_buckets=50), config={}, horizon=None)
+    assert {t.type for t in fig.data} == {"scatter"}
+
+
+def telemetry(prefix: str = "sfplus/") -> dict[str, SeriesData]:
+    steps = list(range(0, 2000, 10))
+    items = [raw(prefix + name, steps, [1.0 + i * 0.01 for i in range(len(steps))])
+             for name in ("eta", "alpha", "grad_l1", "denom_ema", "x_l2", "y_l2", "z_l2", "c",
+                          "sf_beta")]
+    items.append(raw(prefix + "grad_l2", steps, [4.0] * len(steps)))
+    return series_by_key(items)
+
+
+def test_telemetry_figures() -> None:
+    series = telemetry()
+    step = figures.step_size_figure(series, config=CONFIG)
+    keys = {t.meta["key"]: t.yaxis for t in step.data}
+    assert keys == {"sfplus/eta": "y", "sfplus/alpha": "y2"}
+    assert step.layout.yaxis2.overlaying == "y"
+    grad = figures.gradient_figure(series, config=CONFIG)
+    assert {t.meta["key"] for t in grad.data} == {"sfplus/grad_l1", "sfplus/denom_ema"}
+    avg = figures.averaging_figure(series, config=CONFIG)
+    assert avg.layout.yaxis.type == "log"  # c spans decades
+    for fig in (step, grad, avg):
+        assert fig.layout.yaxis.title.text and fig.layout.title.text
+        assert trace_colours(fig) <= OKABE_ITO
+        assert any(s.x1 == 400 for s in fig.layout.shapes)  # burn-in shaded everywhere
+
+
+def test_norms_show_the_adamc_guide_only_when_it_applies() -> None:
+    series = telemetry()
+    fig = figures.norms_figure(series, config=CONFIG)
+    ratio = [t for t in fig.data if (t.meta or {}).get("role") == "ratio"]
+    assert len(ratio) == 1 and ratio[0].yaxis == "y2"
+    assert ratio[0].y[0] == pytest.approx(4.0 / 1.0)
+    guide = [s for s in fig.layout.shapes if s.type == "line" and s.yref == "y2"]
+    assert guide and guide[0].y0 == pytest.approx(math.sqrt(10.0))
+    assert any("√(2λ)" in a.text for a in fig.layout.annotations)
+    # No lambda in the config, or no gradient L2 norm logged: no guide, no ratio.
+    for config, data in (({}, series),
+                         (CONFIG, {k: v for k, v in series.items() if "grad_l2" not in k})):
+        fig = figures.norms_figure(data, config=config)
+        assert not [t for t in fig.data if (t.meta or {}).get("role") == "ratio"]
+        assert not any("√(2λ)" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_telemetry_prefix_of_the_client_hook_is_recognised() -> None:
+    assert telemetry_prefix(telemetry("opt/")) == "opt/"
+    assert telemetry_prefix(telemetry("sfplus/")) == "sfplus/"
+    assert telemetry_prefix([]) == "sfplus/"
+    page = views.RunPage(run={"id": "r", "config": CONFIG, "last_step": 2000},
+                         metrics=list(_as_api(telemetry("opt/"))))
+    figs = views.run_figures(page, ["step_size"])
+    assert {t.meta["key"] for t in figs["step_size"].data} == {"opt/eta", "opt/alpha"}
+
+
+def _as_api(series: dict[str, SeriesData]) -> Iterator[dict[str, Any]]:
+    for s in series.values():
+        yield raw(s.key, s.steps.astype(int).tolist(), s.values.tolist())
+
+
+def test_alert_markers_are_escaped_and_coloured_by_state() -> None:
+    alerts: list[dict[str, Any]] = [
+        {"id": "1", "rule": "grad_norm_drift", "state": "firing", "severity": "warning",
+         "summary": "<img src=x onerror=alert(1)>", "step": 5000, "value": 3.0},
+        {"id": "2", "rule": "polyak", "state": "resolved", "summary": "ok", "step": 7000},
+        {"id": "3", "rule": "no_step", "state": "pending", "summary": "no step", "step": None},
+    ]
+    fig = figures.loss_figure(train=downsampled("loss"), config={}, horizon=None,
+                              alerts=alerts)
+    marks = [a for a in fig.layout.annotations if a.name == "alert"]
+    assert [m.x for m in marks] == [5000, 7000]
+    assert [m.bgcolor for m in marks] == [palette.VERMILLION, palette.GREY]
+    assert "<img" not in marks[0].hovertext and "&lt;img" in marks[0].hovertext
+
+
+def test_evolution_figure() -> None:
+    history = {"run_id": "r", "horizon": 20_000, "points": [
+        {"fitted_upto_step": s, "n_points": s, "status": "ok",
+         "created_at": "2026-01-01T00:00:00Z",
+         "final": {"step": 20_000, "value": v, "lo": v - w, "hi": v + w},
+         "f_star": {"value": 2.0, "lo": 1.9, "hi": 2.1}}
+        for s, v, w in ((1000, 2.6, 0.3), (2000, 2.5, 0.15), (4000, 2.45, 0.06))]}
+    fig = figures.evolution_figure(history)
+    roles = by_role(fig)
+    assert list(roles["forecast"][0].x) == [1000, 2000, 4000]
+    assert list(roles["band_hi"][0].y) == pytest.approx([2.9, 2.65, 2.51])
+    assert "20k" in fig.layout.title.text
+    empty = figures.evolution_figure({"horizon": 20_000, "points": []})
+    assert any("no forecast yet" in a.text for a in empty.layout.annotations)
+
+
+def entry(name: str, final: float | None, lo: float = 0.0, hi: float = 0.0,
+          index: int = 0) -> figures.CompareEntry:
+    forecast: dict[str, Any] = dict(FORECAST, prediction=None if final is None else
+                    {"step": 20_000, "value": final, "lo": lo, "hi": hi})
+    (item,) = views.compare_entries([views.CompareRun(
+        run={"id": f"id-{index}", "name": name, "status": "running", "last_step": 10_000},
+        metrics=[downsampled("loss")], forecast=forecast if final is not None else None,
+        band=BAND, at_horizon=forecast["prediction"])])
+    return item
+
+
+def test_ranking_names_the_best_run_and_whether_it_is_clear() -> None:
+    entries = [entry("a", 2.5, 2.45, 2.55, 0), entry("b", 2.3, 2.25, 2.35, 1),
+               entry("c", None, index=2)]
+    ranking = figures.rank_forecasts(entries, 20_000)
+    assert ranking.best == 1 and ranking.order == [1, 0, 2] and ranking.clear
+    assert ranking.message.startswith("At step 20,000 the forecasts say b will be best")
+    assert "do not overlap" in ranking.message and "1 run(s) have no forecast" in ranking.message
+    close = figures.rank_forecasts([entry("a", 2.5, 2.3, 2.7), entry("b", 2.45, 2.3, 2.6, 1)],
+                                   20_000)
+    assert close.best == 1 and not close.clear and "not yet a clear winner" in close.message
+    none = figures.rank_forecasts([entry("a", None)], 20_000)
+    assert none.best is None and "No run has a forecast yet" in none.message
+    fig = figures.ranking_figure(entries, ranking)
+    assert list(fig.data[0].y) == ["★ b", "a"]
+
+
+def test_compare_figure_overlays_runs_with_forecasts_to_the_horizon() -> None:
+    entries = [entry("<b>bold</b>", 2.5, 2.45, 2.55, 0), entry("b", 2.3, 2.25, 2.35, 1)]
+    fig = figures.compare_figure(entries, 20_000)
+    lines = [t for t in fig.data if (t.meta or {}).get("role") == "last"]
+    assert [t.name for t in lines] == ["&lt;b&gt;bold&lt;/b&gt;", "b"]
+    assert [t.line.color for t in lines] == [palette.run_colour(0), palette.run_colour(1)]
+    forecasts = [t for t in fig.data if (t.meta or {}).get("role") == "forecast"]
+    assert all(t.x[-1] == pytest.approx(20_000) for t in forecasts) and len(forecasts) == 2
+
+
+def test_every_builder_output_is_valid_plotly() -> None:
+    """Rebuilding from the JSON with full validation raises on any invalid property."""
+    series = telemetry()
+    page = views.RunPage(
+        run={"id": "r", "name": "n", "config": CONFIG, "last_step": 10_000, "status": "running"},
+        metrics=[downsampled("loss"), *_as_api(series)], forecast=FORECAST, band=BAND,
+        history={"horizon": 20_000, "points": []},
+        alerts=[{"id": "1", "rule": "r", "state": "firing", "summary": "s", "step": 10}],
+        alerts_available=True,
+    )
+    for fig in views.run_figures(page).values():
+        go.Figure(json.loads(fig.to_json()))
+
+
+def test_run_payload_is_json_with_kpis_and_cursor() -> None:
+    page = views.RunPage(
+        run={"id": "r", "name": "n", "config": CONFIG, "last_step": 10_000, "status": "running"},
+        metrics=[downsampled("loss"), raw("eval_loss", [5000, 10_000], [2.7, 2.55])],
+        forecast=FORECAST, band=BAND, history={"horizon": 20_000, "points": []},
+    )
+    body = json.loads(views.run_payload(page, list(views.RUN_CHARTS), None))
+    assert set(body["charts"]) == set(views.RUN_CHARTS)
+    assert body["state"]["cursor"] == {"loss": 10_000.0, "eval_loss": 10_000.0}
+    kpis = {k["id"]: k for k in body["kpis"]}
+    assert kpis["forecast"]["value"] == "2.42" and kpis["forecast"]["label"].endswith("20k")
+    assert kpis["f_star"]["value"] == "2" and "[1.95, 2.05]" in kpis["f_star"]["detail"]
+    assert kpis["progress"]["detail"].startswith("of 20,000 planned (50%)")
+    assert kpis["alerts"]["detail"] == "alerting is not enabled on this service"
+    pending = views.RunPage(run={"id": "r", "config": {}, "last_step": None}, metrics=[],
+                            forecast={"status": "pending", "message": "no fit yet"})
+    kpis = {k.id: k for k in views.run_kpis(pending)}
+    assert kpis["forecast"].value == "pending" and kpis["last_loss"].value == "—"
+
+
+def test_burn_in_and_horizon_come_from_the_config() -> None:
+    assert burn_in({"c_warmup": 400, "warmup_steps": 100}) == 400
+    assert burn_in({"warmup_steps": 100}) == 200
+    assert burn_in({}) is None and burn_in({"c_warmup": True}) is None
+    assert horizon({"total_steps": 5000}, 100) == (5000, True)
+    assert horizon({}, 100) == (200, False)
+    assert horizon({}, None) == (None, False)
+    assert views.band_steps(1000.0, 2000)[0] == 1000 and views.band_steps(1000.0, 2000)[-1] == 2000
+    assert views.band_steps(3000.0, 2000) == [] and views.band_steps(None, 2000) == []
+
+
+def test_script_json_cannot_close_the_script_element() -> None:
+    name = "</script><script>alert(1)</script>&<!--"
+    text = str(html.script_json({"name": name, "line": "\u2028"}))
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == {"name": name, "line": "\u2028"}
+    with pytest.raises(ValueError):
+        html.script_json({"x": math.nan})
+
+
+def test_templates_escape_user_text() -> None:
+    body = html.render("error.html", title="<t>", status=404, message="<script>x</script>",
+                       auth=False, config={"page": "error"})
+    assert "<script>x</script>" not in body and "&lt;script&gt;x&lt;/script&gt;" in body
+
+
+def test_sparkline_is_numbers_only() -> None:
+    steps = list(range(40))
+    values = [10.0] + [3 - i * 0.01 for i in range(1, 40)]
+    values[5] = math.nan
+    path = sparkline_path(steps, values)
+    assert re.fullmatch(r"[ML0-9. ]+", path)
+    assert path.count("M") == 2  # the NaN breaks the line
+    ys = [float(p.split()[1]) for p in re.findall(r"[ML]([0-9.]+ [0-9.]+)", path)]
+    assert min(ys) >= 2.0 and max(ys) <= 26.0
+    assert sparkline_path([1], [1.0]) == "" and sparkline_path([1, 2], [math.inf, 1.0]) == ""
+
+
+def test_runs_rows() -> None:
+    rows = views.runs_rows([
+        {"run": {"id": "a", "name": "<b>x</b>", "project": "p", "status": "running",
+                 "last_step": 1234, "updated_at": "2026-01-01T00:00:00+00:00"},
+         "last_loss": 2.5, "spark_steps": [0, 1, 2], "spark_values": [3.0, 2.8, 2.5],
+         "forecast": FORECAST, "firing": 2},
+        {"run": {"id": "b", "name": "y", "project": "p", "status": "finished",
+                 "last_step": None}, "last_loss": None, "forecast": None, "firing": None},
+    ])
+    assert rows[0]["forecast"] == "2.42" and rows[0]["forecast_interval"] == "[2.38, 2.47]"
+    assert rows[0]["f_star"] == "2" and rows[0]["firing"] == "2" and rows[0]["spark"]
+    assert rows[0]["last_step"] == "1,234" and float(rows[0]["last_loss_sort"]) == 2.5
+    assert rows[1]["forecast"] == "pending" and rows[1]["firing"] == "—"
+    assert rows[1]["last_loss_sort"] == "" and rows[1]["spark"] == ""
+
+
+def test_formatting() -> None:
+    assert fmt.loss(2.345678) == "2.346" and fmt.loss(math.nan) == "NaN"
+    assert fmt.loss(math.inf) == "∞" and fmt.loss(None) == "—"
+    assert fmt.interval(1.0, math.inf) == "[1, …]"
+    assert fmt.short_step(20_000) == "20k" and fmt.short_step(1_500_000) == "1.5M"
+    assert fmt.step(1234567) == "1,234,567"
+    assert fmt.duration(30) == "30 s" and fmt.duration(3 * 3600 + 600) == "3 h 10 min"
+    assert fmt.esc("<a & b>") == "&lt;a &amp; b&gt;"

@@ -1,0 +1,345 @@
+"""Dashboard routes over real HTTP on both backends: pages, chart data, static files, auth.
+(The browser tests render them; these check what the server sends.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import plotly
+import pytest
+
+from service.config import Settings
+from service.db import make_engine, make_sessionmaker, session_scope
+from service.store import dashboard as dashboard_store
+from service.store import tokens
+from tests.dashboards import _synthetic as syn
+from tests.dashboards.conftest import (
+    FakeAlerts,
+    app_server,
+    live_settings,
+    make_run,
+    new_app,
+    wait_for_fit,
+)
+
+XSS = "</script><script>alert(1)</script><img src=x onerror=alert(2)>"
+Clients = Callable[[str], httpx.Client]
+
+
+@pytest.fixture(scope="module")
+def dash(database_url: str) -> Iterator[str]:
+    """A live service (worker on) on each backend, without the alerts API."""
+    with app_server(new_app(live_settings(database_url))) as url:
+        yield url
+
+
+def config_of(page: str) -> dict[str, Any]:
+    match = re.search(r'<script type="application/json" id="cc-config">(.*?)</script>', page,
+                      re.S)
+    assert match, "no config element"
+    return dict(json.loads(match.group(1)))
+
+
+def test_pages_render_and_escape_user_text(dash: str, project: str, client_for: Clients) -> None:
+    client = client_for(dash)
+    run_id = uuid.uuid4()
+    config: dict[str, Any] = {"note": XSS, "<b>key</b>": "<i>v</i>"}
+    syn.create_run(client, run_id, project, name=XSS, **config)
+    syn.stream(client, run_id, 0, 3000, total_steps=20_000, eval_every=500)
+    wait_for_fit(client, run_id)
+    for path in ("/", f"/?project={project}", f"/runs/{run_id}", f"/compare?runs={run_id}"):
+        resp = client.get(path)
+        assert resp.status_code == 200, (path, resp.text[:300])
+        assert resp.headers["content-type"].startswith("text/html")
+        csp = resp.headers["content-security-policy"]
+        script_src = csp.split("script-src")[1].split(";")[0]
+        assert "'self'" in script_src and "'unsafe-inline'" not in script_src
+        assert resp.headers["cache-control"] == "no-store"
+        body = resp.text
+        # The name is escaped wherever it appears: as text, and inside the JSON config.
+        assert XSS not in body and "<img src=x" not in body
+        assert "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in body or path == "/"
+        assert not re.search(r"<script[^>]+src=\"https?://", body), "no CDN scripts"
+        config_of(body)
+    page = client.get(f"/?project={project}").text
+    assert "&lt;/script&gt;&lt;script&gt;alert(1)" in page
+    run_page = client.get(f"/runs/{run_id}").text  # config keys and values, escaped
+    assert "<b>key</b>" not in run_page and "&lt;b&gt;key&lt;/b&gt;" in run_page
+    assert "<i>v</i>" not in run_page and "&lt;i&gt;v&lt;/i&gt;" in run_page
+
+
+def test_runs_list_shows_progress_loss_forecast_and_trend(dash: str, project: str,
+                                                         client_for: Clients) -> None:
+    client = client_for(dash)
+    fitted = make_run(client, project, name="fitted", steps=3000)
+    empty = uuid.uuid4()
+    syn.create_run(client, empty, project, name="empty")
+    body = client.get("/", params={"project": project}).text
+    rows = {m.group(1): m.group(0) for m in
+            re.finditer(r'<tr data-run-id="([0-9a-f-]+)">.*?</tr>', body, re.S)}
+    assert set(rows) == {str(fitted), str(empty)}
+    fitted_row = rows[str(fitted)]
+    assert "2,999" in fitted_row and re.search(r'<path d="M[0-9. ML]+"/>', fitted_row)
+    assert re.search(r"\[\d\.\d+, \d\.\d+\] @ 20k", fitted_row)  # forecast interval at the end
+    assert "pending" in rows[str(empty)]
+    table = client.get("/dashboards/api/runs-table", params={"project": project}).text
+    assert str(fitted) in table and "<html" not in table
+    assert "Older runs" not in body
+    finished = client.get("/", params={"project": project, "status": "finished"}).text
+    assert str(fitted) not in finished
+    # What the filter form sends for "any status" (and an empty project box).
+    form = client.get("/", params={"project": project, "status": "", "page_token": ""})
+    assert form.status_code == 200 and str(fitted) in form.text
+    assert client.get("/", params={"project": "", "status": ""}).status_code == 200
+    assert client.get("/", params={"status": "bogus"}).status_code == 422
+
+
+def test_run_summaries_store_query(database_url: str, dash: str, project: str,
+                                   client_for: Clients) -> None:
+    client = client_for(dash)
+    run_id = make_run(client, project, steps=2000, eval_every=None, fit=False)
+    engine = make_engine(Settings(database_url=database_url))
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            summaries, token = dashboard_store.run_summaries(
+                session, project=project, status=None, limit=10, page_token=None,
+                allowed_project=None)
+            (summary,) = summaries
+            assert token is None and summary.run.id == run_id and summary.loss_key == "loss"
+            assert summary.last_loss_step == 1999
+            assert len(summary.spark_steps) == 40 and summary.spark_steps[0] < 100
+            # Window means of a falling curve fall.
+            assert summary.spark_values[0] > summary.spark_values[-1] > 2.0
+            none, _ = dashboard_store.run_summaries(
+                session, project=None, status=None, limit=10, page_token=None,
+                allowed_project=project + "-other")
+            assert none == []
+    finally:
+        engine.dispose()
+
+
+def test_run_figures_endpoint_and_zoom(dash: str, project: str, client_for: Clients) -> None:
+    client = client_for(dash)
+    run_id = make_run(client, project, steps=4000)
+    resp = client.get(f"/dashboards/api/runs/{run_id}/figures")
+    assert resp.status_code == 200 and resp.headers["cache-control"] == "no-store"
+    body = resp.json()
+    assert list(body["charts"]) == ["loss", "step_size", "gradient", "norms", "averaging",
+                                    "evolution"]
+    loss = body["charts"]["loss"]
+    roles = [t["meta"]["role"] for t in loss["data"]]
+    assert {"last", "fit", "forecast", "band_lo", "band_hi", "f_star", "prediction"} <= set(roles)
+    assert body["state"]["cursor"]["loss"] == 3999 and body["state"]["horizon"] == 20_000
+    assert {k["id"] for k in body["kpis"]} >= {"progress", "last_loss", "forecast", "f_star"}
+    # Zoom: the visible range is re-read at full resolution.
+    zoom = client.get(f"/dashboards/api/runs/{run_id}/figures",
+                      params={"charts": "loss", "start": 1000, "end": 1499}).json()
+    assert list(zoom["charts"]) == ["loss"]
+    (line,) = [t for t in zoom["charts"]["loss"]["data"]
+               if t["meta"] == {"key": "loss", "role": "last"}]
+    steps = _decode(line["x"])
+    assert len(steps) == 500 and steps[0] == 1000 and steps[-1] == 1499  # every point
+    assert zoom["charts"]["loss"]["layout"]["xaxis"]["range"] == [1000.0, 1499.0]
+    bad = client.get(f"/dashboards/api/runs/{run_id}/figures", params={"charts": "nope"})
+    assert bad.status_code == 422 and "nope" in bad.json()["message"]
+    missing = client.get(f"/dashboards/api/runs/{uuid.uuid4()}/figures")
+    assert missing.status_code == 404 and missing.json()["error_code"] == "run_not_found"
+    assert client.get(f"/runs/{uuid.uuid4()}").status_code == 404
+
+
+def _decode(array: object) -> list[float]:
+    """A Plotly array: a list, or a typed-array spec {dtype, bdata}."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(array, list):
+        return [float(x) for x in array]
+    assert isinstance(array, dict)
+    decoded: list[float] = np.frombuffer(base64.b64decode(array["bdata"]),
+                                         dtype=array["dtype"]).tolist()
+    return decoded
+
+
+def test_compare_endpoint_names_the_best_run(dash: str, project: str,
+                                             client_for: Clients) -> None:
+    client = client_for(dash)
+    worse = make_run(client, project, name="worse", steps=3000, eval_every=None,
+                     curve=(60.0, 300.0, 2.4))
+    better = make_run(client, project, name="better", steps=3000, eval_every=None,
+                      curve=(60.0, 300.0, 1.8))
+    body = client.get("/dashboards/api/compare", params={"runs": f"{worse},{better}"}).json()
+    assert body["verdict"]["best"] == str(better) and body["verdict"]["horizon"] == 20_000
+    assert "better will be best" in body["verdict"]["message"]
+    assert [r["name"] for r in body["rows"]] == ["better", "worse"]
+    roles = {t["meta"]["role"] for t in body["charts"]["compare"]["data"]}
+    assert {"last", "forecast", "prediction"} <= roles
+    custom = client.get("/dashboards/api/compare",
+                        params={"runs": f"{worse},{better}", "horizon": 50_000}).json()
+    assert custom["verdict"]["horizon"] == 50_000
+    for bad in ("", "not-a-uuid", ",".join(str(uuid.uuid4()) for _ in range(9))):
+        resp = client.get("/dashboards/api/compare", params={"runs": bad})
+        assert resp.status_code == 422, bad
+    page = client.get("/compare", params={"runs": "nope"})
+    assert page.status_code == 422 and "not a run id" in page.text
+
+
+def test_plotly_js_comes_from_the_installed_package(dash: str, client_for: Clients) -> None:
+    client = client_for(dash)
+    package_js = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+    plain = client.get("/static/plotly.min.js", headers={"accept-encoding": "identity"})
+    assert plain.status_code == 200 and plain.content == package_js
+    assert "immutable" in plain.headers["cache-control"]
+    assert plain.headers["content-type"].startswith("text/javascript")
+    packed = httpx.get(f"{dash}/static/plotly.min.js", headers={"accept-encoding": "gzip"})
+    assert packed.headers["content-encoding"] == "gzip" and packed.content == package_js
+    assert len(packed.headers["content-length"]) and int(packed.headers["content-length"]) < \
+        len(package_js) / 2
+    again = client.get("/static/plotly.min.js", headers={"if-none-match": plain.headers["etag"]})
+    assert again.status_code == 304
+    page = client.get("/compare", params={"runs": str(uuid.uuid4())})
+    assert f"/static/plotly.min.js?v={plotly.__version__}" in client.get(
+        f"/runs/{uuid.uuid4()}").text or page.status_code == 404
+    js = client.get("/static/dashboards.js")
+    assert js.status_code == 200 and js.headers["cache-control"] == "no-cache"
+    assert client.get("/static/../pyproject.toml").status_code == 404
+    assert client.get("/static/nothing.js").status_code == 404
+
+
+def test_alerts_are_shown_when_the_alerts_api_exists(sqlite_url: str, project: str,
+                                                     client_for: Clients) -> None:
+    alerts = FakeAlerts()
+    with app_server(new_app(live_settings(sqlite_url), alerts)) as url:
+        client = client_for(url)
+        run_id = make_run(client, project, steps=2000)
+        alerts.add(run_id, project, step=1900, fired_step=1500, summary="<b>drift</b>")
+        alerts.add(run_id, project, step=1200, since_step=800, fired_step=None,
+                   state="pending", rule="polyak_negative")
+        page = client.get(f"/runs/{run_id}").text
+        assert config_of(page)["alerts_api"] is True
+        body = client.get(f"/dashboards/api/runs/{run_id}/figures").json()
+        marks = [a for a in body["charts"]["loss"]["layout"]["annotations"]
+                 if a.get("name") == "alert"]
+        assert sorted(a["x"] for a in marks) == [800, 1500]
+        assert all("<b>drift" not in a["hovertext"] for a in marks)
+        kpis = {k["id"]: k for k in body["kpis"]}
+        assert kpis["alerts"]["value"] == "1 firing" and kpis["alerts"]["tone"] == "bad"
+        assert kpis["alerts"]["detail"] == "1 pending, 0 resolved"
+        rows = client.get("/", params={"project": project}).text
+        assert re.search(r'<span class="badge firing">1</span>', rows)
+
+
+def test_without_an_alerts_api_pages_say_so(sqlite_url: str, project: str,
+                                            client_for: Clients) -> None:
+    settings = Settings(database_url=sqlite_url, worker_enabled=False)
+    with app_server(new_app(settings, without_alerts=True)) as url:
+        client = client_for(url)
+        run_id = make_run(client, project, steps=500, fit=False)
+        page = client.get(f"/runs/{run_id}").text
+        assert config_of(page)["alerts_api"] is False and "Alerting is not enabled" in page
+        assert client.get(f"/api/v1/runs/{run_id}/alerts").status_code == 404
+        body = client.get(f"/dashboards/api/runs/{run_id}/figures").json()
+        assert {k["id"]: k for k in body["kpis"]}["alerts"]["value"] == "—"
+        assert "—" in client.get("/", params={"project": project}).text
+
+
+def test_alerts_from_the_alerts_api(dash: str, project: str, client_for: Clients) -> None:
+    """The real alerts API (no alert for a healthy run): the page knows it is there."""
+    client = client_for(dash)
+    run_id = make_run(client, project, steps=500, fit=False)
+    page = client.get(f"/runs/{run_id}").text
+    assert config_of(page)["alerts_api"] is True and config_of(page)["alerts_list_api"] is True
+    kpis = {k["id"]: k for k in client.get(f"/dashboards/api/runs/{run_id}/figures").json()["kpis"]}
+    assert kpis["alerts"]["value"] == "0 firing"
+
+
+# --- auth ---------------------------------------------------------------------------------------
+
+
+def _token(database_url: str, project: str, scope: str = "read") -> str:
+    engine = make_engine(Settings(database_url=database_url))
+    with session_scope(make_sessionmaker(engine)) as session:
+        created = tokens.create_token(session, project=project, scope=scope, name="dash")  # type: ignore[arg-type]
+    engine.dispose()
+    return created.token
+
+
+def test_pages_need_a_read_token_when_auth_is_on(database_url: str, project: str) -> None:
+    read = _token(database_url, project)
+    ingest = _token(database_url, project, "ingest")
+    other = _token(database_url, project + "-other", "read")
+    settings = Settings(database_url=database_url, auth_enabled=True, worker_enabled=False)
+    with app_server(new_app(settings)) as url:
+        auth = {"authorization": f"Bearer {ingest}"}
+        run_id = uuid.uuid4()
+        httpx.put(f"{url}/api/v1/runs/{run_id}", json={"project": project, "name": "secret"},
+                  headers=auth).raise_for_status()
+        httpx.post(f"{url}/api/v1/runs/{run_id}/metrics", headers=auth,
+                   json=syn.batch(0, 300, total_steps=1000)).raise_for_status()
+        for path in ("/", f"/runs/{run_id}", f"/compare?runs={run_id}"):
+            resp = httpx.get(url + path)
+            assert resp.status_code == 401, path
+            assert "?token=" in resp.text and "secret" not in resp.text
+        assert httpx.get(f"{url}/dashboards/api/runs/{run_id}/figures").status_code == 401
+        assert httpx.get(f"{url}/dashboards/api/v1/runs/{run_id}").status_code == 401
+        bad = httpx.get(f"{url}/runs/{run_id}", params={"token": "cc_nope_nope"})
+        assert bad.status_code == 401 and "set-cookie" not in bad.headers
+
+        with httpx.Client(base_url=url) as browser:
+            login = browser.get(f"/runs/{run_id}", params={"token": read, "x": "1"})
+            assert login.status_code == 303 and login.headers["location"] == f"/runs/{run_id}?x=1"
+            cookie = login.headers["set-cookie"]
+            assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "Path=/" in cookie
+            page = browser.get(f"/runs/{run_id}")
+            assert page.status_code == 200 and "secret" in page.text
+            assert read not in page.text  # the token never reaches the page
+            assert config_of(page.text)["api"] == "/dashboards/api/v1"
+            figs = browser.get(f"/dashboards/api/runs/{run_id}/figures")
+            assert figs.status_code == 200 and "loss" in figs.json()["charts"]
+            proxied = browser.get(f"/dashboards/api/v1/runs/{run_id}/metrics",
+                                  params={"keys": "loss", "start": 290})
+            assert proxied.status_code == 200
+            assert proxied.json()["series"][0]["steps"] == list(range(290, 300))
+            assert browser.get("/dashboards/api/v1/runs/../../healthz").status_code == 404
+            assert str(run_id) in browser.get("/").text
+            assert browser.get("/logout").status_code == 303
+            assert browser.get(f"/runs/{run_id}").status_code == 401
+
+        # A token of another project sees neither the run nor its page.
+        with httpx.Client(base_url=url, headers={"authorization": f"Bearer {other}"}) as stranger:
+            assert stranger.get(f"/runs/{run_id}").status_code == 404
+            assert stranger.get(f"/dashboards/api/runs/{run_id}/figures").status_code == 404
+            assert str(run_id) not in stranger.get("/").text
+
+
+def test_runs_page_lists_only_the_tokens_project(database_url: str, project: str,
+                                                 client_for: Clients) -> None:
+    del client_for
+    admin_a = _token(database_url, project, "ingest")
+    admin_b = _token(database_url, project + "-b", "ingest")
+    settings = Settings(database_url=database_url, auth_enabled=True, worker_enabled=False)
+    with app_server(new_app(settings)) as url:
+        for token, proj in ((admin_a, project), (admin_b, project + "-b")):
+            httpx.put(f"{url}/api/v1/runs/{uuid.uuid4()}", json={"project": proj, "name": proj},
+                      headers={"authorization": f"Bearer {token}"}).raise_for_status()
+        page = httpx.get(f"{url}/", headers={"authorization": f"Bearer {admin_a}"}).text
+        assert f">{project}<" in page and f">{project}-b<" not in page
+
+
+def test_figures_survive_a_run_without_points(dash: str, project: str,
+                                              client_for: Clients) -> None:
+    client = client_for(dash)
+    run_id = uuid.uuid4()
+    syn.create_run(client, run_id, project, name="fresh")
+    body = client.get(f"/dashboards/api/runs/{run_id}/figures").json()
+    assert body["state"]["cursor"] == {} and body["state"]["fit_status"] == "pending"
+    texts = [a.get("text", "") for a in body["charts"]["loss"]["layout"].get("annotations", [])]
+    assert any("no data yet" in t for t in texts)
+    syn.stream(client, run_id, 0, 1000, total_steps=20_000)
+    wait_for_fit(client, run_id)
