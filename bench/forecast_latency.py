@@ -42,8 +42,10 @@ PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 def stream_run(url: str, n: int, project: str = "bench") -> uuid.UUID:
     run_id = uuid.uuid4()
     with httpx.Client(timeout=120) as client:
-        client.put(f"{url}/api/v1/runs/{run_id}",
-                   json={"project": project, "config": {"total_steps": 4 * n}}).raise_for_status()
+        client.put(
+            f"{url}/api/v1/runs/{run_id}",
+            json={"project": project, "config": {"total_steps": 4 * n}},
+        ).raise_for_status()
         rng = np.random.default_rng(0)
         for lo in range(0, n, 50_000):
             steps = np.arange(lo, min(n, lo + 50_000))
@@ -108,9 +110,10 @@ def refit_time(database_url: str, run_id: uuid.UUID, repeats: int) -> dict[str, 
     times: dict[str, list[float]] = {"read": [], "fit": [], "store": []}
     for _ in range(repeats):
         with session_scope(factory) as session:
-            n = session.execute(text("SELECT n_points FROM runs WHERE id = :r"),
-                                {"r": run_id if "postgres" in database_url else run_id.hex}
-                                ).scalar_one()
+            n = session.execute(
+                text("SELECT n_points FROM runs WHERE id = :r"),
+                {"r": run_id if "postgres" in database_url else run_id.hex},
+            ).scalar_one()
         job = forecasts.FitJob(run_id=run_id, run_n_points=int(n), config={})
         t = time.perf_counter()
         with session_scope(factory) as session:
@@ -154,14 +157,23 @@ def main() -> int:
             wait_for_fit(server.url, small)
             rows = []
             results = {}
-            for name, path in (("GET /healthz (baseline)", "/healthz"),
-                               ("GET .../forecast", f"/api/v1/runs/{small}/forecast"),
-                               ("GET .../forecast/target", f"/api/v1/runs/{small}/forecast/target"
-                                "?loss=2.3")):
+            for name, path in (
+                ("GET /healthz (baseline)", "/healthz"),
+                ("GET .../forecast", f"/api/v1/runs/{small}/forecast"),
+                ("GET .../forecast/target", f"/api/v1/runs/{small}/forecast/target?loss=2.3"),
+            ):
                 lat, errors = open_loop(server.url, path, args.rate, seconds)
                 results[name] = lat
-                rows.append([name, len(lat), errors, f"{pct(lat, 50):.1f}", f"{pct(lat, 95):.1f}",
-                             f"{pct(lat, 99):.1f}"])
+                rows.append(
+                    [
+                        name,
+                        len(lat),
+                        errors,
+                        f"{pct(lat, 50):.1f}",
+                        f"{pct(lat, 95):.1f}",
+                        f"{pct(lat, 99):.1f}",
+                    ]
+                )
                 print(rows[-1], flush=True)
             base99 = pct(results["GET /healthz (baseline)"], 99)
             for row in rows:
@@ -176,15 +188,18 @@ def main() -> int:
             with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
     total = [sum(v) for v in zip(*phases.values(), strict=True)]
-    refit_rows = [[k, f"{statistics.median(v):.1f}", f"{pct(v, 95):.1f}"] for k, v in phases.items()]
+    refit_rows = [
+        [k, f"{statistics.median(v):.1f}", f"{pct(v, 95):.1f}"] for k, v in phases.items()
+    ]
     refit_rows.append(["total", f"{statistics.median(total):.1f}", f"{pct(total, 95):.1f}"])
     body = (
         f"Backend: {args.backend}; one `curvecast serve` process (worker on). Requests sent "
         f"open-loop at {args.rate:.0f}/s for {seconds} s each (latency counted from the scheduled "
         "send time), against a 20,000-point run with a stored fit. Goal: forecast GET p99 ≤ "
         "20 ms at 100 requests/s.\n\n"
-        + markdown_table(["request", "sent", "errors", "p50 ms", "p95 ms", "p99 ms",
-                          "p99 vs healthz"], rows)
+        + markdown_table(
+            ["request", "sent", "errors", "p50 ms", "p95 ms", "p99 ms", "p99 vs healthz"], rows
+        )
         + f"\n\nThe worker's refit of a {big:,}-point run, by phase (median and p95 of "
         f"repeated refits, warm-started; the fit itself bins to 400 points — goal ≤ 10 ms p95 "
         "for the refit; reading a long series from the database comes on top):\n\n"
@@ -192,9 +207,11 @@ def main() -> int:
     )
     print(body)
     if not args.quick:
-        write_section(f"forecast_latency_{args.backend}",
-                      f"Forecast query latency and refit time, {args.backend} "
-                      "(`bench/forecast_latency.py`)", body)
+        write_section(
+            f"forecast_latency_{args.backend}",
+            f"Forecast query latency and refit time, {args.backend} (`bench/forecast_latency.py`)",
+            body,
+        )
     return 0
 
 

@@ -22,9 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _compose_command() -> list[str]:
-    if shutil.which("docker") and subprocess.run(
-        ["docker", "compose", "version"], capture_output=True
-    ).returncode == 0:
+    if (
+        shutil.which("docker")
+        and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+    ):
         return ["docker", "compose"]
     if shutil.which("docker-compose"):
         return ["docker-compose"]
@@ -48,7 +49,10 @@ def _dockerfile() -> list[tuple[str, str]]:
 def test_compose_config_is_valid_and_wired(tmp_path: Path) -> None:
     proc = subprocess.run(
         [*_compose_command(), "--env-file", ".env.example", "config"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     config = yaml.safe_load(proc.stdout)
@@ -70,7 +74,10 @@ def test_compose_config_is_valid_and_wired(tmp_path: Path) -> None:
     empty_env.write_text("")
     missing = subprocess.run(
         [*_compose_command(), "--env-file", str(empty_env), "config"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PATH": "/usr/bin:/bin:/usr/local/bin"},
     )
     assert missing.returncode != 0 and "POSTGRES_PASSWORD" in missing.stderr
@@ -81,7 +88,7 @@ def test_dockerfile_is_multistage_slim_nonroot_and_real() -> None:
     froms = [args for word, args in instructions if word == "FROM"]
     assert len(froms) == 2 and all("-slim" in f for f in froms)
     assert froms[0].endswith("AS build") and froms[1].endswith("AS runtime")
-    runtime = instructions[[w for w, _ in instructions].index("FROM", 1):]
+    runtime = instructions[[w for w, _ in instructions].index("FROM", 1) :]
     users = [args for word, args in runtime if word == "USER"]
     assert users and users[-1] not in {"root", "0"}
     # Every path the build copies from the context exists.
@@ -105,16 +112,33 @@ def test_dockerfile_is_multistage_slim_nonroot_and_real() -> None:
 def test_package_ships_what_the_image_needs(tmp_path: Path) -> None:
     """The image installs the package non-editable: migrations and templates must be inside."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(REPO)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     wheel = next(tmp_path.glob("curvecast-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("migrations/env.py", "migrations/script.py.mako",
-                   "migrations/versions/0001_initial.py", "service/app.py", "client/__init__.py",
-                   "sfplus/__init__.py"):
+    for needed in (
+        "migrations/env.py",
+        "migrations/script.py.mako",
+        "migrations/versions/0001_initial.py",
+        "service/app.py",
+        "client/__init__.py",
+        "sfplus/__init__.py",
+    ):
         assert needed in names, f"{needed} missing from the wheel"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "curvecast = service.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

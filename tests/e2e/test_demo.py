@@ -16,11 +16,31 @@ def test_demo_trains_streams_and_summarises(tmp_path: Path) -> None:
     port = free_port()
     db = tmp_path / "demo.db"
     proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "demo", "--steps", "30", "--size", "tiny",
-         "--port", str(port), "--database-url", f"sqlite:///{db}", "--exit-when-done"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path),
-             "CURVECAST_SPOOL_DIR": str(tmp_path / "spool")},
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "demo",
+            "--steps",
+            "30",
+            "--size",
+            "tiny",
+            "--port",
+            str(port),
+            "--database-url",
+            f"sqlite:///{db}",
+            "--exit-when-done",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(REPO),
+            "HOME": str(tmp_path),
+            "CURVECAST_SPOOL_DIR": str(tmp_path / "spool"),
+        },
     )
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr

@@ -185,8 +185,10 @@ def test_two_processes_never_fit_the_same_data_twice(pg_url: str, tmp_path: Path
 def test_long_runs_are_fitted_from_rollup_means(worker_server: str, project: str) -> None:
     """Past 20,000 steps the worker fits rollup block means instead of raw points."""
     url, run_id = worker_server, uuid.uuid4()
-    httpx.put(f"{url}/api/v1/runs/{run_id}",
-              json={"project": project, "config": {"total_steps": 200_000, "c_warmup": 500}})
+    httpx.put(
+        f"{url}/api/v1/runs/{run_id}",
+        json={"project": project, "config": {"total_steps": 200_000, "c_warmup": 500}},
+    )
     for lo in range(0, 60_000, 20_000):
         stream(url, run_id, np.arange(lo, lo + 20_000))
 

@@ -10,9 +10,12 @@ from service.forecast.cli import forecast_result
 
 def test_api_and_cli_payloads_agree() -> None:
     steps = np.arange(100, 3000, 10, dtype=float)
-    losses = 20.3 / np.sqrt(steps + 377) + 2.07 + np.random.default_rng(1).normal(0, 0.003, len(steps))
-    cli, fit = forecast_result(steps.tolist(), losses.tolist(), cut=3000, horizon=20_000,
-                               target=2.2, confidence=0.9)
+    losses = (
+        20.3 / np.sqrt(steps + 377) + 2.07 + np.random.default_rng(1).normal(0, 0.003, len(steps))
+    )
+    cli, fit = forecast_result(
+        steps.tolist(), losses.tolist(), cut=3000, horizon=20_000, target=2.2, confidence=0.9
+    )
     api = forecast_out(fit, horizon=20_000, confidence=0.9, target_loss=2.2).model_dump()
     assert set(cli) <= set(api)
     for key, value in cli.items():
@@ -20,8 +23,9 @@ def test_api_and_cli_payloads_agree() -> None:
 
 
 def test_shapes_agree_without_a_forecast() -> None:
-    cli, fit = forecast_result([1.0, 2.0], [3.0, 2.9], cut=10, horizon=100, target=None,
-                               confidence=0.9)
+    cli, fit = forecast_result(
+        [1.0, 2.0], [3.0, 2.9], cut=10, horizon=100, target=None, confidence=0.9
+    )
     assert fit.status == "insufficient_data"
     api = forecast_out(fit, horizon=100, confidence=0.9).model_dump()
     for key, value in cli.items():

@@ -106,10 +106,13 @@ def test_upgrade_from_0001_backfills_rollups_and_work(empty_db: str) -> None:
     rid = str(run_id) if engine.dialect.name == "postgresql" else run_id.hex
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO projects (name, created_at) VALUES ('p', '2026-01-01')"))
-        conn.execute(text(
-            "INSERT INTO runs (id, project_id, name, config, status, created_at, updated_at,"
-            " n_points) VALUES (:id, 1, 'r', '{}', 'running', '2026-01-01', '2026-01-01', 40)"
-        ), {"id": rid})
+        conn.execute(
+            text(
+                "INSERT INTO runs (id, project_id, name, config, status, created_at, updated_at,"
+                " n_points) VALUES (:id, 1, 'r', '{}', 'running', '2026-01-01', '2026-01-01', 40)"
+            ),
+            {"id": rid},
+        )
         conn.execute(text("INSERT INTO series (run_id, key) VALUES (:id, 'loss')"), {"id": rid})
         conn.execute(
             text("INSERT INTO metric_points (series_id, step, value) VALUES (1, :s, :v)"),
@@ -117,10 +120,12 @@ def test_upgrade_from_0001_backfills_rollups_and_work(empty_db: str) -> None:
         )
     upgrade(empty_db)
     with engine.connect() as conn:
-        level0 = conn.execute(text(
-            "SELECT block, n, vmin, vmax, last_step, last_value, vsum, nsum FROM metric_rollups"
-            " WHERE level = 0 ORDER BY block"
-        )).all()
+        level0 = conn.execute(
+            text(
+                "SELECT block, n, vmin, vmax, last_step, last_value, vsum, nsum FROM metric_rollups"
+                " WHERE level = 0 ORDER BY block"
+            )
+        ).all()
         work = conn.execute(text("SELECT count(*) FROM run_work")).scalar_one()
     engine.dispose()
     assert [tuple(r) for r in level0] == [
