@@ -69,6 +69,12 @@ class Settings(BaseSettings):
     refit_max_age_s: float = Field(
         default=30.0, gt=0, description="...or once its last fit is this old and it has new points."
     )
+    refit_lease_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long a worker holds a run while refitting it; a run whose worker died "
+        "mid-fit is refitted by another once this has passed.",
+    )
 
     @field_validator("database_url")
     @classmethod

@@ -17,6 +17,9 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from service.schemas import ErrorOut
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,25 @@ ERROR_CODE_TO_HTTP_STATUS: dict[str, int] = {
     "unavailable": 503,
     "schema_out_of_date": 503,
     "internal_error": 500,
+}
+
+
+#: The error answers every API route may give, documented in its OpenAPI operation so that
+#: every response conforms to the published schema (and FastAPI's own ``{"detail": ...}`` 422
+#: shape, which this service never sends, is not advertised).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "The body is not valid JSON (`malformed_json`)."},
+    401: {"model": ErrorOut, "description": "No valid token (`unauthenticated`)."},
+    403: {"model": ErrorOut, "description": "The token's scope does not allow this."},
+    404: {"model": ErrorOut, "description": "Not found, or not visible to this token."},
+    409: {"model": ErrorOut, "description": "Conflicts with what is stored."},
+    413: {"model": ErrorOut, "description": "Body or batch over the configured limit."},
+    422: {"model": ErrorOut, "description": "Invalid request; the message names the field."},
+    503: {
+        "model": ErrorOut,
+        "description": "The database is unreachable; retry after `Retry-After` seconds.",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    },
 }
 
 
@@ -168,6 +190,20 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     return "invalid_request", "; ".join(parts)
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path, for the ``Allow`` header of a 405.
+
+    Starlette names only the first route that matched the path, so a path served by several
+    routes (``PUT``/``GET``/``PATCH /api/v1/runs/{id}``) would advertise one method of three.
+    """
+    routes = request.app.router.routes
+    return ", ".join(
+        method
+        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    )
+
+
 def install_handlers(app: FastAPI, retry_after_s: int) -> None:
     """Register the handlers that turn every failure into the standard error body."""
 
@@ -184,11 +220,14 @@ def install_handlers(app: FastAPI, retry_after_s: int) -> None:
         return error_response(code, message)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
             exc.status_code, "invalid_request" if exc.status_code < 500 else "internal_error"
         )
-        response = error_response(code, str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request)
+        response = error_response(code, str(exc.detail), headers)
         response.status_code = exc.status_code
         return response
 

@@ -8,6 +8,7 @@ Python's ``json`` module emits (``NaN``, ``Infinity``).
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -29,6 +30,8 @@ from pydantic_core import PydanticCustomError
 
 KEY_PATTERN = r"^[A-Za-z0-9_./-]{1,200}$"
 PROJECT_PATTERN = r"^[A-Za-z0-9_.-]{1,100}$"
+#: A ``?project=`` filter: a project name, or empty (matches nothing).
+PROJECT_FILTER_PATTERN = r"^[A-Za-z0-9_.-]{0,100}$"
 MAX_STEP = 2**62
 
 RunStatus = Literal["running", "finished", "failed", "crashed"]
@@ -40,6 +43,8 @@ RunName = Annotated[
     str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
 ]
 Step = Annotated[StrictInt, Field(ge=0, le=MAX_STEP)]
+# Strict: a JSON number (int or float), never a boolean or a numeric string.
+WallTime = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 NonFiniteLiteral = Literal["NaN", "Infinity", "-Infinity"]
 _VALUE_HELP = 'a number, null, "NaN", "Infinity" or "-Infinity"'
 
@@ -79,16 +84,34 @@ MetricValues = Annotated[
 ]
 
 
-def _check_json_safe(value: Any, where: str) -> None:
-    """Config must be plain JSON: finite numbers only (Postgres JSONB rejects NaN)."""
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+#: Deepest nesting a config value may have (deeper JSON is refused with 422, not a crash).
+MAX_CONFIG_DEPTH = 32
+
+
+def check_storable_text(value: str, where: str) -> None:
+    """Reject text no database can store: NUL characters (PostgreSQL text and JSONB refuse
+    them) and unpaired UTF-16 surrogates (``"\\ud800"`` in JSON; not encodable as UTF-8)."""
+    if "\x00" in value or _SURROGATE.search(value):
+        raise ValueError(f"{where} must not contain NUL characters or unpaired surrogates")
+
+
+def _check_json_safe(value: Any, where: str, depth: int = 0) -> None:
+    """Config must be plain JSON: finite numbers only (Postgres JSONB rejects NaN), text that
+    can be stored (see :func:`check_storable_text`), at most ``MAX_CONFIG_DEPTH`` levels."""
+    if depth > MAX_CONFIG_DEPTH:
+        raise ValueError(f"{where[:100]} is nested deeper than {MAX_CONFIG_DEPTH} levels")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{where} must be a finite number (got {value})")
+    if isinstance(value, str):
+        check_storable_text(value, where)
     if isinstance(value, dict):
         for key, item in value.items():
-            _check_json_safe(item, f"{where}.{key}")
+            check_storable_text(str(key), f"{where}: key {str(key)[:50]!r}")
+            _check_json_safe(item, f"{where}.{key}", depth + 1)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _check_json_safe(item, f"{where}[{index}]")
+            _check_json_safe(item, f"{where}[{index}]", depth + 1)
 
 
 class RunConfig(BaseModel):
@@ -104,7 +127,7 @@ class RunConfig(BaseModel):
     c_warmup: Annotated[StrictInt, Field(ge=0)] | None = Field(
         default=None, description="Steps before averaging starts: the forecast's burn-in."
     )
-    weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+    weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)] | None = Field(
         default=None, description="AdamC lambda, for the steady-state norm ratio sqrt(2*lambda)."
     )
     fit_key: MetricKey | None = Field(
@@ -114,6 +137,7 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _json_safe(self) -> RunConfig:
         for key, value in (self.model_extra or {}).items():
+            check_storable_text(key, f"config key {key[:50]!r}")
             _check_json_safe(value, key)
         return self
 
@@ -167,7 +191,7 @@ class MetricBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     steps: list[Step]
-    wall_time: list[Annotated[float, Field(allow_inf_nan=False)] | None] | None = Field(
+    wall_time: list[WallTime | None] | None = Field(
         default=None, description="Seconds since the epoch, one per step (optional)."
     )
     values: dict[MetricKey, MetricValues]
@@ -257,6 +281,13 @@ class Principal(BaseModel):
         """Scopes nest: admin ⊇ ingest ⊇ read."""
         order = {"read": 0, "ingest": 1, "admin": 2}
         return order[self.scope] >= order[needed]
+
+
+class ErrorOut(BaseModel):
+    """Every error answer: a stable machine-readable code and a message that says what to fix."""
+
+    error_code: str
+    message: str
 
 
 class Health(BaseModel):

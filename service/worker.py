@@ -38,7 +38,7 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
             now=now,
             growth=settings.refit_growth,
             max_age=timedelta(seconds=settings.refit_max_age_s),
-            lease=timedelta(seconds=120),
+            lease=timedelta(seconds=settings.refit_lease_s),
             min_points=4,
             limit=4,
         )

@@ -35,6 +35,12 @@ def post_metrics(
             f"values: {len(batch.values)} keys in one request; the limit is "
             f"{settings.max_keys_per_request}"
         )
+    if len(batch.steps) > settings.max_points_per_request:
+        # Rows are bounded like points, even when most values are null (no step is free).
+        raise TooManyPoints(
+            f"steps: {len(batch.steps)} steps in one request; the limit is "
+            f"{settings.max_points_per_request} points (and steps): split the batch"
+        )
     n_points = sum(len(col) - col.count(None) for col in batch.values.values())
     if n_points > settings.max_points_per_request:
         raise TooManyPoints(

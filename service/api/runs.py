@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from service.deps import IngestPrincipal, ReadPrincipal, SessionDep
-from service.schemas import RunCreate, RunOut, RunPage, RunStatus, RunUpdate
+from service.schemas import PROJECT_FILTER_PATTERN, RunCreate, RunOut, RunPage, RunStatus, RunUpdate
 from service.store import runs as run_store
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
@@ -55,7 +55,7 @@ def patch_run(
 def list_runs(
     session: SessionDep,
     principal: ReadPrincipal,
-    project: Annotated[str | None, Query(max_length=100)] = None,
+    project: Annotated[str | None, Query(pattern=PROJECT_FILTER_PATTERN)] = None,
     status: RunStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     page_token: Annotated[str | None, Query(max_length=500)] = None,

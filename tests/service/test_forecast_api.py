@@ -166,6 +166,16 @@ def test_two_processes_never_fit_the_same_data_twice(pg_url: str, tmp_path: Path
                 text("SELECT run_id, run_n_points FROM fits WHERE run_id = ANY(:ids) ORDER BY id"),
                 {"ids": runs},
             ).all()
+            # Every point stored exactly once, whichever replica took each batch.
+            stored = conn.execute(
+                text(
+                    "SELECT s.run_id, count(*), count(DISTINCT p.step) FROM metric_points p"
+                    " JOIN series s ON s.id = p.series_id WHERE s.run_id = ANY(:ids)"
+                    " GROUP BY s.run_id"
+                ),
+                {"ids": runs},
+            ).all()
+        assert sorted((n, d) for _r, n, d in stored) == [(3000, 3000)] * 4
         engine.dispose()
         per_run: dict[uuid.UUID, list[int]] = {}
         for run_id, n in rows:

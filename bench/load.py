@@ -1,0 +1,418 @@
+"""Load: 32 simulated training clients, each streaming 1,000 points/s for 60 s, into
+``curvecast serve --workers 2`` on PostgreSQL, while dashboards and forecasts are read.
+
+Each client is a real :class:`client.Monitor` in a training loop that logs 10 metrics per step
+at 100 steps/s (its own run), paced against the wall clock; the clients run as threads in
+several generator processes (one Python process cannot log and encode 32,000 points/s and also
+leave the service CPU). A transport wrapper times every request. Meanwhile "viewers" poll run
+pages' chart data (``/dashboards/api/runs/{id}/figures``, every 2 s like the live page) and
+a "scheduler" asks forecasts (``/forecast`` and ``/forecast/target``) in a loop.
+
+Afterwards every run's rows are counted in PostgreSQL: each (run, key, step) must be stored
+exactly once. CPU is sampled with psutil for the service processes, PostgreSQL's processes (the
+whole cluster: it is shared with whatever else runs on the machine), the load generator and
+the machine.
+
+Usage: ``python -m bench.load [--clients 32] [--rate 1000] [--duration 60] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+KEYS = ("loss", "lr", "opt/eta", "opt/alpha", "opt/grad_l1", "opt/numerator", "opt/denom_ema",
+        "opt/c", "opt/sf_beta", "grad_norm")
+
+
+# --------------------------------------------------------------------------------------------
+# Generator processes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GeneratorJob:
+    url: str
+    run_ids: list[str]
+    steps_per_second: float
+    duration: float
+    start_at: float  # time.time() at which every client starts
+    spool_dir: str
+
+
+def _timed_transport(url: str, records: list[tuple[float, float, int, int]]) -> Any:
+    from client import HTTPTransport, TransportError
+
+    class TimedTransport(HTTPTransport):
+        """Records (sent at, latency, status or 0 for no answer, points accepted)."""
+
+        def request(self, method: str, path: str, **kwargs: Any) -> Any:
+            started = time.time()
+            t0 = time.perf_counter()
+            try:
+                resp = super().request(method, path, **kwargs)
+            except TransportError:
+                if method == "POST":
+                    records.append((started, time.perf_counter() - t0, 0, 0))
+                raise
+            if method == "POST":
+                accepted = 0
+                if resp.status == 200:
+                    accepted = int(json.loads(resp.body).get("accepted", 0))
+                records.append((started, time.perf_counter() - t0, resp.status, accepted))
+            return resp
+
+    return TimedTransport(url)
+
+
+def _client(job: GeneratorJob, run_id: str, out: dict[str, Any]) -> None:
+    from client import Monitor
+
+    records: list[tuple[float, float, int, int]] = []
+    steps = int(job.steps_per_second * job.duration)
+    mon = Monitor(url=job.url, project="load", run_name=f"load-{run_id[:8]}", run_id=run_id,
+                  total_steps=steps, config={"c_warmup": 100}, spool_dir=job.spool_dir,
+                  transport=_timed_transport(job.url, records), flush_timeout=300)
+    rng = random.Random(run_id)
+    a, b, c = rng.uniform(10, 30), rng.uniform(100, 1000), rng.uniform(1.5, 3.0)
+    late = 0.0
+    step = 0
+    for step in range(1, steps + 1):
+        target = job.start_at + step / job.steps_per_second
+        delay = target - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            late = max(late, -delay)
+        loss = a / math.sqrt(step + b) + c + rng.gauss(0, 0.01)
+        mon.log(step, loss=loss, lr=1e-3, grad_norm=1.0 + rng.random(), **{
+            "opt/eta": 0.1, "opt/alpha": 1e-3, "opt/grad_l1": 100 + rng.random(),
+            "opt/numerator": loss, "opt/denom_ema": 50.0, "opt/c": 1.0 / step,
+            "opt/sf_beta": 0.9,
+        })
+    logged_at = time.time()
+    ok = mon.finish(timeout=300)
+    out[run_id] = {"steps": step, "records": records, "stats": mon.stats(), "finished": ok,
+                   "logged_at": logged_at, "done_at": time.time(), "max_late_s": late}
+
+
+def generator_process(job: GeneratorJob) -> dict[str, Any]:
+    """Run ``len(job.run_ids)`` clients as threads; returns their records and counters."""
+    out: dict[str, Any] = {}
+    threads = [threading.Thread(target=_client, args=(job, r, out)) for r in job.run_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cpu = psutil.Process().cpu_times()
+    return {"clients": out, "cpu_s": cpu.user + cpu.system}
+
+
+# --------------------------------------------------------------------------------------------
+# Readers and the CPU sampler (threads of the main process)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Readers:
+    url: str
+    run_ids: list[str]
+    viewers: int = 8
+    forecasters: int = 2
+    stop: threading.Event = field(default_factory=threading.Event)
+    latencies: dict[str, list[float]] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _get(self, client: httpx.Client, kind: str, path: str, **params: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            resp = client.get(path, params=params)
+            ok = resp.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        with self.lock:
+            self.latencies.setdefault(kind, []).append(time.perf_counter() - t0)
+            if not ok:
+                self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def _viewer(self, index: int) -> None:
+        rng = random.Random(index)
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                run = rng.choice(self.run_ids)
+                self._get(client, "dashboard figures", f"/dashboards/api/runs/{run}/figures")
+                self.stop.wait(max(0.0, 2.0 - (time.monotonic() - started)))
+
+    def _forecaster(self, index: int) -> None:
+        rng = random.Random(1000 + index)
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while not self.stop.is_set():
+                run = rng.choice(self.run_ids)
+                self._get(client, "forecast", f"/api/v1/runs/{run}/forecast",
+                          horizon=rng.choice([6000, 20_000, 200_000]))
+                self._get(client, "forecast target", f"/api/v1/runs/{run}/forecast/target",
+                          loss=2.5)
+                self._get(client, "metrics read (2,000 buckets)",
+                          f"/api/v1/runs/{run}/metrics", keys="loss", max_points=2000)
+                self.stop.wait(0.1)
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._viewer, args=(i,)) for i in range(self.viewers)]
+        threads += [threading.Thread(target=self._forecaster, args=(i,))
+                    for i in range(self.forecasters)]
+        for t in threads:
+            t.start()
+        return threads
+
+
+class CpuSampler:
+    """CPU use (100% = one core) of process groups, sampled every second."""
+
+    def __init__(self, groups: Mapping[str, Any]) -> None:
+        self.groups = groups  # name -> callable returning the current list of psutil.Process
+        self.samples: dict[str, list[float]] = {name: [] for name in groups}
+        self.samples["machine"] = []
+        self.stop = threading.Event()
+        self._last: dict[int, float] = {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _cpu(self, proc: psutil.Process) -> float:
+        try:
+            t = proc.cpu_times()
+            return t.user + t.system
+        except psutil.Error:
+            return self._last.get(proc.pid, 0.0)
+
+    def _run(self) -> None:
+        psutil.cpu_percent(None)
+        previous = {name: self._totals(fn()) for name, fn in self.groups.items()}
+        while not self.stop.wait(1.0):
+            for name, fn in self.groups.items():
+                now = self._totals(fn())
+                delta = sum(now[p] - previous[name].get(p, now[p]) for p in now)
+                self.samples[name].append(100.0 * delta)
+                previous[name] = now
+            self.samples["machine"].append(psutil.cpu_percent(None) * (psutil.cpu_count() or 1))
+
+    def _totals(self, procs: list[psutil.Process]) -> dict[int, float]:
+        return {p.pid: self._cpu(p) for p in procs}
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _postgres() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in ("postgres", "postmaster"):
+            out.append(p)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The benchmark
+# --------------------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def count_rows(database_url: str, run_ids: list[str]) -> dict[str, tuple[int, int, int]]:
+    """Per run: (rows, distinct (key, step) pairs, runs.n_points) straight from PostgreSQL."""
+    import psycopg
+
+    url = database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT s.run_id::text, count(*), count(DISTINCT (s.key, p.step))"
+            " FROM series s JOIN metric_points p ON p.series_id = s.id GROUP BY s.run_id"
+        ).fetchall()
+        n_points: dict[str, int] = dict(
+            conn.execute("SELECT id::text, n_points FROM runs").fetchall()
+        )
+    found = {r: (int(n), int(d)) for r, n, d in rows}
+    return {r: (*found.get(r, (0, 0)), int(n_points.get(r, 0))) for r in run_ids}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bench._db import fresh_database
+    from tests._servers import start_server_process
+
+    steps_per_second = args.rate / len(KEYS)
+    run_ids = [str(uuid.uuid4()) for _ in range(args.clients)]
+    per_process = math.ceil(args.clients / args.processes)
+    with tempfile.TemporaryDirectory(prefix="curvecast-load-") as tmp, \
+            fresh_database("postgres", Path(tmp)) as database_url:
+        server = start_server_process(database_url, Path(tmp), extra_args=["--workers", "2"])
+        try:
+            for run_id in run_ids:  # create the runs up front so readers have something
+                httpx.put(f"{server.url}/api/v1/runs/{run_id}",
+                          json={"project": "load", "config": {"c_warmup": 100}}).raise_for_status()
+            start_at = time.time() + 3.0
+            jobs = [GeneratorJob(server.url, run_ids[i:i + per_process], steps_per_second,
+                                 args.duration, start_at, str(Path(tmp) / "spool"))
+                    for i in range(0, len(run_ids), per_process)]
+            readers = Readers(server.url, run_ids)
+            ctx = mp.get_context("spawn")
+            with ctx.Pool(len(jobs)) as pool:
+                pending = pool.map_async(generator_process, jobs)
+                sampler = CpuSampler({
+                    "service (2 workers)": lambda: _tree(server.proc.pid),
+                    "PostgreSQL (whole cluster)": _postgres,
+                    "load generator": lambda: [psutil.Process(c.pid)
+                                               for c in mp.active_children()],
+                    "readers": lambda: [psutil.Process()],
+                })
+                time.sleep(max(0.0, start_at - time.time()))
+                sampler.thread.start()
+                reader_threads = readers.start()
+                time.sleep(args.duration)
+                readers.stop.set()
+                sampler.stop.set()
+                for t in reader_threads:
+                    t.join()
+                results = pending.get(timeout=args.duration + 900)
+            drained_at = time.time()
+            rows = count_rows(database_url, run_ids)
+        finally:
+            server.stop()
+        log = server.log()
+    return {"results": results, "readers": readers, "sampler": sampler, "rows": rows,
+            "start_at": start_at, "drained_at": drained_at, "server_log": log,
+            "steps_per_second": steps_per_second}
+
+
+def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]:
+    from bench._report import markdown_table
+
+    clients = {k: v for r in out["results"] for k, v in r["clients"].items()}
+    records = [rec for c in clients.values() for rec in c["records"]]
+    start, end = out["start_at"], out["start_at"] + args.duration
+    logged = sum(c["stats"]["points_logged"] for c in clients.values())
+    offered_rate = logged / args.duration
+    in_window = sum(acc for sent, lat, _s, acc in records if sent + lat <= end)
+    acked = sum(acc for *_rest, acc in records)
+    last_ack = max((sent + lat for sent, lat, _s, acc in records if acc), default=end)
+    ingest_lat = [lat * 1000 for _sent, lat, status, _acc in records if status == 200]
+    ingest_errors = sum(1 for _s, _l, status, _a in records if status != 200)
+    expected = {r: c["steps"] * len(KEYS) for r, c in clients.items()}
+    exact = all(out["rows"][r] == (n, n, n) for r, n in expected.items())
+    stats = [c["stats"] for c in clients.values()]
+    counters = {k: sum(s[k] for s in stats) for k in ("points_spooled", "points_dropped",
+                                                        "points_rejected", "failures")}
+    readers: Readers = out["readers"]
+    sampler: CpuSampler = out["sampler"]
+    reader_errors = sum(readers.errors.values())
+    errors = ingest_errors + reader_errors + counters["points_dropped"] + counters[
+        "points_rejected"] + sum(not c["finished"] for c in clients.values())
+    tracebacks = out["server_log"].count("Traceback")
+    ok = exact and errors == 0 and tracebacks == 0
+    max_late = max(c["max_late_s"] for c in clients.values())
+
+    def ms(values: list[float], q: float) -> str:
+        return f"{pct(values, q):,.0f}" if values else "-"
+
+    offered_note = ("met" if offered_rate >= 0.98 * args.clients * args.rate
+                    else f"**not met** (generator fell up to {max_late:.1f} s behind)")
+    rows: list[list[object]] = [
+        ["clients × rate", f"{args.clients} × {args.rate:,} points/s "
+                           f"({out['steps_per_second']:.0f} steps/s × {len(KEYS)} metrics)"],
+        ["offered load (points logged / s)", f"{offered_rate:,.0f} of "
+                                             f"{args.clients * args.rate:,}: {offered_note}"],
+        ["sustained, acknowledged within the load window",
+         f"**{in_window / args.duration:,.0f} points/s**"],
+        ["all points stored after", f"{last_ack - start:.1f} s (load: {args.duration} s)"],
+        ["sustained over the whole run (stored / time to store)",
+         f"{acked / max(1e-9, last_ack - start):,.0f} points/s"],
+        ["points stored exactly once", f"{'yes' if exact else '**NO**'}: "
+                                       f"{sum(expected.values()):,} expected, "
+                                       f"{sum(r[0] for r in out['rows'].values()):,} rows"],
+        ["ingest requests", f"{len(records):,}, latency p50 {ms(ingest_lat, 0.5)} ms, "
+                            f"p99 {ms(ingest_lat, 0.99)} ms, max {ms(ingest_lat, 1.0)} ms"],
+        ["errors", f"{errors} (ingest non-200: {ingest_errors}, reads: {reader_errors}, "
+                   f"server tracebacks: {tracebacks}; client retries: {counters['failures']}, "
+                   f"points spooled: {counters['points_spooled']:,})"],
+    ]
+    read_rows: list[list[object]] = [
+        [kind, len(lat), f"{len(lat) / args.duration:.1f}", ms([x * 1000 for x in lat], 0.5),
+         ms([x * 1000 for x in lat], 0.99), readers.errors.get(kind, 0)]
+        for kind, lat in sorted(readers.latencies.items())
+    ]
+    cpu_rows: list[list[object]] = [
+        [name, f"{statistics.mean(s):.0f}%" if s else "-", f"{max(s):.0f}%" if s else "-"]
+        for name, s in sampler.samples.items()
+    ]
+    body = "\n\n".join([
+        f"{args.clients} simulated training clients (real `Monitor` hooks in paced training "
+        f"loops, {args.processes} generator processes) stream for {args.duration} s into "
+        "`curvecast serve --workers 2` on PostgreSQL (background worker on: refits and alert "
+        f"evaluation run as in production), while {readers.viewers} dashboard viewers poll a "
+        "run's chart data every 2 s and "
+        f"{readers.forecasters} scripts ask forecasts, targets and downsampled series in a loop. "
+        "Service, PostgreSQL, load generator and readers share the machine's "
+        f"{psutil.cpu_count() or 1} cores.",
+        markdown_table(["", "result"], rows),
+        "Reads during the load:\n\n" + markdown_table(
+            ["request", "count", "per s", "p50 ms", "p99 ms", "errors"], read_rows),
+        "CPU (100% = one core; sampled every second during the load window):\n\n"
+        + markdown_table(["process group", "mean", "max"], cpu_rows),
+    ])
+    return body, ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--rate", type=int, default=1000, help="points/s per client")
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--processes", type=int, default=4, help="load generator processes")
+    parser.add_argument("--quick", action="store_true", help="8 clients, 10 s, no BENCHMARKS.md")
+    args = parser.parse_args()
+    if args.quick:
+        args.clients, args.duration, args.processes = 8, 10.0, 2
+    load_before = os.getloadavg()
+    out = run(args)
+    body, ok = summarise(args, out)
+    body += (f"\n\nLoad average before the run: {load_before[0]:.1f} (1 min), "
+             f"{load_before[1]:.1f} (5 min).")
+    print(body)
+    if not args.quick:
+        from bench._report import write_section
+
+        write_section("load", "Load: 32 training clients, dashboards and forecasts "
+                              "(`bench/load.py`)", body)
+    if not ok:
+        print(out["server_log"][-5000:], file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
