@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
 from service.app import create_app
 from service.config import Settings
@@ -48,14 +49,16 @@ def wait_until_healthy(
 
 
 @contextmanager
-def thread_server(settings: Settings) -> Iterator[str]:
-    """Run the real app under uvicorn on a loopback port in a background thread."""
+def serve_app(app: FastAPI, port: int = 0) -> Iterator[str]:
+    """Run ``app`` under uvicorn on a loopback port (``0``: a free one) in a background thread."""
     # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on sockets it can tell are TCP,
     # and without it every small test request waits out a delayed ACK (~40 ms).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
+    # A given port may have just been used by a stopped server of the same test.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -67,6 +70,13 @@ def thread_server(settings: Settings) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+@contextmanager
+def thread_server(settings: Settings, port: int = 0) -> Iterator[str]:
+    """Run the real app for ``settings`` on a loopback port in a background thread."""
+    with serve_app(create_app(settings), port) as url:
+        yield url
 
 
 @dataclass

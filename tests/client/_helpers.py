@@ -11,12 +11,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
-import uvicorn
 
 from client import HTTPTransport, Response, TransportError
-from service.app import create_app
 from service.config import Settings
-from tests._servers import wait_until_healthy
+from tests._servers import thread_server
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
@@ -93,22 +91,9 @@ def stalled_listener() -> Iterator[int]:
 
 @contextmanager
 def thread_server_on(settings: Settings, port: int) -> Iterator[str]:
-    """Like ``tests._servers.thread_server`` but on a given port (to bring a 'down' URL up)."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url)
+    """``tests._servers.thread_server`` on a given port (to bring a 'down' URL up)."""
+    with thread_server(settings, port) as url:
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 class RecordingTransport(HTTPTransport):

@@ -3,8 +3,6 @@ synthetic ScheduleFree+ runs, and helpers to wait for the worker's fits."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,12 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import APIRouter, FastAPI
 
 from service.app import create_app
 from service.config import Settings
-from tests._servers import wait_until_healthy
+from tests._servers import serve_app
 from tests.dashboards import _synthetic as syn
 
 TOTAL = 20_000
@@ -26,26 +23,9 @@ TOTAL = 20_000
 
 @contextmanager
 def app_server(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` with uvicorn on a loopback port in a background thread.
-
-    The socket is made with ``IPPROTO_TCP`` so asyncio sets TCP_NODELAY on accepted
-    connections (a plain ``socket.socket()`` has proto 0 and every response then waits ~40 ms
-    for a delayed ACK).
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url)
+    """Serve ``app`` (with its test stand-ins) on a free loopback port in a background thread."""
+    with serve_app(app) as url:
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 class FakeAlerts:
