@@ -565,7 +565,7 @@ def _factor_text(value: float) -> str:
 
 # -- 1. gradient-norm drift --------------------------------------------------------------------
 
-_GRAD_WINDOW, _GRAD_REF = 0.02, 0.10
+_GRAD_WINDOW, _GRAD_REF = 0.015, 0.10
 
 
 def _grad_inputs(cfg: RuleConfig) -> list[list[str]]:
@@ -605,11 +605,31 @@ def _describe_grad(value: float, cfg: RuleConfig, key: str | None) -> tuple[str,
 # -- 2. weight-norm drift ----------------------------------------------------------------------
 
 _W_WINDOW, _W_REF = 0.03, 0.05
+#: The rate check: the level (median over 1% of the run) now against the level 5% earlier.
+_W_RATE_WINDOW, _W_RATE_SPAN = 0.01, 0.05
 
 
 def _weight_inputs(cfg: RuleConfig) -> list[list[str]]:
     keys = cfg.params.get("keys")
     return [list(keys) if keys else stat_keys(f"{cfg.params['which']}_l2")]
+
+
+def _weight_rate(
+    s: Series, ctx: EvalContext, p: Mapping[str, Any]
+) -> tuple[IntArray, FloatArray]:
+    """Log change of the level over the last ``rate_steps``, at each point from the end of the
+    burn-in (the earlier level may lie inside it: too little weight decay shows from step 1)."""
+    burn = burn_in_step(ctx, p.get("burn_in_steps"))
+    span = auto_steps(ctx, p.get("rate_steps"), _W_RATE_SPAN, 20, 500)
+    window = auto_steps(ctx, None, _W_RATE_WINDOW, 10, 100)
+    logs = _log(s.values)
+    mask = (s.steps >= max(ctx.after_step + 1, burn)) & (s.steps <= ctx.last_step)
+    at = s.steps[mask]
+    if at.size == 0:
+        return at, np.zeros(0)
+    now = rolling_median(s.steps, logs, window, at)
+    before = rolling_median(s.steps, logs, window, at - span)
+    return at, now - before
 
 
 def _eval_weight(
@@ -619,13 +639,34 @@ def _eval_weight(
     key = pick_key(series, _weight_inputs(cfg)[0])
     if key is None:
         return RuleOutput([], memory)
-    at, d, memory = _drift(series[key], ctx, p, memory, window_frac=_W_WINDOW, ref_frac=_W_REF)
+    # Two questions: how far is the level from where it settled after the burn-in (a slow,
+    # steady climb), and how fast is it moving now (a climb from the start, when no settled
+    # level exists yet). Verdicts are made where the rate is known; the level check joins in
+    # once its windows are complete.
+    at, rate = _weight_rate(series[key], ctx, p)
+    level_at, level, memory = _drift(series[key], ctx, p, memory, window_frac=_W_WINDOW,
+                                     ref_frac=_W_REF)
+    d = np.full(at.size, np.nan)
+    d[np.isin(at, level_at)] = level[np.isin(level_at, at)]
     up, down = math.log(p["rise_factor"]), math.log(p["fall_factor"])
-    ok = np.isfinite(d)
-    dd = np.where(ok, d, 0.0)
-    active = ok & ((dd > up) | (dd < -down))
-    clear = ok & (dd < up * p["resolve_ratio"]) & (dd > -down * p["resolve_ratio"])
-    return RuleOutput(_observations(at, active, clear, np.exp(d), -1), memory, key)
+    rate_limit = math.log(p["rate_factor"])
+    level_score = np.where(np.isfinite(d), np.where(d >= 0, d / up, -d / down), 0.0)
+    rate_score = np.where(np.isfinite(rate), np.abs(rate) / rate_limit, 0.0)
+    active = (level_score > 1) | (rate_score > 1)
+    ratio = p["resolve_ratio"]
+    clear = (level_score < ratio) & (rate_score < ratio) & (np.isfinite(d) | np.isfinite(rate))
+    # The value shown is whichever statistic is closer to (or further past) its threshold.
+    value = np.exp(np.where(level_score >= rate_score, d, rate))
+    return RuleOutput(_observations(at, active, clear, value, -1), memory, key)
+
+
+def _weight_lookback(ctx: EvalContext, cfg: RuleConfig, memory: Mapping[str, Any]) -> int:
+    p = cfg.params
+    span = auto_steps(ctx, p.get("rate_steps"), _W_RATE_SPAN, 20, 500)
+    window = auto_steps(ctx, None, _W_RATE_WINDOW, 10, 100)
+    first = min(ctx.after_step + 1, burn_in_step(ctx, p.get("burn_in_steps")))
+    return min(_drift_lookback(_W_WINDOW, _W_REF)(ctx, cfg, memory),
+               max(0, first - span - window))
 
 
 def _describe_weight(value: float, cfg: RuleConfig, key: str | None) -> tuple[str, str]:
@@ -633,8 +674,9 @@ def _describe_weight(value: float, cfg: RuleConfig, key: str | None) -> tuple[st
     return (
         f"weight norm of {cfg.params['which']} has {direction} {_factor_text(value)}",
         f"The norm of the {'averaged iterate x' if cfg.params['which'] == 'x' else 'point y'} "
-        f"({key}) has {direction} by {_factor_text(value)} relative to its level after the "
-        "burn-in. Growing weight norms point to too little weight decay; shrinking ones drive "
+        f"({key}) has {direction} by {_factor_text(value)}: beyond rise_factor (fall_factor) "
+        "relative to its level after the burn-in, or beyond rate_factor within rate_steps. "
+        "Growing weight norms point to too little weight decay; shrinking ones drive "
         "gradient norms (and the effective learning rate) up.",
     )
 
@@ -809,10 +851,20 @@ def _describe_non_finite(value: float, cfg: RuleConfig, key: str | None) -> tupl
 
 _OFF_WINDOW = 0.02
 _OFF_LAG = 0.05
+_OFF_REF = 0.10
+#: Densely logged training losses the rule also judges when the forecast's series is another
+#: (typically a sparse eval loss), in order of preference.
+DENSE_LOSS_KEYS = ("loss", "train_loss", "train/loss")
+#: median(|X1 - X2|) of two independent normal draws, in units of their standard deviation.
+_MEDIAN_ABS_DIFF = 0.6744897501960817 * math.sqrt(2.0)
+#: Standard error of a median of n normal draws is about this times sigma / sqrt(n).
+_MEDIAN_SE = math.sqrt(math.pi / 2.0)
 
 
 def _off_inputs(cfg: RuleConfig) -> list[list[str]]:
-    return []  # the fitted series, named by the fit (EvalContext.fit_key)
+    # The fitted series is named by the fit (EvalContext.fit_key); this is the dense one.
+    keys = cfg.params.get("dense_keys")
+    return [list(keys) if keys else list(DENSE_LOSS_KEYS)]
 
 
 #: Fits kept in the off-curve rule's memory (enough to look back ``lag_steps`` at any refit
@@ -820,49 +872,60 @@ def _off_inputs(cfg: RuleConfig) -> list[list[str]]:
 _MAX_FITS = 12
 
 
-def _eval_off_curve(
-    series: Mapping[str, Series], ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
-) -> RuleOutput:
-    # Imported here: the forecast core pulls in scipy, which the other rules do not need.
+def _z(confidence: float) -> float:
+    """Two-sided normal quantile: 2.58 for 0.99, 1.64 for 0.9."""
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + confidence / 2.0)
+
+
+class _LaggedFits:
+    """The fit each step is judged against: the newest one made from data at least ``lag``
+    steps older (a refit that includes an excursion bends towards it and widens its interval,
+    which would hide it)."""
+
+    def __init__(self, fits: list[dict[str, Any]], lag: int) -> None:
+        from service.forecast import Fit
+
+        self._from_dict = Fit.from_dict
+        self.fits = fits
+        self.uptos = np.array([float(f["fitted_upto_step"]) for f in fits])
+        self.lag = lag
+        self._cache: dict[int, Any] = {}
+
+    def at(self, step: int) -> Any:
+        """The :class:`~service.forecast.Fit` for ``step``, or ``None``."""
+        j = int(np.searchsorted(self.uptos, step - self.lag, side="right")) - 1
+        if j < 0:
+            return None
+        if j not in self._cache:
+            self._cache[j] = self._from_dict(self.fits[j])
+        fit = self._cache[j]
+        return fit if fit.has_forecast else None
+
+
+Verdicts = tuple[IntArray, NDArray[np.bool_], NDArray[np.bool_], FloatArray]
+
+
+def _judge_fitted(
+    s: Series, ctx: EvalContext, p: Mapping[str, Any], fits: _LaggedFits,
+    memory: dict[str, Any],
+) -> Verdicts:
+    """The forecast's own series: its rolling median against the forecast interval."""
     from service.forecast import Fit
 
-    p = cfg.params
-    key = ctx.fit_key
-    if key is None or key not in series:
-        return RuleOutput([], memory)
-    memory = dict(memory)
-    # Each point is judged against a forecast made from data at least `lag` steps older than
-    # it: a refit that already includes the excursion bends towards it (and widens its
-    # interval) and would hide it. The memory keeps the recent fits, oldest first.
-    fits: list[dict[str, Any]] = list(memory.get("fits") or [])
-    if ctx.fit and ctx.fit.get("fitted_upto_step") is not None:
-        upto = float(ctx.fit["fitted_upto_step"])
-        if not fits or upto > float(fits[-1]["fitted_upto_step"]):
-            fits.append(dict(ctx.fit))
-    s = series[key]
     burn = burn_in_step(ctx, p.get("burn_in_steps"))
     window = auto_steps(ctx, p.get("window_steps"), _OFF_WINDOW, 10, 100)
-    lag = auto_steps(ctx, p.get("lag_steps"), _OFF_LAG, 20, 500)
     mask = (s.steps > max(ctx.after_step, burn + window)) & (s.steps <= ctx.last_step)
     at = s.steps[mask]
     smooth = rolling_median(s.steps, s.values, window, at)
-    uptos = np.array([float(f["fitted_upto_step"]) for f in fits])
-    cache: dict[int, Fit] = {}
     active = np.zeros(at.size, dtype=bool)
     clear = np.zeros(at.size, dtype=bool)
     excess = np.full(at.size, np.nan)
     pinned: dict[str, Any] | None = memory.get("pinned")
     for i, (t, y) in enumerate(zip(at.tolist(), smooth.tolist(), strict=True)):
-        if pinned is not None:
-            fit = Fit.from_dict(pinned)
-        else:
-            j = int(np.searchsorted(uptos, t - lag, side="right")) - 1
-            if j < 0:
-                continue
-            if j not in cache:
-                cache[j] = Fit.from_dict(fits[j])
-            fit = cache[j]
-        if not fit.has_forecast or not math.isfinite(y):
+        fit = Fit.from_dict(pinned) if pinned is not None else fits.at(t)
+        if fit is None or not fit.has_forecast or not math.isfinite(y):
             continue
         hi = fit.predict(float(t), p["confidence"]).hi
         hi_clear = fit.predict(float(t), p["resolve_confidence"]).hi
@@ -874,19 +937,140 @@ def _eval_off_curve(
             pinned = fit.to_dict()
         elif clear[i]:
             pinned = None
-    if pinned is None:
-        memory.pop("pinned", None)
+    _remember(memory, "pinned", pinned)
+    return at, active, clear, excess
+
+
+def _judge_dense(
+    s: Series, ctx: EvalContext, p: Mapping[str, Any], fits: _LaggedFits,
+    memory: dict[str, Any],
+) -> Verdicts:
+    """A densely logged training loss, against the forecast of another series.
+
+    The training loss sits at its own distance from the forecast's (eval) curve: the
+    generalisation gap, and the difference between the averaged point the eval loss is measured
+    at and the point the gradients are taken at. That gap moves slowly, so the training loss
+    minus its gap over the preceding reference stretch must follow the forecast; it is judged
+    against the forecast interval widened by the noise of its own rolling median. A corrupted
+    data shard moves the training loss at once, while the eval loss (every few hundred steps,
+    at the averaged point) follows a few evaluations later.
+    """
+    burn = burn_in_step(ctx, p.get("burn_in_steps"))
+    window = auto_steps(ctx, p.get("window_steps"), _OFF_WINDOW, 10, 100)
+    ref_len = auto_steps(ctx, p.get("reference_steps"), _OFF_REF, 20, 1000)
+    mask = (s.steps > max(ctx.after_step, burn + window + ref_len)) & (s.steps <= ctx.last_step)
+    at = s.steps[mask]
+    active = np.zeros(at.size, dtype=bool)
+    clear = np.zeros(at.size, dtype=bool)
+    excess = np.full(at.size, np.nan)
+    if at.size == 0:
+        return at, active, clear, excess
+    smooth = rolling_median(s.steps, s.values, window, at)
+    reference = rolling_median(s.steps, s.values, ref_len, at - window)
+    # The per-point noise from successive differences (a level shift is one big difference,
+    # which a median ignores), and the standard error of a median over the window.
+    jumps = np.abs(np.diff(s.values))
+    noise = rolling_median(s.steps[1:], jumps, ref_len, at - window) / _MEDIAN_ABS_DIFF
+    counts = (np.searchsorted(s.steps, at, side="right")
+              - np.searchsorted(s.steps, at - window, side="right"))
+    sigma = _MEDIAN_SE * noise / np.sqrt(np.maximum(counts, 1))
+    z, z_clear = _z(p["confidence"]), _z(p["resolve_confidence"])
+    pinned: dict[str, Any] | None = memory.get("dense_pinned")
+    from service.forecast import Fit
+
+    for i, t in enumerate(at.tolist()):
+        if pinned is not None:
+            fit, gap = Fit.from_dict(pinned["fit"]), float(pinned["gap"])
+        else:
+            fit = fits.at(t)
+            if fit is None:
+                continue
+            # The gap over the reference stretch, measured against the forecast at its middle.
+            gap = float(reference[i]) - fit.predict(float(t - window - ref_len / 2)).value
+        y, sd = float(smooth[i]), float(sigma[i])
+        pred = fit.predict(float(t), p["confidence"])
+        pred_clear = fit.predict(float(t), p["resolve_confidence"])
+        if not all(math.isfinite(v) for v in (y, sd, gap, pred.hi, pred_clear.hi)):
+            continue
+        hi = pred.value + gap + math.hypot(pred.hi - pred.value, z * sd)
+        hi_clear = pred.value + gap + math.hypot(pred_clear.hi - pred_clear.value, z_clear * sd)
+        active[i], clear[i], excess[i] = y > hi, y <= hi_clear, y - hi
+        if active[i] and pinned is None:
+            pinned = {"fit": fit.to_dict(), "gap": gap}
+        elif clear[i]:
+            pinned = None
+    _remember(memory, "dense_pinned", pinned)
+    return at, active, clear, excess
+
+
+def _remember(memory: dict[str, Any], name: str, value: Any) -> None:
+    if value is None:
+        memory.pop(name, None)
     else:
-        memory["pinned"] = pinned
+        memory[name] = value
+
+
+def _merge_verdicts(parts: list[Verdicts], memory: dict[str, Any]) -> Verdicts:
+    """One verdict per step of the union of the parts' steps: each part's latest verdict at or
+    before the step (carried over from the previous evaluation through ``memory``). Active if
+    any part is; clear if every part with a verdict is."""
+    steps = np.unique(np.concatenate([p[0] for p in parts])) if parts else np.zeros(0, np.int64)
+    carried: list[list[Any] | None] = list(memory.get("last") or [])[: len(parts)]
+    carried += [None] * (len(parts) - len(carried))
+    active = np.zeros(steps.size, dtype=bool)
+    clear = np.zeros(steps.size, dtype=bool)
+    excess = np.full(steps.size, np.nan)
+    cursors = [0] * len(parts)
+    for i, t in enumerate(steps.tolist()):
+        for k, (at, act, clr, exc) in enumerate(parts):
+            while cursors[k] < at.size and at[cursors[k]] <= t:
+                j = cursors[k]
+                if math.isfinite(exc[j]):
+                    carried[k] = [bool(act[j]), bool(clr[j]), float(exc[j])]
+                cursors[k] += 1
+        known = [c for c in carried if c is not None]
+        if not known:
+            continue
+        active[i] = any(c[0] for c in known)
+        clear[i] = all(c[1] for c in known)
+        excess[i] = max(c[2] for c in known)
+    memory["last"] = carried
+    return steps, active, clear, excess
+
+
+def _eval_off_curve(
+    series: Mapping[str, Series], ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
+) -> RuleOutput:
+    p = cfg.params
+    key = ctx.fit_key
+    if key is None or key not in series:
+        return RuleOutput([], memory)
+    memory = dict(memory)
+    # The memory keeps the recent fits, oldest first (see _LaggedFits).
+    fits: list[dict[str, Any]] = list(memory.get("fits") or [])
+    if ctx.fit and ctx.fit.get("fitted_upto_step") is not None:
+        upto = float(ctx.fit["fitted_upto_step"])
+        if not fits or upto > float(fits[-1]["fitted_upto_step"]):
+            fits.append(dict(ctx.fit))
+    lag = auto_steps(ctx, p.get("lag_steps"), _OFF_LAG, 20, 500)
+    lagged = _LaggedFits(fits, lag)
+    parts = [_judge_fitted(series[key], ctx, p, lagged, memory)]
+    dense = pick_key(series, _off_inputs(cfg)[0])
+    if dense is not None and dense != key:
+        parts.append(_judge_dense(series[dense], ctx, p, lagged, memory))
+    at, active, clear, excess = _merge_verdicts(parts, memory)
     # Keep the fits still needed: everything newer than last_step - lag, and the newest older.
-    keep = int(np.searchsorted(uptos, ctx.last_step - lag, side="right")) - 1
+    keep = int(np.searchsorted(lagged.uptos, ctx.last_step - lag, side="right")) - 1
     memory["fits"] = fits[max(0, keep):][-_MAX_FITS:]
     return RuleOutput(_observations(at, active, clear, excess, -1), memory, key)
 
 
 def _off_lookback(ctx: EvalContext, cfg: RuleConfig, memory: Mapping[str, Any]) -> int:
     window = auto_steps(ctx, cfg.params.get("window_steps"), _OFF_WINDOW, 10, 100)
-    return max(0, ctx.after_step - window)
+    ref_len = auto_steps(ctx, cfg.params.get("reference_steps"), _OFF_REF, 20, 1000)
+    # The dense check reads the reference stretch before the window, and one point more for
+    # the successive differences.
+    return max(0, ctx.after_step - window - ref_len - 1)
 
 
 def _describe_off_curve(value: float, cfg: RuleConfig, key: str | None) -> tuple[str, str]:
@@ -980,7 +1164,7 @@ RULES: dict[str, RuleSpec] = {
                     "trailing", "choice", "trailing: the stretch before the recent window; "
                     "burn_in: the stretch right after the burn-in", choices=("trailing", "burn_in"),
                 ),
-                "rise_factor": ParamSpec(2.0, "float", "fire above this ratio", lo=1.01, hi=1e6),
+                "rise_factor": ParamSpec(1.8, "float", "fire above this ratio", lo=1.01, hi=1e6),
                 "fall_factor": ParamSpec(
                     3.0, "float", "fire below 1/this ratio (falls are less harmful)", lo=1.01,
                     hi=1e6,
@@ -990,7 +1174,7 @@ RULES: dict[str, RuleSpec] = {
                     lo=0.0, hi=1.0,
                 ),
                 "window_steps": ParamSpec(
-                    None, "auto_int", "rolling-median window; auto: 2% of total_steps (>= 10)",
+                    None, "auto_int", "rolling-median window; auto: 1.5% of total_steps (>= 10)",
                     lo=1,
                 ),
                 "reference_steps": ParamSpec(
@@ -1011,7 +1195,8 @@ RULES: dict[str, RuleSpec] = {
             title="Weight-norm drift",
             description=(
                 "The rolling median of log ||x|| (or ||y||) has moved beyond rise_factor (or "
-                "below 1/fall_factor) relative to its level right after the burn-in."
+                "below 1/fall_factor) relative to its level right after the burn-in, or beyond "
+                "rate_factor (either way) within the last rate_steps."
             ),
             severity="warning",
             params={
@@ -1022,8 +1207,18 @@ RULES: dict[str, RuleSpec] = {
                     "trailing: the stretch before the recent window",
                     choices=("burn_in", "trailing"),
                 ),
-                "rise_factor": ParamSpec(3.0, "float", "fire above this ratio", lo=1.01, hi=1e6),
-                "fall_factor": ParamSpec(4.0, "float", "fire below 1/this ratio", lo=1.01, hi=1e6),
+                "rise_factor": ParamSpec(3.0, "float", "fire above this ratio to the level "
+                                         "after the burn-in", lo=1.01, hi=1e6),
+                "fall_factor": ParamSpec(4.0, "float", "fire below 1/this ratio to the level "
+                                         "after the burn-in", lo=1.01, hi=1e6),
+                "rate_factor": ParamSpec(
+                    2.2, "float", "fire when the level moves beyond this ratio (up or down) "
+                    "within rate_steps", lo=1.01, hi=1e6,
+                ),
+                "rate_steps": ParamSpec(
+                    None, "auto_int", "span of the rate check; auto: 5% of total_steps (>= 20)",
+                    lo=1,
+                ),
                 "resolve_ratio": ParamSpec(
                     0.5, "float", "clear when |log ratio| < this fraction of the threshold",
                     lo=0.0, hi=1.0,
@@ -1041,7 +1236,7 @@ RULES: dict[str, RuleSpec] = {
             describe=_describe_weight,
             for_auto=_steps(0.01, 10, 100),
             resolve_auto=_steps(0.02, 20, 200),
-            lookback=_drift_lookback(_W_WINDOW, _W_REF),
+            lookback=_weight_lookback,
             inputs=_weight_inputs,
             for_doc="auto: 1% of total_steps (>= 10; 100 if unknown)",
         ),
@@ -1126,7 +1321,10 @@ RULES: dict[str, RuleSpec] = {
                 "is above the upper end of the forecast interval at `confidence`; clears below "
                 "the upper end at `resolve_confidence`. Each point is judged against a fit made "
                 "from data at least lag_steps older, and during an excursion against the fit "
-                "from before it began."
+                "from before it began. When that series is not the densely logged training "
+                "loss, the training loss is judged too: its rolling median minus its gap to the "
+                "forecast over the preceding reference stretch, against the interval widened by "
+                "its own noise."
             ),
             severity="warning",
             params={
@@ -1140,6 +1338,15 @@ RULES: dict[str, RuleSpec] = {
                 "lag_steps": ParamSpec(
                     None, "auto_int", "judge each point against a forecast made from data at "
                     "least this many steps older; auto: 5% of total_steps (>= 20)", lo=0,
+                ),
+                "dense_keys": ParamSpec(
+                    None, "keys", "densely logged training loss judged alongside a sparse "
+                    "forecast series (through its gap to the forecast); default: loss, "
+                    "train_loss, train/loss",
+                ),
+                "reference_steps": ParamSpec(
+                    None, "auto_int", "stretch over which the training loss's gap to the "
+                    "forecast is measured; auto: 10% of total_steps (>= 20)", lo=1,
                 ),
                 "burn_in_steps": _BURN_IN,
             },

@@ -71,15 +71,15 @@ def test_planted_faults_are_caught_by_their_rule(name: str) -> None:
     assert all(s >= onset for s in fired(events, rule)), "fired before the fault"
 
 
-#: Detection delay (fraction of the run) each fixture is held to: the measured delay, rounded
-#: up (BENCHMARKS.md has the table; three of them miss the 5% target, see docs/alerts.md).
+#: Detection delay (fraction of the run) each fixture is held to: the issue's target, 5% of the
+#: run (BENCHMARKS.md has the measured delays: 0-4.9%).
 LIMITS: dict[str, float] = {
     "fault-collapse": 0.05,
     "fault-nan": 0.05,
     "fault-spike": 0.05,
-    "fault-grad-ramp": 0.06,
-    "fault-corrupt": 0.08,
-    "fault-low-wd": 0.13,
+    "fault-grad-ramp": 0.05,
+    "fault-corrupt": 0.05,
+    "fault-low-wd": 0.05,
 }
 
 
@@ -161,6 +161,20 @@ def test_weight_norm_growth() -> None:
     assert steps and 300 < steps[0] < 500
 
 
+def test_weight_norm_climb_from_the_start_is_caught_right_after_the_burn_in() -> None:
+    """Too little weight decay: the norm climbs from step 1, so there is no settled level to
+    compare with; the rate check (x2.2 within 5% of the run) speaks at the end of the burn-in."""
+    climb = planted(base_series(), "sfplus/x_l2", lambda s, v: v * np.exp(s / 40))
+    steps = fired(run_all(climb), "weight_norm_drift")
+    burn = burn_in_step(EvalContext(config=CONFIG, last_step=1000))
+    assert steps and burn <= steps[0] <= burn + 20
+    # A steady climb well below the rate (x1.3 per 5%) is left to the level check: it fires
+    # only once the norm is x3 above where it was after the burn-in.
+    slow = planted(base_series(), "sfplus/x_l2", lambda s, v: v * np.exp(s * math.log(1.3) / 50))
+    steps = fired(run_all(slow), "weight_norm_drift")
+    assert steps and steps[0] > burn + 150
+
+
 def test_polyak_spike_and_resolution() -> None:
     spiky = planted(base_series(), "sfplus/eta", lambda s, v: np.where((s >= 600) & (s < 610),
                                                                         v * 20, v))
@@ -210,6 +224,60 @@ def test_off_curve_against_the_forecast() -> None:
     bumped = np.where(steps > 1200, clean + 0.1, clean)
     steps_fired = fired(replay({"loss": Series.of(steps, bumped)}, config), "off_curve")
     assert steps_fired and 1200 < steps_fired[0] <= 1300
+
+
+def sparse_eval_and_dense_loss(shift_at: int | None, seed: int = 2) -> dict[str, Series]:
+    """An eval loss every 20 steps on the curve, and a training loss every step at a gap above
+    it (noisier), optionally shifted up from ``shift_at`` (a corrupted data shard)."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(1, 2001)
+    curve = 20.3 / np.sqrt(steps + 377.0) + 2.07
+    train = curve + 0.3 + 0.05 * rng.standard_normal(steps.size)
+    if shift_at is not None:
+        train = np.where(steps >= shift_at, train + 0.25, train)
+    every20 = steps % 20 == 0
+    evals = curve[every20] + 0.005 * rng.standard_normal(int(every20.sum()))
+    return {"eval_loss": Series.of(steps[every20], evals), "loss": Series.of(steps, train)}
+
+
+OFF_CONFIG = {"total_steps": 2000, "c_warmup": 50}
+
+
+def test_off_curve_reads_the_dense_training_loss_between_evals() -> None:
+    assert not fired(replay(sparse_eval_and_dense_loss(None), OFF_CONFIG), "off_curve")
+    steps = fired(replay(sparse_eval_and_dense_loss(1200), OFF_CONFIG), "off_curve")
+    # The eval loss never moves; the training loss alone is caught, within 3% of the run.
+    assert steps and 1200 < steps[0] <= 1280
+    off = {"off_curve": {"params": {"dense_keys": ["no_such_key"]}}}
+    assert not fired(replay(sparse_eval_and_dense_loss(1200), OFF_CONFIG, overrides=off),
+                     "off_curve")
+
+
+def test_off_curve_verdicts_do_not_depend_on_batching() -> None:
+    """The sparse and dense verdicts are merged with each one's latest verdict carried over
+    between rounds: evaluating in one round or in many gives the same observations."""
+    from service.forecast import fit_curve
+
+    series = sparse_eval_and_dense_loss(1200)
+    evals = series["eval_loss"]
+    fits = [fit_curve(evals.steps[:n], evals.values[:n], config=OFF_CONFIG).to_dict()
+            for n in (20, 30, 40, 50, 60, 70, 80)]
+    cfg = rule_config("off_curve")
+
+    def observe(bounds: list[int]) -> list[tuple[int, bool, bool]]:
+        memory: dict[str, Any] = {"fits": fits}
+        out, after = [], -1
+        for upto in bounds:
+            ctx = EvalContext(config=OFF_CONFIG, last_step=upto, after_step=after,
+                              fit_key="eval_loss")
+            result = evaluate_rule("off_curve", series, ctx, cfg, memory)
+            memory, after = result.memory, upto
+            out += [(o.step, o.active, o.clear) for o in result.observations]
+        return out
+
+    whole = observe([2000])
+    assert any(active for _s, active, _c in whole)
+    assert observe(list(range(7, 2000, 13)) + [2000]) == whole
 
 
 def test_stalled_rule() -> None:
