@@ -20,7 +20,7 @@ from service.config import Settings
 from service.db import make_engine, make_sessionmaker, session_scope
 from service.store import tokens
 from tests._servers import thread_server
-from tests.alerting._data import create_run, finish, load, stream, wait_for
+from tests.alerting._data import batches, create_run, finish, load, stream, wait_for
 from tests.alerting.conftest import Receiver
 
 SECRET = "a-webhook-secret-of-some-length"
@@ -135,6 +135,26 @@ def test_a_healthy_run_raises_nothing(server: str, database_url: str, project: s
     wait_for(lambda: _evaluated_step(database_url, run_id) == last)
     assert _alerts(server, run_id) == []
     assert receiver.payloads("/healthy") == []
+
+
+def test_corrupted_data_is_caught_live_from_the_training_loss(
+    server: str, database_url: str, project: str
+) -> None:
+    """The dense training loss is read and judged by the worker: streamed as a live run (each
+    batch evaluated before the next arrives), a corrupted data shard fires off_curve within 5%
+    of the run, before two sparse eval losses could have shown it."""
+    run = load("fault-corrupt")
+    run_id = create_run(server, project, run)
+    for body in batches(run, size=25):
+        resp = httpx.post(f"{server}/api/v1/runs/{run_id}/metrics", json=body, timeout=30)
+        assert resp.status_code == 200, resp.text
+        last = body["steps"][-1]
+        wait_for(lambda last=last: (_evaluated_step(database_url, run_id) or -1) >= last)
+    finish(server, run_id)
+    onset, total = run["fault"]["onset_step"], run["config"]["total_steps"]
+    off = [a for a in _alerts(server, run_id) if a["rule"] == "off_curve"]
+    assert off, _alerts(server, run_id)
+    assert onset < off[0]["fired_step"] <= onset + 0.05 * total
 
 
 def test_ack_and_silence(server: str, project: str, receiver: Receiver) -> None:
