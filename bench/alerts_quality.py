@@ -530,15 +530,19 @@ def tightened(scale: float) -> dict[str, dict[str, Any]]:
     (and the off-curve interval narrowed to match)."""
     from statistics import NormalDist
 
-    def f(x: float) -> float:
-        return float(math.exp(scale * math.log(x)))
+    from service.alerting.rules import RULES
 
-    z = NormalDist().inv_cdf(0.995) * scale
+    def f(rule: str, *names: str) -> dict[str, Any]:
+        defaults = RULES[rule].params
+        return {"params": {n: float(math.exp(scale * math.log(defaults[n].default)))
+                           for n in names}}
+
+    confidence = RULES["off_curve"].params["confidence"].default
+    z = NormalDist().inv_cdf(0.5 + confidence / 2) * scale
     return {
-        "grad_norm_drift": {"params": {"rise_factor": f(1.8), "fall_factor": f(3.0)}},
-        "weight_norm_drift": {"params": {"rise_factor": f(3.0), "fall_factor": f(4.0),
-                                         "rate_factor": f(2.2)}},
-        "polyak_spike": {"params": {"factor": f(5.0)}},
+        "grad_norm_drift": f("grad_norm_drift", "rise_factor", "fall_factor"),
+        "weight_norm_drift": f("weight_norm_drift", "rise_factor", "fall_factor", "rate_factor"),
+        "polyak_spike": f("polyak_spike", "factor"),
         "off_curve": {"params": {"confidence": 2 * NormalDist().cdf(z) - 1}},
     }
 

@@ -614,14 +614,19 @@ def _weight_inputs(cfg: RuleConfig) -> list[list[str]]:
     return [list(keys) if keys else stat_keys(f"{cfg.params['which']}_l2")]
 
 
+def _weight_rate_lengths(ctx: EvalContext, p: Mapping[str, Any]) -> tuple[int, int]:
+    """The rate check's span (``rate_steps``) and the window of the levels it compares."""
+    return (auto_steps(ctx, p.get("rate_steps"), _W_RATE_SPAN, 20, 500),
+            auto_steps(ctx, None, _W_RATE_WINDOW, 10, 100))
+
+
 def _weight_rate(
     s: Series, ctx: EvalContext, p: Mapping[str, Any]
 ) -> tuple[IntArray, FloatArray]:
     """Log change of the level over the last ``rate_steps``, at each point from the end of the
     burn-in (the earlier level may lie inside it: too little weight decay shows from step 1)."""
     burn = burn_in_step(ctx, p.get("burn_in_steps"))
-    span = auto_steps(ctx, p.get("rate_steps"), _W_RATE_SPAN, 20, 500)
-    window = auto_steps(ctx, None, _W_RATE_WINDOW, 10, 100)
+    span, window = _weight_rate_lengths(ctx, p)
     logs = _log(s.values)
     mask = (s.steps >= max(ctx.after_step + 1, burn)) & (s.steps <= ctx.last_step)
     at = s.steps[mask]
@@ -662,8 +667,7 @@ def _eval_weight(
 
 def _weight_lookback(ctx: EvalContext, cfg: RuleConfig, memory: Mapping[str, Any]) -> int:
     p = cfg.params
-    span = auto_steps(ctx, p.get("rate_steps"), _W_RATE_SPAN, 20, 500)
-    window = auto_steps(ctx, None, _W_RATE_WINDOW, 10, 100)
+    span, window = _weight_rate_lengths(ctx, p)
     first = min(ctx.after_step + 1, burn_in_step(ctx, p.get("burn_in_steps")))
     return min(_drift_lookback(_W_WINDOW, _W_REF)(ctx, cfg, memory),
                max(0, first - span - window))
@@ -922,9 +926,10 @@ def _judge_fitted(
     active = np.zeros(at.size, dtype=bool)
     clear = np.zeros(at.size, dtype=bool)
     excess = np.full(at.size, np.nan)
-    pinned: dict[str, Any] | None = memory.get("pinned")
+    stored = memory.get("pinned")
+    pinned = Fit.from_dict(stored) if stored is not None else None
     for i, (t, y) in enumerate(zip(at.tolist(), smooth.tolist(), strict=True)):
-        fit = Fit.from_dict(pinned) if pinned is not None else fits.at(t)
+        fit = pinned if pinned is not None else fits.at(t)
         if fit is None or not fit.has_forecast or not math.isfinite(y):
             continue
         hi = fit.predict(float(t), p["confidence"]).hi
@@ -934,10 +939,10 @@ def _judge_fitted(
         active[i], clear[i], excess[i] = y > hi, y <= hi_clear, y - hi
         # While the excursion lasts, keep judging against the fit from before it began.
         if active[i] and pinned is None:
-            pinned = fit.to_dict()
+            pinned = fit
         elif clear[i]:
             pinned = None
-    _remember(memory, "pinned", pinned)
+    _remember(memory, "pinned", pinned.to_dict() if pinned is not None else None)
     return at, active, clear, excess
 
 
@@ -955,6 +960,8 @@ def _judge_dense(
     data shard moves the training loss at once, while the eval loss (every few hundred steps,
     at the averaged point) follows a few evaluations later.
     """
+    from service.forecast import Fit
+
     burn = burn_in_step(ctx, p.get("burn_in_steps"))
     window = auto_steps(ctx, p.get("window_steps"), _OFF_WINDOW, 10, 100)
     ref_len = auto_steps(ctx, p.get("reference_steps"), _OFF_REF, 20, 1000)
@@ -975,12 +982,12 @@ def _judge_dense(
               - np.searchsorted(s.steps, at - window, side="right"))
     sigma = _MEDIAN_SE * noise / np.sqrt(np.maximum(counts, 1))
     z, z_clear = _z(p["confidence"]), _z(p["resolve_confidence"])
-    pinned: dict[str, Any] | None = memory.get("dense_pinned")
-    from service.forecast import Fit
-
+    stored = memory.get("dense_pinned")
+    # (fit, gap) judged against while an excursion lasts, parsed once.
+    pinned = (Fit.from_dict(stored["fit"]), float(stored["gap"])) if stored else None
     for i, t in enumerate(at.tolist()):
         if pinned is not None:
-            fit, gap = Fit.from_dict(pinned["fit"]), float(pinned["gap"])
+            fit, gap = pinned
         else:
             fit = fits.at(t)
             if fit is None:
@@ -996,10 +1003,11 @@ def _judge_dense(
         hi_clear = pred.value + gap + math.hypot(pred_clear.hi - pred_clear.value, z_clear * sd)
         active[i], clear[i], excess[i] = y > hi, y <= hi_clear, y - hi
         if active[i] and pinned is None:
-            pinned = {"fit": fit.to_dict(), "gap": gap}
+            pinned = (fit, gap)
         elif clear[i]:
             pinned = None
-    _remember(memory, "dense_pinned", pinned)
+    _remember(memory, "dense_pinned",
+              {"fit": pinned[0].to_dict(), "gap": pinned[1]} if pinned is not None else None)
     return at, active, clear, excess
 
 
@@ -1142,6 +1150,9 @@ _BURN_IN = ParamSpec(
     "10% of total_steps)",
     lo=0,
 )
+_RESOLVE_RATIO = ParamSpec(
+    0.5, "float", "clear when |log ratio| < this fraction of the threshold", lo=0.0, hi=1.0,
+)
 _KEYS = ParamSpec(None, "keys", "metric name(s) to read instead of the defaults (first present)")
 
 RULES: dict[str, RuleSpec] = {
@@ -1169,10 +1180,7 @@ RULES: dict[str, RuleSpec] = {
                     3.0, "float", "fire below 1/this ratio (falls are less harmful)", lo=1.01,
                     hi=1e6,
                 ),
-                "resolve_ratio": ParamSpec(
-                    0.5, "float", "clear when |log ratio| < this fraction of the threshold",
-                    lo=0.0, hi=1.0,
-                ),
+                "resolve_ratio": _RESOLVE_RATIO,
                 "window_steps": ParamSpec(
                     None, "auto_int", "rolling-median window; auto: 1.5% of total_steps (>= 10)",
                     lo=1,
@@ -1219,10 +1227,7 @@ RULES: dict[str, RuleSpec] = {
                     None, "auto_int", "span of the rate check; auto: 5% of total_steps (>= 20)",
                     lo=1,
                 ),
-                "resolve_ratio": ParamSpec(
-                    0.5, "float", "clear when |log ratio| < this fraction of the threshold",
-                    lo=0.0, hi=1.0,
-                ),
+                "resolve_ratio": _RESOLVE_RATIO,
                 "window_steps": ParamSpec(
                     None, "auto_int", "rolling-median window; auto: 3% of total_steps (>= 10)",
                     lo=1,
