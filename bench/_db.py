@@ -10,11 +10,11 @@ from pathlib import Path
 
 import psycopg
 
-from service.config import Settings
-from service.db import make_engine, make_sessionmaker, session_scope
-from service.migrate import upgrade
-from service.schemas import TokenScope
-from service.store import tokens
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.migrate import upgrade
+from curvecast.service.schemas import TokenScope
+from curvecast.service.store import tokens
 
 PG_ADMIN = os.environ.get("CURVECAST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -27,7 +27,8 @@ fault at a known onset step:
   corrupted data shard): the loss climbs off its forecast curve and stays there.
 
 **The replay.** :func:`replay` feeds a fixture to the same pure evaluator and lifecycle the
-service's worker uses (:mod:`service.alerting`), in chunks as a client would stream it, refitting
+service's worker uses (:mod:`curvecast.service.alerting`), in chunks as a client would stream it,
+refitting
 the forecast like the worker does. The table reports, per rule, the healthy runs on which it
 fired (target 0) and, per fault, the first firing step after the onset as a fraction of the
 run's length (target <= 5%).
@@ -177,8 +178,8 @@ def train(spec: RunSpec, text: Any = None) -> dict[str, Any]:
     """Train one run and return its fixture (config, fault, series)."""
     import torch
 
+    from curvecast.sfplus import ScheduleFreePlus
     from examples.charlm import CharDataset, CharTransformer, evaluate, load_stdlib_text
-    from sfplus import ScheduleFreePlus
 
     torch.set_num_threads(1)
     text = text or load_stdlib_text(400_000)
@@ -305,7 +306,7 @@ def health_problems(run: dict[str, Any]) -> list[str]:
     independently of the rules: every value finite, the final eval loss below the one at 25%
     of the run, and after the burn-in never more than ``HEALTHY_MAX_RISE`` above the best so
     far (a sustained excursion is something people want to hear about)."""
-    from service.alerting.rules import EvalContext, burn_in_step
+    from curvecast.service.alerting.rules import EvalContext, burn_in_step
 
     total = int(run["config"]["total_steps"])
     burn = burn_in_step(EvalContext(config=run["config"], last_step=total))
@@ -401,8 +402,8 @@ class Outcome:
 
 def replay_run(run: dict[str, Any], overrides: dict[str, Any] | None = None) -> Outcome:
     """Stream one stored run through the service's evaluator (see module docstring)."""
-    from service.alerting.engine import replay
-    from service.alerting.rules import EvalContext, Series, burn_in_step
+    from curvecast.service.alerting.engine import replay
+    from curvecast.service.alerting.rules import EvalContext, Series, burn_in_step
 
     series = {k: Series.of(s["steps"], s["values"]) for k, s in run["series"].items()}
     events = replay(series, run["config"], overrides=overrides, chunk=25)
@@ -425,7 +426,7 @@ def _pct(steps: int | None, total: int) -> str:
 def quality_tables(outcomes: list[Outcome]) -> tuple[str, list[str]]:
     """The per-rule false-alarm and detection tables (Markdown) and a list of problems."""
     from bench._report import markdown_table
-    from service.alerting.rules import RULES
+    from curvecast.service.alerting.rules import RULES
 
     healthy = [o for o in outcomes if o.name.startswith("healthy")]
     faulty = [o for o in outcomes if o.name.startswith("fault")]
@@ -530,7 +531,7 @@ def tightened(scale: float) -> dict[str, dict[str, Any]]:
     (and the off-curve interval narrowed to match)."""
     from statistics import NormalDist
 
-    from service.alerting.rules import RULES
+    from curvecast.service.alerting.rules import RULES
 
     def f(rule: str, *names: str) -> dict[str, Any]:
         defaults = RULES[rule].params
@@ -568,7 +569,7 @@ def headroom(runs: list[dict[str, Any]], scales: tuple[float, ...] = (0.9, 0.8, 
 def healthy_runs_table(runs: list[dict[str, Any]]) -> str:
     """The healthy runs' settings and how they ended."""
     from bench._report import markdown_table
-    from service.alerting.rules import EvalContext, burn_in_step
+    from curvecast.service.alerting.rules import EvalContext, burn_in_step
 
     rows = []
     for run in runs:

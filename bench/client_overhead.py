@@ -41,12 +41,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from bench._report import markdown_table, write_section
-from client import Monitor
-from client._api import Api
-from client._batcher import encode_records
-from client._cli import sync_run
-from client._transport import HTTPTransport
-from service.migrate import upgrade
+from curvecast.client import Monitor
+from curvecast.client._api import Api
+from curvecast.client._batcher import encode_records
+from curvecast.client._cli import sync_run
+from curvecast.client._transport import HTTPTransport
+from curvecast.service.migrate import upgrade
 from tests._servers import ServerProcess, free_port, start_server_process
 
 logging.getLogger("curvecast.client").setLevel(logging.ERROR)  # expected "server down" warnings
@@ -124,7 +124,7 @@ def bench_mlflow(n: int) -> tuple[float, float] | None:
 def train(steps: int, mon: Monitor | None) -> tuple[float, float]:
     """Wall and process-CPU seconds (all threads) for ``steps`` steps of a small MLP with
     ScheduleFree+ (hook on when ``mon``)."""
-    from sfplus import ScheduleFreePlus
+    from curvecast.sfplus import ScheduleFreePlus
 
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -177,7 +177,7 @@ def bench_cost(url: str, spool: Path, steps: int) -> tuple[float, float, float]:
         Microseconds per step: the training step without the hook, the hook in the training
         thread, the client's background threads.
     """
-    from sfplus import ScheduleFreePlus
+    from curvecast.sfplus import ScheduleFreePlus
 
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -227,7 +227,7 @@ def bench_paired(
     Returns:
         Milliseconds per step with the hook off (median block), and the slowdown in percent.
     """
-    from sfplus import ScheduleFreePlus
+    from curvecast.sfplus import ScheduleFreePlus
 
     torch.manual_seed(0)
     model = nn.Sequential(

@@ -211,7 +211,7 @@ def drop_pg(url: str) -> None:
 
 def bench_backend(backend: str, database_url: str, args: argparse.Namespace, tmp: Path
                   ) -> dict[str, Any]:
-    from service.migrate import upgrade
+    from curvecast.service.migrate import upgrade
 
     upgrade(database_url)
     env = {"CURVECAST_WORKER_INTERVAL_S": "0.2"}

@@ -28,12 +28,12 @@ import psycopg
 from sqlalchemy import text
 
 from bench._report import markdown_table, write_section
-from service.config import Settings
-from service.db import make_engine, make_sessionmaker, session_scope
-from service.forecast import Fit, fit_curve
-from service.migrate import upgrade
-from service.store import forecasts
-from service.store._common import utcnow
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.forecast import Fit, fit_curve
+from curvecast.service.migrate import upgrade
+from curvecast.service.store import forecasts
+from curvecast.service.store._common import utcnow
 from tests._servers import start_server_process
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"

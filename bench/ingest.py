@@ -26,9 +26,9 @@ import numpy as np
 import psycopg
 
 from bench._report import markdown_table, write_section
-from service.config import Settings
-from service.migrate import upgrade
-from service.store._pgcopy import encode_rows
+from curvecast.service.config import Settings
+from curvecast.service.migrate import upgrade
+from curvecast.service.store._pgcopy import encode_rows
 from tests._servers import start_server_process
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"

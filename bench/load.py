@@ -58,7 +58,7 @@ class GeneratorJob:
 
 
 def _timed_transport(url: str, records: list[tuple[float, float, int, int]]) -> Any:
-    from client import HTTPTransport, TransportError
+    from curvecast.client import HTTPTransport, TransportError
 
     class TimedTransport(HTTPTransport):
         """Records (sent at, latency, status or 0 for no answer, points accepted)."""
@@ -83,7 +83,7 @@ def _timed_transport(url: str, records: list[tuple[float, float, int, int]]) -> 
 
 
 def _client(job: GeneratorJob, run_id: str, out: dict[str, Any]) -> None:
-    from client import Monitor
+    from curvecast.client import Monitor
 
     records: list[tuple[float, float, int, int]] = []
     steps = int(job.steps_per_second * job.duration)

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-import sfplus.functional as sff
+import curvecast.sfplus.functional as sff
 from bench._report import markdown_table, write_section
+from curvecast.sfplus import ScheduleFreePlus
+from curvecast.sfplus.reference import ReferenceScheduleFreePlus
 from examples.charlm import CharTransformer
-from sfplus import ScheduleFreePlus
-from sfplus.reference import ReferenceScheduleFreePlus
 
 SIZES = {  # name -> CharTransformer(d_model, n_layers, n_heads)
     "1M": (128, 5, 4),

@@ -26,7 +26,7 @@ import torch
 
 def make_step(seed: int = 0):  # type: ignore[no-untyped-def]
     """One training step of a 4-layer MLP on a fixed random batch; returns (step fn, optimizer)."""
-    from sfplus import ScheduleFreePlus
+    from curvecast.sfplus import ScheduleFreePlus
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
@@ -76,8 +76,8 @@ def tree(pid: int) -> list[psutil.Process]:
 
 def main() -> None:
     from bench._report import markdown_table, write_section
-    from client import Monitor
-    from service.migrate import upgrade
+    from curvecast.client import Monitor
+    from curvecast.service.migrate import upgrade
     from tests._servers import start_server_process
     from tests.reliability._helpers import db_counts
     from tests.reliability._pgcluster import PrivateCluster, find_bindir

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 from bench._report import markdown_table, write_section
+from curvecast.sfplus import ScheduleFreePlus
 from examples.charlm import CharDataset, CharTransformer, evaluate, load_stdlib_text
-from sfplus import ScheduleFreePlus
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "train_quality"
 ADAMW_LRS = (3e-4, 1e-3, 3e-3, 1e-2)

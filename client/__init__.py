@@ -2,7 +2,7 @@
 
 Standard library only (torch is imported lazily, only to read logged tensors)::
 
-    from client import Monitor
+    from curvecast.client import Monitor
 
     mon = Monitor(url="http://127.0.0.1:8000", project="lm", run_name="gpt-120m",
                   total_steps=20_000)
@@ -14,10 +14,11 @@ Standard library only (torch is imported lazily, only to read logged tensors)::
 
 Points the service cannot take (down, restarting, unreachable) go to a local spool and are
 replayed automatically; ``curvecast sync`` uploads what a finished process left behind.
-Integrations: :mod:`client.integrations.lightning`, :mod:`client.integrations.transformers`.
+Integrations: :mod:`curvecast.client.integrations.lightning`,
+:mod:`curvecast.client.integrations.transformers`.
 """
 
-from client._monitor import Monitor
-from client._transport import HTTPTransport, Response, Transport, TransportError
+from curvecast.client._monitor import Monitor
+from curvecast.client._transport import HTTPTransport, Response, Transport, TransportError
 
 __all__ = ["HTTPTransport", "Monitor", "Response", "Transport", "TransportError"]

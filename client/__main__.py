@@ -2,6 +2,6 @@
 
 import sys
 
-from client._cli import main
+from curvecast.client._cli import main
 
 sys.exit(main())

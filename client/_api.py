@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from client._transport import Response, Transport, TransportError
+from curvecast.client._transport import Response, Transport, TransportError
 
 API = "/api/v1/runs"
 

@@ -52,7 +52,7 @@ class KeyMap:
         return out
 
     def _name(self, key: str) -> str | None:
-        from client._validate import check_key
+        from curvecast.client._validate import check_key
 
         try:
             return check_key(self.prefix + key)

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from client._api import Api, Backoff, Outcome, Result
-from client._batcher import Batch, split_batch
-from client._monitor import DEFAULT_URL
-from client._spool import (
+from curvecast.client._api import Api, Backoff, Outcome, Result
+from curvecast.client._batcher import Batch, split_batch
+from curvecast.client._monitor import DEFAULT_URL
+from curvecast.client._spool import (
     REJECTED_SUFFIX,
     SegmentReader,
     Spool,
@@ -34,8 +34,8 @@ from client._spool import (
     iter_segment_paths,
     read_meta,
 )
-from client._transport import HTTPTransport, Transport
-from client._validate import check_run_id
+from curvecast.client._transport import HTTPTransport, Transport
+from curvecast.client._validate import check_run_id
 
 
 class Progress:

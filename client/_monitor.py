@@ -32,12 +32,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from client._api import Api, Backoff
-from client._batcher import Batch, KeyMap, Outbox, Record, encode_records
-from client._sender import Counters, Sender, spool_batch
-from client._spool import Spool, default_spool_dir
-from client._transport import HTTPTransport, Transport
-from client._validate import (
+from curvecast.client._api import Api, Backoff
+from curvecast.client._batcher import Batch, KeyMap, Outbox, Record, encode_records
+from curvecast.client._sender import Counters, Sender, spool_batch
+from curvecast.client._spool import Spool, default_spool_dir
+from curvecast.client._transport import HTTPTransport, Transport
+from curvecast.client._validate import (
     MAX_STEP,
     check_config,
     check_key,

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from client._api import Api, Backoff, Outcome, Result
-from client._batcher import Batch, Outbox, split_batch
-from client._spool import SegmentReader, Spool
+from curvecast.client._api import Api, Backoff, Outcome, Result
+from curvecast.client._batcher import Batch, Outbox, split_batch
+from curvecast.client._spool import SegmentReader, Spool
 
 log = logging.getLogger("curvecast.client")
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from client._batcher import count_points
+from curvecast.client._batcher import count_points
 
 log = logging.getLogger("curvecast.client")
 

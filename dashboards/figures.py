@@ -1,7 +1,8 @@
 """Pure figure builders: data shaped like the REST API's answers in, a Plotly figure out.
 
 No HTTP, no database: the service's page routes, the tests and the benchmark call these with
-dictionaries (or the parsed dataclasses of :mod:`dashboards.data`). Conventions every builder
+dictionaries (or the parsed dataclasses of :mod:`curvecast.dashboards.data`). Conventions every
+builder
 follows, because the page's JavaScript relies on them:
 
 * each trace that draws a metric carries ``meta = {"key": <metric key>, "role": ...}`` with role
@@ -26,8 +27,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from dashboards import fmt, palette
-from dashboards.data import (
+from curvecast.dashboards import fmt, palette
+from curvecast.dashboards.data import (
     AlertData,
     FloatArray,
     ForecastData,

@@ -18,8 +18,8 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from dashboards import figures, fmt, palette
-from dashboards.data import (
+from curvecast.dashboards import figures, fmt, palette
+from curvecast.dashboards.data import (
     EVAL_KEYS,
     TELEMETRY_PREFIXES,
     TRAIN_KEY,
@@ -391,7 +391,7 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     Returns:
         Display strings and sort keys per row (the template escapes every string).
     """
-    from dashboards.sparkline import sparkline_path
+    from curvecast.dashboards.sparkline import sparkline_path
 
     rows = []
     for item in items:

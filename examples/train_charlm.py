@@ -19,9 +19,9 @@ import torch
 # Runnable as a plain script from a checkout: make the repository importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from client import Monitor  # noqa: E402
+from curvecast.client import Monitor  # noqa: E402
+from curvecast.sfplus import ScheduleFreePlus  # noqa: E402
 from examples.charlm import CharDataset, CharTransformer, evaluate, load_stdlib_text  # noqa: E402
-from sfplus import ScheduleFreePlus  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

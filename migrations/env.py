@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from service.config import Settings, normalise_database_url
+from curvecast.service.config import Settings, normalise_database_url
 
 config = context.config
 

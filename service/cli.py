@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 # Every import of the server's dependencies happens inside the command that needs it, so that
 # `curvecast sync` works on a training machine with only the standard-library client installed.
 if TYPE_CHECKING:
-    from service.config import Settings
+    from curvecast.service.config import Settings
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    from service.config import Settings
+    from curvecast.service.config import Settings
 
     url = getattr(args, "database_url", None)
     return Settings(database_url=url) if url else Settings()
@@ -33,9 +33,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the API server with uvicorn."""
     import uvicorn
 
-    from service.app import prepare_database
-    from service.config import Settings, is_loopback_host
-    from service.errors import SchemaOutOfDate
+    from curvecast.service.app import prepare_database
+    from curvecast.service.config import Settings, is_loopback_host
+    from curvecast.service.errors import SchemaOutOfDate
 
     if args.database_url:
         os.environ["CURVECAST_DATABASE_URL"] = args.database_url
@@ -62,7 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     uvicorn.run(
-        "service.app:create_app",
+        "curvecast.service.app:create_app",
         factory=True,
         host=args.host,
         port=args.port,
@@ -82,7 +82,7 @@ def _redact(url: str) -> str:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Upgrade (or downgrade) the database schema."""
-    from service import migrate
+    from curvecast.service import migrate
 
     settings = _settings(args)
     if args.downgrade:
@@ -96,10 +96,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_token(args: argparse.Namespace) -> int:
     """Create, list or revoke API tokens."""
-    from service.db import make_engine, make_sessionmaker, session_scope
-    from service.errors import ServiceError
-    from service.migrate import check_schema
-    from service.store import tokens
+    from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+    from curvecast.service.errors import ServiceError
+    from curvecast.service.migrate import check_schema
+    from curvecast.service.store import tokens
 
     settings = _settings(args)
     engine = make_engine(settings)
@@ -176,19 +176,19 @@ def _add_optional_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
     """Commands contributed by other parts of curvecast (forecast, sync, demo)."""
     # Each part registers its own subcommand; a part that is not there yet is simply absent.
     try:
-        from service.forecast.cli import add_forecast_parser
+        from curvecast.service.forecast.cli import add_forecast_parser
     except ImportError:  # numpy/scipy missing: a client-only install
         pass
     else:
         add_forecast_parser(sub)
     try:
-        from service.demo import add_demo_parser
+        from curvecast.service.demo import add_demo_parser
     except ImportError:  # uvicorn missing: a client-only install
         pass
     else:
         add_demo_parser(sub)
     try:
-        from client._cli import add_sync_parser
+        from curvecast.client._cli import add_sync_parser
     except ImportError:
         pass
     else:

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from service.config import Settings
+from curvecast.service.config import Settings
 
 #: Execution option a store function sets on its first connection to say "this transaction
 #: writes". On SQLite it turns the transaction's BEGIN into BEGIN IMMEDIATE, which takes the

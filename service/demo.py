@@ -28,8 +28,8 @@ from typing import Any
 
 import uvicorn
 
-from service.app import create_app
-from service.config import Settings
+from curvecast.service.app import create_app
+from curvecast.service.config import Settings
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_charlm.py"
 SIZES = {"tiny": ("32", "1"), "small": ("128", "4")}

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from service.config import Settings
-from service.db import session_scope
-from service.errors import Forbidden, Unauthenticated
-from service.schemas import Principal, TokenScope
-from service.store import tokens
+from curvecast.service.config import Settings
+from curvecast.service.db import session_scope
+from curvecast.service.errors import Forbidden, Unauthenticated
+from curvecast.service.schemas import Principal, TokenScope
+from curvecast.service.store import tokens
 
 
 def get_settings(request: Request) -> Settings:

@@ -19,7 +19,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from service.schemas import ErrorOut
+from curvecast.service.schemas import ErrorOut
 
 log = logging.getLogger(__name__)
 

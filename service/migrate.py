@@ -10,8 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-import migrations
-from service.errors import SchemaOutOfDate
+from curvecast import migrations
+from curvecast.service.errors import SchemaOutOfDate
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 

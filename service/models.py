@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base
+from curvecast.service.db import Base
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 

@@ -17,11 +17,11 @@ from datetime import timedelta
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.config import Settings
-from service.db import session_scope
-from service.forecast import Fit, FitParams, fit_curve
-from service.store import forecasts
-from service.store._common import utcnow
+from curvecast.service.config import Settings
+from curvecast.service.db import session_scope
+from curvecast.service.forecast import Fit, FitParams, fit_curve
+from curvecast.service.store import forecasts
+from curvecast.service.store._common import utcnow
 
 log = logging.getLogger(__name__)
 

@@ -2,17 +2,17 @@
 
 Usage::
 
-    from sfplus import ScheduleFreePlus
+    from curvecast.sfplus import ScheduleFreePlus
 
     opt = ScheduleFreePlus(model.parameters(), warmup_steps=100, weight_decay=10.0)
     loss = model(batch); loss.backward(); opt.step(loss=loss); opt.zero_grad()
     with opt.averaged(model):
         evaluate(model)
 
-See :class:`ScheduleFreePlus` for the algorithm and :mod:`sfplus.reference` for the slow,
+See :class:`ScheduleFreePlus` for the algorithm and :mod:`curvecast.sfplus.reference` for the slow,
 literal transcription of the paper's Algorithm 1 that the tests check it against.
 """
 
-from sfplus.optimizer import NORM_STATS_KEYS, STATS_KEYS, ScheduleFreePlus
+from curvecast.sfplus.optimizer import NORM_STATS_KEYS, STATS_KEYS, ScheduleFreePlus
 
 __all__ = ["NORM_STATS_KEYS", "STATS_KEYS", "ScheduleFreePlus"]

@@ -1,6 +1,7 @@
 """Functional core of ScheduleFree+: pure scalar schedules and the tensor kernels.
 
-The optimizer class (:mod:`sfplus.optimizer`) owns state and bookkeeping; this module holds the
+The optimizer class (:mod:`curvecast.sfplus.optimizer`) owns state and bookkeeping; this module
+holds the
 maths, in two layers:
 
 * **Scalar functions** (plain Python floats, no tensors): the SF-beta annealing schedule, the

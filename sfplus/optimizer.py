@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from sfplus import _distributed as _dist
-from sfplus import functional as F
+from curvecast.sfplus import _distributed as _dist
+from curvecast.sfplus import functional as F
 
 __all__ = ["STATS_KEYS", "NORM_STATS_KEYS", "ScheduleFreePlus"]
 

@@ -18,8 +18,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from service.app import create_app
-from service.config import Settings
+from curvecast.service.app import create_app
+from curvecast.service.config import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,7 +122,7 @@ def start_server_process(
     cmd = [
         sys.executable,
         "-m",
-        "service.cli",
+        "curvecast.service.cli",
         "serve",
         "--port",
         str(port),

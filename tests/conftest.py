@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from service.config import Settings
-from service.migrate import upgrade
+from curvecast.service.config import Settings
+from curvecast.service.migrate import upgrade
 from tests._servers import thread_server
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

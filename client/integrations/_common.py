@@ -8,7 +8,7 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from client._validate import sanitize_key
+from curvecast.client._validate import sanitize_key
 
 
 def is_scalar(value: Any) -> bool:

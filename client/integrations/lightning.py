@@ -2,7 +2,7 @@
 
 Usage::
 
-    from client.integrations.lightning import CurvecastCallback
+    from curvecast.client.integrations.lightning import CurvecastCallback
 
     trainer = L.Trainer(callbacks=[CurvecastCallback(project="lm", run_name="gpt-120m")])
     trainer.fit(model)
@@ -34,8 +34,8 @@ try:
 except ImportError:  # pragma: no cover - the standalone package
     from pytorch_lightning import Callback, LightningModule, Trainer  # type: ignore[assignment]
 
-from client._monitor import Monitor
-from client.integrations._common import (
+from curvecast.client._monitor import Monitor
+from curvecast.client.integrations._common import (
     is_schedule_free,
     json_safe,
     scalar_metrics,

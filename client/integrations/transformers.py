@@ -2,7 +2,7 @@
 
 Usage::
 
-    from client.integrations.transformers import CurvecastCallback
+    from curvecast.client.integrations.transformers import CurvecastCallback
 
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       callbacks=[CurvecastCallback(project="lm", run_name="bert-small")])
@@ -26,8 +26,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from client._monitor import Monitor
-from client.integrations._common import json_safe, scalar_metrics, unwrap_optimizer
+from curvecast.client._monitor import Monitor
+from curvecast.client.integrations._common import json_safe, scalar_metrics, unwrap_optimizer
 
 __all__ = ["CurvecastCallback"]
 

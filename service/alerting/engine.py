@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from service.alerting.lifecycle import Event, RuleLifecycle, advance
-from service.alerting.rules import (
+from curvecast.service.alerting.lifecycle import Event, RuleLifecycle, advance
+from curvecast.service.alerting.rules import (
     RULES,
     EvalContext,
     RuleConfig,
@@ -128,7 +128,7 @@ def replay(
     Returns:
         Every transition, in order.
     """
-    from service.forecast import fit_curve
+    from curvecast.service.forecast import fit_curve
 
     configs = {name: rule_config(name, (overrides or {}).get(name)) for name in RULES}
     configs["stalled"] = replace(configs["stalled"], enabled=False)
@@ -148,7 +148,7 @@ def replay(
             n = int(np.searchsorted(fs.steps, upto, side="right"))
             if n >= 4 and n >= fitted_n * (1 + refit_growth) and n > fitted_n:
                 prev = fit
-                from service.forecast import Fit
+                from curvecast.service.forecast import Fit
 
                 warm = Fit.from_dict(prev).params if prev else None
                 fit = fit_curve(fs.steps[:n], fs.values[:n], config=config,

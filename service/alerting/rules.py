@@ -2,7 +2,8 @@
 
 Every rule turns a run's series (step and value arrays per metric key), its config and its
 forecast into :class:`~service.alerting.lifecycle.Observation` verdicts, one per evaluated step;
-:mod:`service.alerting.lifecycle` turns verdicts into pending/firing/resolved alerts. The service's
+:mod:`curvecast.service.alerting.lifecycle` turns verdicts into pending/firing/resolved alerts. The
+service's
 worker, the quality bench (``bench/alerts_quality.py``) and the tests all call
 :func:`evaluate_rule` / :func:`evaluate_run`, so what the bench measures is what the service does.
 
@@ -38,8 +39,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from service.alerting.lifecycle import Observation
-from service.schemas import KEY_PATTERN
+from curvecast.service.alerting.lifecycle import Observation
+from curvecast.service.schemas import KEY_PATTERN
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -889,7 +890,7 @@ class _LaggedFits:
     which would hide it)."""
 
     def __init__(self, fits: list[dict[str, Any]], lag: int) -> None:
-        from service.forecast import Fit
+        from curvecast.service.forecast import Fit
 
         self._from_dict = Fit.from_dict
         self.fits = fits
@@ -916,7 +917,7 @@ def _judge_fitted(
     memory: dict[str, Any],
 ) -> Verdicts:
     """The forecast's own series: its rolling median against the forecast interval."""
-    from service.forecast import Fit
+    from curvecast.service.forecast import Fit
 
     burn = burn_in_step(ctx, p.get("burn_in_steps"))
     window = auto_steps(ctx, p.get("window_steps"), _OFF_WINDOW, 10, 100)
@@ -960,7 +961,7 @@ def _judge_dense(
     data shard moves the training loss at once, while the eval loss (every few hundred steps,
     at the averaged point) follows a few evaluations later.
     """
-    from service.forecast import Fit
+    from curvecast.service.forecast import Fit
 
     burn = burn_in_step(ctx, p.get("burn_in_steps"))
     window = auto_steps(ctx, p.get("window_steps"), _OFF_WINDOW, 10, 100)

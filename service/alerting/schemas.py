@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.alerting.webhook import validate_webhook_url
+from curvecast.service.alerting.webhook import validate_webhook_url
 
 AlertState = Literal["pending", "firing", "resolved"]
 DeliveryStatus = Literal["pending", "delivered", "failed"]

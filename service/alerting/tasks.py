@@ -20,8 +20,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.alerting.engine import evaluate_round
-from service.alerting.rules import (
+from curvecast.service.alerting.engine import evaluate_round
+from curvecast.service.alerting.rules import (
     RULES,
     EvalContext,
     RuleConfig,
@@ -29,12 +29,12 @@ from service.alerting.rules import (
     first_present,
     rule_config,
 )
-from service.alerting.webhook import signature_headers
-from service.config import Settings
-from service.db import session_scope
-from service.store import alerts as alert_store
-from service.store import webhooks as webhook_store
-from service.store._common import utcnow
+from curvecast.service.alerting.webhook import signature_headers
+from curvecast.service.config import Settings
+from curvecast.service.db import session_scope
+from curvecast.service.store import alerts as alert_store
+from curvecast.service.store import webhooks as webhook_store
+from curvecast.service.store._common import utcnow
 
 log = logging.getLogger(__name__)
 

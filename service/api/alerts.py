@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 from fastapi import status as http
 
-from service.alerting.schemas import (
+from curvecast.service.alerting.schemas import (
     AlertList,
     AlertOut,
     AlertState,
@@ -27,11 +27,11 @@ from service.alerting.schemas import (
     WebhookList,
     WebhookOut,
 )
-from service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
-from service.schemas import PROJECT_FILTER_PATTERN, PROJECT_PATTERN
-from service.store import alerts as alert_store
-from service.store import webhooks as webhook_store
-from service.store._common import utcnow
+from curvecast.service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
+from curvecast.service.schemas import PROJECT_FILTER_PATTERN, PROJECT_PATTERN
+from curvecast.service.store import alerts as alert_store
+from curvecast.service.store import webhooks as webhook_store
+from curvecast.service.store._common import utcnow
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 

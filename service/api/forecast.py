@@ -13,9 +13,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from service.deps import ReadPrincipal, SessionDep
-from service.forecast import Fit
-from service.schemas import (
+from curvecast.service.deps import ReadPrincipal, SessionDep
+from curvecast.service.forecast import Fit
+from curvecast.service.schemas import (
     MAX_STEP,
     EtaOut,
     ForecastHistory,
@@ -26,8 +26,8 @@ from service.schemas import (
     TargetAnswer,
     TargetOut,
 )
-from service.store import forecasts as forecast_store
-from service.store._common import utcnow
+from curvecast.service.store import forecasts as forecast_store
+from curvecast.service.store._common import utcnow
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}/forecast", tags=["forecast"])
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.migrate import check_schema
-from service.schemas import Health
+from curvecast.service.migrate import check_schema
+from curvecast.service.schemas import Health
 
 router = APIRouter(tags=["health"])
 

@@ -10,10 +10,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
-from service.errors import InvalidInput, TooManyPoints
-from service.schemas import KEY_PATTERN, MAX_STEP, IngestResult, MetricBatch, MetricsOut
-from service.store import metrics as metric_store
+from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
+from curvecast.service.errors import InvalidInput, TooManyPoints
+from curvecast.service.schemas import KEY_PATTERN, MAX_STEP, IngestResult, MetricBatch, MetricsOut
+from curvecast.service.store import metrics as metric_store
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["metrics"])
 _KEY_RE = re.compile(KEY_PATTERN)

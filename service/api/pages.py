@@ -1,7 +1,8 @@
 """Dashboard pages: the runs list, a run, a comparison, and the data their charts draw.
 
 Routes stay thin. Page data comes from the service's own REST API, called in-process (no
-network, same auth, same shapes any client sees); :mod:`dashboards.views` turns the answers
+network, same auth, same shapes any client sees); :mod:`curvecast.dashboards.views` turns the
+answers
 into Plotly figures; templates in ``dashboards/templates`` render with autoescaping. The runs
 list is the exception: it reads a whole page of runs with one store call
 (``service.store.dashboard``) instead of several REST calls per run.
@@ -31,17 +32,17 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from dashboards import html, views
-from dashboards.data import EVAL_KEYS, TRAIN_KEY, ForecastData
-from dashboards.data import horizon as run_horizon
-from service.api.forecast import forecast_out
-from service.config import Settings
-from service.db import session_scope
-from service.errors import InvalidInput, ServiceError, Unauthenticated
-from service.forecast import Fit
-from service.schemas import MAX_STEP, PROJECT_FILTER_PATTERN, Principal, RunStatus
-from service.store import dashboard as dashboard_store
-from service.store import tokens
+from curvecast.dashboards import html, views
+from curvecast.dashboards.data import EVAL_KEYS, TRAIN_KEY, ForecastData
+from curvecast.dashboards.data import horizon as run_horizon
+from curvecast.service.api.forecast import forecast_out
+from curvecast.service.config import Settings
+from curvecast.service.db import session_scope
+from curvecast.service.errors import InvalidInput, ServiceError, Unauthenticated
+from curvecast.service.forecast import Fit
+from curvecast.service.schemas import MAX_STEP, PROJECT_FILTER_PATTERN, Principal, RunStatus
+from curvecast.service.store import dashboard as dashboard_store
+from curvecast.service.store import tokens
 
 router = APIRouter(tags=["dashboards"], include_in_schema=False)
 

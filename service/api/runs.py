@@ -7,9 +7,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from service.deps import IngestPrincipal, ReadPrincipal, SessionDep
-from service.schemas import PROJECT_FILTER_PATTERN, RunCreate, RunOut, RunPage, RunStatus, RunUpdate
-from service.store import runs as run_store
+from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep
+from curvecast.service.schemas import (
+    PROJECT_FILTER_PATTERN,
+    RunCreate,
+    RunOut,
+    RunPage,
+    RunStatus,
+    RunUpdate,
+)
+from curvecast.service.store import runs as run_store
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 

@@ -12,7 +12,7 @@ The service's worker calls :func:`fit_curve` (with :func:`bin_series` for long r
 ``warm_start=previous.params``) and stores ``fit.to_dict()``.
 """
 
-from service.forecast.core import (
+from curvecast.service.forecast.core import (
     STATUSES,
     BinnedSeries,
     Fit,

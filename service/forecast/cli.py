@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from service.forecast.core import Fit, fit_curve
+from curvecast.service.forecast.core import Fit, fit_curve
 
 __all__ = ["ForecastInputError", "add_forecast_parser", "forecast_result", "load_series", "main",
            "run_forecast"]

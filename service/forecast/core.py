@@ -41,7 +41,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import minimize_scalar
 
-from service.forecast import calibration as _cal
+from curvecast.service.forecast import calibration as _cal
 
 FloatArray = NDArray[np.float64]
 

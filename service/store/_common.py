@@ -9,7 +9,7 @@ from sqlalchemy import Connection, Insert, Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from service.db import WRITE_OPTION
+from curvecast.service.db import WRITE_OPTION
 
 
 def utcnow() -> datetime:

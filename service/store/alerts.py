@@ -18,12 +18,12 @@ import numpy as np
 from sqlalchemy import Select, delete, exists, literal, literal_column, or_, select, update
 from sqlalchemy.orm import Session
 
-from service.alerting.engine import Transition
-from service.alerting.rules import RULES, Series, rule_config, validate_override
-from service.alerting.schemas import AlertList, AlertOut, RuleList, RuleOut
-from service.alerting.webhook import AlertView, build_payload, encode_body
-from service.errors import InvalidInput, NotFound, RunNotFound
-from service.models import (
+from curvecast.service.alerting.engine import Transition
+from curvecast.service.alerting.rules import RULES, Series, rule_config, validate_override
+from curvecast.service.alerting.schemas import AlertList, AlertOut, RuleList, RuleOut
+from curvecast.service.alerting.webhook import AlertView, build_payload, encode_body
+from curvecast.service.errors import InvalidInput, NotFound, RunNotFound
+from curvecast.service.models import (
     Alert,
     AlertDelivery,
     AlertEval,
@@ -34,11 +34,11 @@ from service.models import (
     Run,
     Webhook,
 )
-from service.models import (
+from curvecast.service.models import (
     Series as SeriesRow,
 )
-from service.store._common import as_utc, is_postgres, write_connection
-from service.store.projects import ensure_project
+from curvecast.service.store._common import as_utc, is_postgres, write_connection
+from curvecast.service.store.projects import ensure_project
 
 OPEN_STATES = ("pending", "firing")
 

@@ -18,10 +18,10 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from service.models import FitRecord, Series
-from service.schemas import RunOut, RunStatus
-from service.store import runs as run_store
-from service.store._common import as_utc
+from curvecast.service.models import FitRecord, Series
+from curvecast.service.schemas import RunOut, RunStatus
+from curvecast.service.store import runs as run_store
+from curvecast.service.store._common import as_utc
 
 #: Series a run's trend and "last loss" are read from, in order of preference: the training
 #: loss logged every step, else an evaluation loss.

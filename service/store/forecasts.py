@@ -12,10 +12,18 @@ import numpy as np
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from service.errors import RunNotFound
-from service.models import FitRecord, MetricPoint, MetricRollup, Project, Run, RunWork, Series
-from service.store._common import as_utc, write_connection
-from service.store.rollups import ROLLUP_WIDTHS, read_block_means
+from curvecast.service.errors import RunNotFound
+from curvecast.service.models import (
+    FitRecord,
+    MetricPoint,
+    MetricRollup,
+    Project,
+    Run,
+    RunWork,
+    Series,
+)
+from curvecast.service.store._common import as_utc, write_connection
+from curvecast.service.store.rollups import ROLLUP_WIDTHS, read_block_means
 
 #: Series a forecast fits, in order of preference, unless the run's config names ``fit_key``.
 #: Evaluation loss (measured at the averaged iterate x) is smoother than per-step training loss.

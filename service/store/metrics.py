@@ -19,12 +19,12 @@ import numpy as np
 from sqlalchemy import case, select, text, update
 from sqlalchemy.orm import Session
 
-from service.errors import RunNotFound
-from service.models import MetricPoint, Project, Run, Series
-from service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
-from service.store._common import insert_ignore, is_postgres, utcnow, write_connection
-from service.store._pgcopy import encode_rows
-from service.store.rollups import choose_level, read_buckets, update_rollups
+from curvecast.service.errors import RunNotFound
+from curvecast.service.models import MetricPoint, Project, Run, Series
+from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
+from curvecast.service.store._common import insert_ignore, is_postgres, utcnow, write_connection
+from curvecast.service.store._pgcopy import encode_rows
+from curvecast.service.store.rollups import choose_level, read_buckets, update_rollups
 
 _COPY_POINTS = "COPY metric_points (series_id, step, value, wall_time) FROM STDIN (FORMAT BINARY)"
 _STAGING = (

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.models import Project
-from service.store._common import insert_ignore, utcnow
+from curvecast.service.models import Project
+from curvecast.service.store._common import insert_ignore, utcnow
 
 
 def ensure_project(session: Session, *, name: str) -> int:

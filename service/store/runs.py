@@ -10,11 +10,11 @@ from datetime import datetime
 from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
-from service.errors import Conflict, Forbidden, InvalidInput, RunNotFound
-from service.models import Project, Run, RunWork
-from service.schemas import RunCreate, RunOut, RunPage, RunUpdate
-from service.store._common import as_utc, insert_ignore, utcnow, write_connection
-from service.store.projects import ensure_project
+from curvecast.service.errors import Conflict, Forbidden, InvalidInput, RunNotFound
+from curvecast.service.models import Project, Run, RunWork
+from curvecast.service.schemas import RunCreate, RunOut, RunPage, RunUpdate
+from curvecast.service.store._common import as_utc, insert_ignore, utcnow, write_connection
+from curvecast.service.store.projects import ensure_project
 
 _FINAL_STATUSES = {"finished", "failed", "crashed"}
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import auth
-from service.errors import NotFound, Unauthenticated
-from service.models import ApiToken, Project
-from service.schemas import Principal, TokenCreated, TokenInfo, TokenScope
-from service.store._common import as_utc, utcnow, write_connection
-from service.store.projects import ensure_project
+from curvecast.service import auth
+from curvecast.service.errors import NotFound, Unauthenticated
+from curvecast.service.models import ApiToken, Project
+from curvecast.service.schemas import Principal, TokenCreated, TokenInfo, TokenScope
+from curvecast.service.store._common import as_utc, utcnow, write_connection
+from curvecast.service.store.projects import ensure_project
 
 # Compared against when a prefix is unknown, so a miss costs the same as a hit.
 _DUMMY_HASH = auth.hash_token("cc_000000000000_" + "0" * 43)

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from service.alerting.schemas import (
+from curvecast.service.alerting.schemas import (
     AttemptOut,
     DeliveryList,
     DeliveryOut,
@@ -18,10 +18,10 @@ from service.alerting.schemas import (
     WebhookList,
     WebhookOut,
 )
-from service.errors import NotFound
-from service.models import AlertDelivery, AlertDeliveryAttempt, Project, Webhook
-from service.store._common import as_utc, write_connection
-from service.store.projects import ensure_project
+from curvecast.service.errors import NotFound
+from curvecast.service.models import AlertDelivery, AlertDeliveryAttempt, Project, Webhook
+from curvecast.service.store._common import as_utc, write_connection
+from curvecast.service.store.projects import ensure_project
 
 MAX_ERROR_CHARS = 500
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from service.alerting.rules import Series
+from curvecast.service.alerting.rules import Series
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.alerting.lifecycle import Observation, RuleLifecycle, advance
+from curvecast.service.alerting.lifecycle import Observation, RuleLifecycle, advance
 
 
 def obs(step: int, active: bool, clear: bool | None = None, value: float = 1.0) -> Observation:

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 
-from service.config import Settings
+from curvecast.service.config import Settings
 from tests._servers import free_port, start_server_process
 from tests.alerting._data import batches, create_run, load, stream, wait_for
 from tests.alerting.conftest import start_receiver

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.alerting.engine import evaluate_round, replay
-from service.alerting.lifecycle import RuleLifecycle
-from service.alerting.rules import (
+from curvecast.service.alerting.engine import evaluate_round, replay
+from curvecast.service.alerting.lifecycle import RuleLifecycle
+from curvecast.service.alerting.rules import (
     RULES,
     EvalContext,
     Series,
@@ -256,7 +256,7 @@ def test_off_curve_reads_the_dense_training_loss_between_evals() -> None:
 def test_off_curve_verdicts_do_not_depend_on_batching() -> None:
     """The sparse and dense verdicts are merged with each one's latest verdict carried over
     between rounds: evaluating in one round or in many gives the same observations."""
-    from service.forecast import fit_curve
+    from curvecast.service.forecast import fit_curve
 
     series = sparse_eval_and_dense_loss(1200)
     evals = series["eval_loss"]

@@ -12,17 +12,17 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.alerting.engine import Transition
-from service.alerting.lifecycle import Event
-from service.config import Settings
-from service.db import make_engine, make_sessionmaker, session_scope
-from service.migrate import upgrade
-from service.models import Alert, AlertDelivery, Run, Webhook
-from service.schemas import RunCreate
-from service.store import alerts as alert_store
-from service.store import runs as run_store
-from service.store import webhooks as webhook_store
-from service.store._common import utcnow
+from curvecast.service.alerting.engine import Transition
+from curvecast.service.alerting.lifecycle import Event
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.migrate import upgrade
+from curvecast.service.models import Alert, AlertDelivery, Run, Webhook
+from curvecast.service.schemas import RunCreate
+from curvecast.service.store import alerts as alert_store
+from curvecast.service.store import runs as run_store
+from curvecast.service.store import webhooks as webhook_store
+from curvecast.service.store._common import utcnow
 from tests.conftest import create_pg_database, drop_pg_database
 
 
@@ -110,7 +110,7 @@ def test_claimed_runs_are_leased_and_a_lost_lease_writes_nothing(
 def test_outbox_rows_are_written_with_the_alert_and_leased_for_sending(
     factory: sessionmaker[Session], project: str
 ) -> None:
-    from service.alerting.schemas import WebhookIn
+    from curvecast.service.alerting.schemas import WebhookIn
 
     with session_scope(factory) as s:
         hook = webhook_store.create_webhook(
@@ -149,7 +149,7 @@ def _webhook_of(factory: sessionmaker[Session], delivery_id: uuid.UUID) -> int:
 
 def test_deleting_a_webhook_drops_its_deliveries(factory: sessionmaker[Session],
                                                  project: str) -> None:
-    from service.alerting.schemas import WebhookIn
+    from curvecast.service.alerting.schemas import WebhookIn
 
     with session_scope(factory) as s:
         hook = webhook_store.create_webhook(

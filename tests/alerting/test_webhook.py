@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.alerting.webhook import (
+from curvecast.service.alerting.webhook import (
     AlertView,
     build_payload,
     encode_body,

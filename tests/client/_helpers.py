@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from client import HTTPTransport, Response, TransportError
-from service.config import Settings
+from curvecast.client import HTTPTransport, Response, TransportError
+from curvecast.service.config import Settings
 from tests._servers import thread_server
 
 

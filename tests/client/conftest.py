@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.config import Settings
+from curvecast.service.config import Settings
 from tests._servers import thread_server
 
 

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from client._batcher import Outbox, encode_records, split_batch
+from curvecast.client._batcher import Outbox, encode_records, split_batch
 
 
 def decode(batches):
@@ -70,7 +70,7 @@ def test_outbox_is_bounded_and_acks_by_identity() -> None:
 
 
 def test_keymap_prefixes_in_the_background_and_drops_bad_names() -> None:
-    from client._batcher import KeyMap
+    from curvecast.client._batcher import KeyMap
 
     keymap = KeyMap("opt/", skip=("step",))
     stats = {"step": 3.0, "eta": 0.5, "bad name": 1.0, "n": 2}

@@ -16,9 +16,9 @@ import psutil
 import pytest
 import torch
 
-from client import Monitor
-from client._api import Backoff
-from service.config import Settings
+from curvecast.client import Monitor
+from curvecast.client._api import Backoff
+from curvecast.service.config import Settings
 from tests._servers import REPO, free_port, start_server_process, thread_server
 from tests.client._helpers import (
     RecordingTransport,
@@ -141,7 +141,7 @@ def test_server_killed_mid_stream_and_restarted_stores_every_point_once(
 
 EXIT_SCRIPT = """
 import sys
-from client import Monitor
+from curvecast.client import Monitor
 mon = Monitor(url=sys.argv[1], project="client-exit", run_name="exit", flush_timeout=1.0,
               config={"total_steps": 1000})
 print(mon.run_id, flush=True)
@@ -183,7 +183,8 @@ def test_exit_with_the_server_down_spools_and_sync_uploads(
     with segment.open("ab") as f:
         f.write(b'{"steps": [5], "values": {"loss": [tru\n')  # damage: skipped and reported
 
-    sync = [sys.executable, "-m", "service.cli", "sync", str(spool_dir), "--url", sqlite_server]
+    sync = [sys.executable, "-m", "curvecast.service.cli", "sync", str(spool_dir),
+            "--url", sqlite_server]
     out = subprocess.run(sync, capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "2,000 points uploaded" in out.stderr and "status failed" in out.stderr
@@ -259,7 +260,7 @@ def test_alerts_are_empty_without_the_endpoint_and_never_raise(
 
 
 def test_watch_logs_sfplus_telemetry_and_config(sqlite_server: str, spool_dir: Path) -> None:
-    import sfplus
+    from curvecast import sfplus
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = sfplus.ScheduleFreePlus(model.parameters(), warmup_steps=2, weight_decay=10.0)

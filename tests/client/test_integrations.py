@@ -35,8 +35,8 @@ def test_lightning_callback_logs_and_switches_schedule_free(
     sqlite_server: str, spool_dir: Path, tmp_path: Path
 ) -> None:
     L = require("lightning.pytorch")
-    from client.integrations.lightning import CurvecastCallback
-    from sfplus import ScheduleFreePlus
+    from curvecast.client.integrations.lightning import CurvecastCallback
+    from curvecast.sfplus import ScheduleFreePlus
 
     class Tiny(L.LightningModule):
         def __init__(self) -> None:
@@ -111,7 +111,7 @@ def test_transformers_callback_logs_trainer_logs_and_optimizer(
     sqlite_server: str, spool_dir: Path, tmp_path: Path
 ) -> None:
     transformers = require("transformers")
-    from client.integrations.transformers import CurvecastCallback
+    from curvecast.client.integrations.transformers import CurvecastCallback
 
     g = torch.Generator().manual_seed(0)
     data = [{"x": x, "labels": x.sum(0, keepdim=True)} for x in torch.randn(16, 4, generator=g)]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import client
+from curvecast import client
 
 
 def test_all_is_pinned() -> None:
     assert client.__all__ == ["HTTPTransport", "Monitor", "Response", "Transport", "TransportError"]
     for name in client.__all__:
-        assert getattr(client, name).__module__.startswith("client.")
+        assert getattr(client, name).__module__.startswith("curvecast.client.")
 
 
 def test_import_is_standard_library_only() -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from client import Response, TransportError
-from client._api import Api, Backoff, Outcome, classify, parse_retry_after
-from client._batcher import Batch, Outbox, encode_records
-from client._sender import HUMAN_WAIT, Counters, Sender
-from client._spool import Spool
+from curvecast.client import Response, TransportError
+from curvecast.client._api import Api, Backoff, Outcome, classify, parse_retry_after
+from curvecast.client._batcher import Batch, Outbox, encode_records
+from curvecast.client._sender import HUMAN_WAIT, Counters, Sender
+from curvecast.client._spool import Spool
 from tests.client._helpers import FakeClock, FakeTransport
 
 RUN = str(uuid.uuid4())
@@ -292,7 +292,7 @@ def test_classify(status, body, outcome) -> None:
 def test_monitor_alerts_and_on_alert_from_the_background_thread(tmp_path: Path) -> None:
     import threading
 
-    from client import Monitor
+    from curvecast.client import Monitor
     from tests.client._helpers import accept_all, wait_for
 
     body = {"alerts": [{"id": 1, "rule": "grad_drift", "state": "firing"},

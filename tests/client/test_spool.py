@@ -7,9 +7,9 @@ import logging
 import uuid
 from pathlib import Path
 
-from client._batcher import encode_records
-from client._sender import Counters, spool_batch
-from client._spool import (
+from curvecast.client._batcher import encode_records
+from curvecast.client._sender import Counters, spool_batch
+from curvecast.client._spool import (
     META,
     SegmentReader,
     Spool,

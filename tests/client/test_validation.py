@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from client import Monitor
+from curvecast.client import Monitor
 from tests.client._helpers import FakeTransport
 
 

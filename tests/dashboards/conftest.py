@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi import APIRouter, FastAPI
 
-from service.app import create_app
-from service.config import Settings
+from curvecast.service.app import create_app
+from curvecast.service.config import Settings
 from tests._servers import serve_app
 from tests.dashboards import _synthetic as syn
 
@@ -127,7 +127,7 @@ def new_app(settings: Settings, alerts: FakeAlerts | None = None, *,
     decides which alerts exist); with ``without_alerts``, a service that has no alerts API."""
     app = create_app(settings)
     if alerts is not None or without_alerts:
-        from service.api import alerts as alerts_api
+        from curvecast.service.api import alerts as alerts_api
 
         app.router.routes = [r for r in app.router.routes
                              if getattr(r, "original_router", None) is not alerts_api.router]

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from service.config import Settings
-from service.db import make_engine, make_sessionmaker, session_scope
-from service.store import tokens
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.store import tokens
 from tests.conftest import IN_CI
 from tests.dashboards import _synthetic as syn
 from tests.dashboards.conftest import (

@@ -13,9 +13,9 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from dashboards import figures, fmt, html, palette, views
-from dashboards.data import SeriesData, burn_in, horizon, series_by_key, telemetry_prefix
-from dashboards.sparkline import sparkline_path
+from curvecast.dashboards import figures, fmt, html, palette, views
+from curvecast.dashboards.data import SeriesData, burn_in, horizon, series_by_key, telemetry_prefix
+from curvecast.dashboards.sparkline import sparkline_path
 
 OKABE_ITO = {palette.BLACK, palette.ORANGE, palette.SKY, palette.GREEN, palette.YELLOW,
              palette.BLUE, palette.VERMILLION, palette.PURPLE, palette.GREY}

@@ -14,10 +14,10 @@ import httpx
 import plotly
 import pytest
 
-from service.config import Settings
-from service.db import make_engine, make_sessionmaker, session_scope
-from service.store import dashboard as dashboard_store
-from service.store import tokens
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.store import dashboard as dashboard_store
+from curvecast.service.store import tokens
 from tests.dashboards import _synthetic as syn
 from tests.dashboards.conftest import (
     FakeAlerts,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.app import create_app
-from service.cli import build_parser
-from service.config import Settings
+from curvecast.service.app import create_app
+from curvecast.service.cli import build_parser
+from curvecast.service.config import Settings
 from tests.conftest import IN_CI
 
 REPO = Path(__file__).resolve().parents[2]

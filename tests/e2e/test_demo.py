@@ -19,7 +19,7 @@ def test_demo_trains_streams_and_summarises(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "service.cli",
+            "curvecast.service.cli",
             "demo",
             "--steps",
             "30",

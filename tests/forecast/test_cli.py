@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.forecast.cli import add_forecast_parser, load_series, main, run_forecast
+from curvecast.service.forecast.cli import add_forecast_parser, load_series, main, run_forecast
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_KEYS = {"status", "n_points", "fitted_upto_step", "a", "b", "c", "f_star", "prediction",
@@ -176,7 +176,7 @@ def test_semicolon_csv_and_bom(tmp_path: Path) -> None:
 
 
 def test_module_entry_point(csv_file: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "service.forecast.cli", str(csv_file),
+    proc = subprocess.run([sys.executable, "-m", "curvecast.service.forecast.cli", str(csv_file),
                            "--upto", "0.2", "--json"], capture_output=True, text=True,
                           cwd=ROOT, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr

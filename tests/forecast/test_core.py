@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.forecast import (
+from curvecast.service.forecast import (
     STATUSES,
     Fit,
     FitParams,
@@ -18,7 +18,7 @@ from service.forecast import (
     fit_curve,
     model,
 )
-from service.forecast import calibration as cal
+from curvecast.service.forecast import calibration as cal
 
 DATA = Path(__file__).parent / "data"
 

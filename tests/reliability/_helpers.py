@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 from sqlalchemy import create_engine, text
 
-from service.config import Settings
-from service.store.rollups import ROLLUP_WIDTHS
+from curvecast.service.config import Settings
+from curvecast.service.store.rollups import ROLLUP_WIDTHS
 
 _COUNTS = text(
     "SELECT s.key, count(*), count(DISTINCT p.step), min(p.step), max(p.step)"

@@ -25,11 +25,11 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from bench._db import create_token
-from service import auth
-from service.app import create_app
-from service.config import Settings
-from service.db import make_engine, make_sessionmaker, session_scope
-from service.store import tokens
+from curvecast.service import auth
+from curvecast.service.app import create_app
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.store import tokens
 from tests._servers import ServerProcess, start_server_process
 from tests.reliability._helpers import wait_for
 

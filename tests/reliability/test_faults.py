@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
-from client import Monitor
-from client._api import Backoff
-from service.migrate import upgrade
+from curvecast.client import Monitor
+from curvecast.client._api import Backoff
+from curvecast.service.migrate import upgrade
 from tests._servers import REPO, free_port, start_server_process
 from tests.reliability._helpers import (
     KeyCount,
@@ -261,8 +261,8 @@ def test_postgres_stopped_for_30s_mid_run(private_pg: PrivateCluster, tmp_path: 
 
 KILLED_CLIENT = """
 import sys, time
-from client import Monitor
-from client._api import Backoff
+from curvecast.client import Monitor
+from curvecast.client._api import Backoff
 mon = Monitor(url=sys.argv[1], project="killed-client", run_name="sigkill",
               config={"total_steps": 10**6}, flush_interval=0.02,
               backoff=Backoff(base=0.05, cap=0.2))
@@ -320,7 +320,7 @@ def test_killed_training_process_spool_is_uploaded_by_sync(
     total = sum(len(v) for v in expected.values())
     assert set(expected) == {"loss", "lr"} and total > 1000 and torn <= 1
 
-    sync = [sys.executable, "-m", "service.cli", "sync", str(spool), "--url", server]
+    sync = [sys.executable, "-m", "curvecast.service.cli", "sync", str(spool), "--url", server]
     out = subprocess.run(sync, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"{total:,} points uploaded" in out.stderr, out.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.fuzz import BOUNDED_EXAMPLES, BOUNDED_SEED, fuzz_url
-from service.migrate import upgrade
+from curvecast.service.migrate import upgrade
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from service.app import create_app
-from service.config import Settings
-from service.schemas import KEY_PATTERN, MAX_CONFIG_DEPTH, PROJECT_PATTERN
+from curvecast.service.app import create_app
+from curvecast.service.config import Settings
+from curvecast.service.schemas import KEY_PATTERN, MAX_CONFIG_DEPTH, PROJECT_PATTERN
 
 LIMIT = Settings().max_body_bytes
 SMALL_TABLES = ("projects", "runs", "series", "webhooks", "alert_rules", "api_tokens")

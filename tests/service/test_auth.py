@@ -17,9 +17,9 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from service.config import Settings
-from service.db import make_engine, make_sessionmaker, session_scope
-from service.store import tokens
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.store import tokens
 from tests._servers import REPO, thread_server
 
 
@@ -89,7 +89,7 @@ def test_token_cli_prints_once_and_revokes(world: World) -> None:
             [
                 sys.executable,
                 "-m",
-                "service.cli",
+                "curvecast.service.cli",
                 "token",
                 *args,
                 "--database-url",
@@ -115,7 +115,7 @@ def test_token_cli_prints_once_and_revokes(world: World) -> None:
             [
                 sys.executable,
                 "-m",
-                "service.cli",
+                "curvecast.service.cli",
                 "token",
                 "revoke",
                 token_id,
@@ -137,7 +137,7 @@ def test_auth_off_is_refused_on_non_loopback_bind(tmp_path) -> None:
         [
             sys.executable,
             "-m",
-            "service.cli",
+            "curvecast.service.cli",
             "serve",
             "--host",
             "0.0.0.0",

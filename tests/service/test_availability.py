@@ -7,7 +7,7 @@ import uuid
 
 import httpx
 
-from service.config import Settings
+from curvecast.service.config import Settings
 from tests._servers import free_port, thread_server
 
 

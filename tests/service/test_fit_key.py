@@ -1,6 +1,6 @@
 """Which series a forecast fits (pure choice)."""
 
-from service.store.forecasts import MIN_EVAL_POINTS, choose_fit_key
+from curvecast.service.store.forecasts import MIN_EVAL_POINTS, choose_fit_key
 
 
 def test_eval_loss_preferred_once_it_has_enough_points() -> None:

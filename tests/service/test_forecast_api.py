@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine, text
 
-from service.config import Settings
+from curvecast.service.config import Settings
 from tests._servers import start_server_process, thread_server
 
 A, B, C = 20.3, 377.0, 2.07  # the paper's 500M-model fit

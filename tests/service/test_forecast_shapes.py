@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.api.forecast import forecast_out
-from service.forecast.cli import forecast_result
+from curvecast.service.api.forecast import forecast_out
+from curvecast.service.forecast.cli import forecast_result
 
 
 def test_api_and_cli_payloads_agree() -> None:

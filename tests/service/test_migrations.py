@@ -12,10 +12,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-import service.models  # noqa: E402,F401  (registers every table on Base.metadata)
-from service.config import Settings
-from service.db import Base
-from service.migrate import downgrade, head_revision, upgrade
+import curvecast.service.models  # noqa: E402,F401  (registers every table on Base.metadata)
+from curvecast.service.config import Settings
+from curvecast.service.db import Base
+from curvecast.service.migrate import downgrade, head_revision, upgrade
 from tests._servers import REPO
 
 # Every table the models describe; the migrations must create exactly these.
@@ -61,7 +61,7 @@ def test_stale_postgres_schema_is_refused(fresh_pg_url: str) -> None:
         [
             sys.executable,
             "-m",
-            "service.cli",
+            "curvecast.service.cli",
             "serve",
             "--port",
             "1",
@@ -76,7 +76,7 @@ def test_stale_postgres_schema_is_refused(fresh_pg_url: str) -> None:
     assert proc.returncode == 2
     assert "curvecast migrate" in proc.stderr and head_revision() in proc.stderr
     migrated = subprocess.run(
-        [sys.executable, "-m", "service.cli", "migrate", "--database-url", fresh_pg_url],
+        [sys.executable, "-m", "curvecast.service.cli", "migrate", "--database-url", fresh_pg_url],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -87,7 +87,7 @@ def test_stale_postgres_schema_is_refused(fresh_pg_url: str) -> None:
 
 
 def test_sqlite_default_upgrades_itself(tmp_path: Path) -> None:
-    from service.app import prepare_database
+    from curvecast.service.app import prepare_database
 
     url = f"sqlite:///{tmp_path / 'auto.db'}"
     prepare_database(Settings(database_url=url))

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 
-from service.config import Settings
+from curvecast.service.config import Settings
 from tests._servers import start_server_process
 
 

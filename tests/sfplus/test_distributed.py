@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from sfplus import ScheduleFreePlus
+from curvecast.sfplus import ScheduleFreePlus
 
 from .conftest import batches, make_model, max_rel_diff, params_of
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from sfplus import ScheduleFreePlus
-from sfplus.reference import ReferenceScheduleFreePlus
+from curvecast.sfplus import ScheduleFreePlus
+from curvecast.sfplus.reference import ReferenceScheduleFreePlus
 
 from .conftest import batches, loss_fn, make_model
 

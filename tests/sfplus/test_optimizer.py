@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-import sfplus
-from sfplus import NORM_STATS_KEYS, STATS_KEYS, ScheduleFreePlus
+from curvecast import sfplus
+from curvecast.sfplus import NORM_STATS_KEYS, STATS_KEYS, ScheduleFreePlus
 
 from .conftest import VOCAB, batches, loss_fn, make_model, params_of, train
 

@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from sfplus import ScheduleFreePlus
-from sfplus.reference import ReferenceScheduleFreePlus
+from curvecast.sfplus import ScheduleFreePlus
+from curvecast.sfplus.reference import ReferenceScheduleFreePlus
 
 from .conftest import batches, loss_fn, make_model, max_rel_diff, params_of, train
 

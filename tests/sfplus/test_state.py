@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from sfplus import ScheduleFreePlus
+from curvecast.sfplus import ScheduleFreePlus
 
 from .conftest import batches, make_model, params_of, train
 

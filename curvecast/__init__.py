@@ -1,0 +1,33 @@
+"""curvecast: watch and forecast neural-network training runs.
+
+The one import most users need::
+
+    from curvecast import Monitor, ScheduleFreePlus
+
+The package is a namespace over the repository's top-level folders: ``curvecast.client`` (the
+training-loop hook, standard library only), ``curvecast.sfplus`` (the optimizer, needs torch),
+``curvecast.service`` and ``curvecast.dashboards`` (the server, needs the ``[server]`` extra),
+``curvecast.migrations`` (its schema) and :mod:`curvecast.contract` (the facts every part agrees
+on). ``ScheduleFreePlus`` is imported on first use, so a client-only install never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from curvecast.client import Monitor
+
+if TYPE_CHECKING:
+    from curvecast.sfplus import ScheduleFreePlus
+
+__version__ = "0.1.0"
+__all__ = ["Monitor", "ScheduleFreePlus", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: torch is only needed by whoever asks for the optimizer.
+    if name == "ScheduleFreePlus":
+        from curvecast.sfplus import ScheduleFreePlus
+
+        return ScheduleFreePlus
+    raise AttributeError(f"module 'curvecast' has no attribute {name!r}")

@@ -1,0 +1,249 @@
+"""The facts every part of curvecast agrees on, in one place.
+
+The client hook, the service's API, the forecast worker, the alert rules, the pages, the offline
+CLI and the benches all ask this module; none of them defines these facts again. Standard
+library only, so the training-machine client imports it without the server's dependencies.
+
+What lives here:
+
+* **Wire limits**: the metric-key and project-name patterns, the step range, and how a
+  non-finite value travels in JSON.
+* **Telemetry names**: the ONE prefix the optimizer's statistics are logged under
+  (:data:`TELEMETRY_PREFIX`, ``opt/``) and the names of those statistics. Data stored before the
+  prefix was fixed may carry ``sfplus/`` or no prefix; readers find it through
+  :func:`telemetry_keys`, which lists the current name first and the legacy ones after it.
+* **Which series is "the loss"** a forecast fits (:func:`loss_key`): the caller's choice
+  (``?key=`` / ``--key``), else the run config's ``fit_key``, else the first evaluation-loss key
+  present, else the training loss ``loss``.
+* **Typed reading of a run's config** (:class:`RunConfig`): the planned horizon, the step where
+  averaging starts (the forecast's burn-in), the alert rules' burn-in, AdamC's lambda and the
+  warmups. A stored config is a plain dict; every consumer reads it through this class.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ALERT_BURN_IN_C_WARMUPS",
+    "ALERT_BURN_IN_FRACTION",
+    "EVAL_LOSS_KEYS",
+    "KEY_PATTERN",
+    "LEGACY_TELEMETRY_PREFIXES",
+    "LOSS_KEYS",
+    "MAX_STEP",
+    "NON_FINITE_STRINGS",
+    "NORM_STATS",
+    "OPTIMIZER_STATS",
+    "PROJECT_PATTERN",
+    "TELEMETRY_PREFIX",
+    "TELEMETRY_PREFIXES",
+    "TRAIN_LOSS_KEY",
+    "TRAIN_LOSS_KEYS",
+    "RunConfig",
+    "is_valid_key",
+    "loss_key",
+    "telemetry_key",
+    "telemetry_keys",
+    "telemetry_prefix",
+]
+
+# --- wire limits ---------------------------------------------------------------------------------
+#: A metric name: 1-200 characters from ``A-Z a-z 0-9 _ . / -`` (``loss``, ``eval/loss``).
+KEY_PATTERN = r"^[A-Za-z0-9_./-]{1,200}$"
+#: A project name: like a metric name without ``/``, at most 100 characters.
+PROJECT_PATTERN = r"^[A-Za-z0-9_.-]{1,100}$"
+#: Steps are integers in ``[0, MAX_STEP]`` (fits a signed 64-bit column with room to spare).
+MAX_STEP = 2**62
+#: How NaN and infinities travel in JSON: as these strings (what Python's ``json`` would emit
+#: bare, and what strict JSON parsers refuse). ``null`` is accepted as NaN on the way in.
+NON_FINITE_STRINGS = ("NaN", "Infinity", "-Infinity")
+
+_KEY_RE = re.compile(KEY_PATTERN)
+
+
+def is_valid_key(key: object) -> bool:
+    """Whether ``key`` is a metric name the service accepts."""
+    return isinstance(key, str) and _KEY_RE.match(key) is not None
+
+
+# --- optimizer telemetry -------------------------------------------------------------------------
+#: The prefix of every optimizer statistic the hook logs (``opt/eta``, ``opt/grad_l1``, ...).
+TELEMETRY_PREFIX = "opt/"
+#: Prefixes of data stored before the prefix was fixed, still read (never written).
+LEGACY_TELEMETRY_PREFIXES = ("sfplus/", "")
+#: Every prefix a reader tries, the current one first.
+TELEMETRY_PREFIXES = (TELEMETRY_PREFIX, *LEGACY_TELEMETRY_PREFIXES)
+#: ScheduleFree+'s per-step statistics (``ScheduleFreePlus.stats()``), without prefix.
+OPTIMIZER_STATS = (
+    "step",
+    "loss",
+    "inner",
+    "numerator",
+    "grad_l1",
+    "denom_ema",
+    "eta",
+    "alpha",
+    "gamma_max",
+    "c",
+    "sf_beta",
+)
+#: The weight and gradient norms, computed every ``norm_every`` steps (they cost a pass).
+NORM_STATS = ("x_l2", "y_l2", "z_l2", "grad_l2")
+
+
+def telemetry_key(stat: str) -> str:
+    """The name the hook logs an optimizer statistic under (``opt/<stat>``)."""
+    return TELEMETRY_PREFIX + stat
+
+
+def telemetry_keys(stat: str) -> tuple[str, ...]:
+    """Names one statistic may be stored under, in order of preference (current name first)."""
+    return tuple(prefix + stat for prefix in TELEMETRY_PREFIXES)
+
+
+def telemetry_prefix(keys_present: Iterable[str]) -> str:
+    """The prefix a run's telemetry is stored under: the first of :data:`TELEMETRY_PREFIXES`
+    that names any known statistic, else the current prefix."""
+    present = set(keys_present)
+    names = OPTIMIZER_STATS + NORM_STATS
+    for prefix in TELEMETRY_PREFIXES:
+        if prefix and any(prefix + name in present for name in names):
+            return prefix
+    return TELEMETRY_PREFIX
+
+
+# --- the loss series a forecast fits -------------------------------------------------------------
+#: Evaluation-loss names, in order of preference. Evaluation loss is measured at x (the averaged
+#: iterate), the point whose loss the paper's model describes.
+EVAL_LOSS_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation/loss")
+#: The per-step training loss the hook logs (measured at y).
+TRAIN_LOSS_KEY = "loss"
+#: Names a densely logged training loss may carry.
+TRAIN_LOSS_KEYS = (TRAIN_LOSS_KEY, "train_loss", "train/loss")
+#: What a forecast fits when nobody chose: the first evaluation loss present, else ``loss``.
+LOSS_KEYS = (*EVAL_LOSS_KEYS, TRAIN_LOSS_KEY)
+
+
+def loss_key(
+    keys_present: Collection[str],
+    config: RunConfig | Mapping[str, Any] | None = None,
+    override: str | None = None,
+) -> str | None:
+    """The series that is "the loss" of a run, for forecasts and everything that shows them.
+
+    Args:
+        keys_present: metric names the run has data for.
+        config: the run's config; its ``fit_key``, when set, is the run owner's choice.
+        override: the caller's choice (``?key=``, ``--key``); wins over everything.
+
+    Returns:
+        The chosen name, or None when the run has none of them. An explicit choice
+        (``override`` or ``fit_key``) is returned even before its first point arrives, so a
+        forecast says "no data for <key>" instead of quietly fitting another series.
+    """
+    if override:
+        return override
+    cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
+    if cfg.fit_key:
+        return cfg.fit_key
+    present = set(keys_present)
+    return next((key for key in LOSS_KEYS if key in present), None)
+
+
+# --- a run's config ------------------------------------------------------------------------------
+#: The alert rules' burn-in lasts at least this fraction of ``total_steps`` ...
+ALERT_BURN_IN_FRACTION = 0.10
+#: ... and at least this many times the step where averaging starts: once averaging starts, x is
+#: an average of few points and its norm (and the loss: the paper's "hump") moves a lot until the
+#: average has a history comparable to the steps before it.
+ALERT_BURN_IN_C_WARMUPS = 2.0
+
+
+def _positive(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _non_negative(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The keys of a run's config that curvecast reads, typed and checked once.
+
+    The service validates configs at the edge (``service.schemas.RunConfigIn``) and stores them
+    as plain JSON; :meth:`read` turns a stored dict back into this, ignoring values of the wrong
+    type (a config written by an older client), so no consumer needs its own guards.
+    """
+
+    total_steps: int | None = None
+    warmup_steps: int | None = None
+    c_warmup: int | None = None
+    weight_decay: float | None = None
+    fit_key: str | None = None
+
+    @classmethod
+    def read(cls, raw: Mapping[str, Any] | None) -> RunConfig:
+        """Typed view of a stored config; missing or ill-typed keys read as None."""
+        if not raw:
+            return cls()
+        total = _positive(raw.get("total_steps"))
+        warmup = _positive(raw.get("warmup_steps", raw.get("warmup")))
+        c_warmup = _positive(raw.get("c_warmup"))
+        fit_key = raw.get("fit_key")
+        return cls(
+            total_steps=int(total) if total is not None else None,
+            warmup_steps=int(warmup) if warmup is not None else None,
+            c_warmup=int(c_warmup) if c_warmup is not None else None,
+            weight_decay=_non_negative(raw.get("weight_decay")),
+            fit_key=fit_key if is_valid_key(fit_key) else None,
+        )
+
+    def horizon(self, last_step: int | None) -> int | None:
+        """The default forecast horizon: the planned ``total_steps``, else the last step logged.
+
+        The API, the pages' headline numbers, the runs list and the CLI all answer for this step.
+        """
+        if self.total_steps is not None:
+            return self.total_steps
+        return int(last_step) if last_step is not None and last_step > 0 else None
+
+    @property
+    def averaging_start(self) -> int | None:
+        """The step where ScheduleFree+ starts averaging: ``c_warmup``, else the paper's heuristic
+        ``2 * warmup_steps``, else None (unknown). The forecast's burn-in."""
+        if self.c_warmup is not None:
+            return self.c_warmup
+        if self.warmup_steps is not None:
+            return 2 * self.warmup_steps
+        return None
+
+    @property
+    def averaging_start_source(self) -> str | None:
+        """Which config key :attr:`averaging_start` came from (``config:c_warmup`` or
+        ``config:warmup_steps``), for the fit's ``burn_in_source``."""
+        if self.c_warmup is not None:
+            return "config:c_warmup"
+        if self.warmup_steps is not None:
+            return "config:warmup_steps"
+        return None
+
+    def alert_burn_in(self, total_steps: int | None = None) -> int:
+        """The last step of the alert rules' burn-in: the larger of
+        :data:`ALERT_BURN_IN_C_WARMUPS` × :attr:`averaging_start` and
+        :data:`ALERT_BURN_IN_FRACTION` of the run's length (``total_steps``, or the one given)."""
+        total = self.total_steps if self.total_steps is not None else total_steps
+        start = self.averaging_start or 0
+        frac = ALERT_BURN_IN_FRACTION * total if total else 0.0
+        return int(math.ceil(max(ALERT_BURN_IN_C_WARMUPS * start, frac)))
