@@ -15,13 +15,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from curvecast.service import __version__
-from curvecast.service.alerting.tasks import deliver_webhooks, evaluate_alerts
 from curvecast.service.api import alerts, forecast, health, metrics, pages, runs
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
 from curvecast.service.errors import ERROR_CODE_TO_HTTP_STATUS, ERROR_RESPONSES, install_handlers
 from curvecast.service.migrate import check_schema, upgrade
-from curvecast.service.worker import Worker, refit_due_runs
+from curvecast.service.worker import Worker, deliver_webhooks, evaluate_alerts, refit_due_runs
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from curvecast.service.alerting.rules import RULES
-from curvecast.service.alerting.tasks import backoff_s
 from curvecast.service.alerting.webhook import verify
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.store import tokens
+from curvecast.service.worker.webhooks import backoff_s
 from tests._servers import thread_server
 from tests.alerting._data import batches, create_run, finish, load, stream, wait_for
 from tests.alerting.conftest import Receiver

@@ -1,0 +1,14 @@
+"""The background worker: the work ingest must never wait for.
+
+``loop`` runs the tasks on a daemon thread per service process; each task is a module:
+``refit`` (forecasts), ``alerts`` (rule evaluation) and ``webhooks`` (outbox delivery). Every
+task is safe to run in several processes at once against one database: each claims its work
+with leases and row locks.
+"""
+
+from curvecast.service.worker.alerts import evaluate_alerts
+from curvecast.service.worker.loop import Task, Worker
+from curvecast.service.worker.refit import refit_due_runs
+from curvecast.service.worker.webhooks import deliver_webhooks
+
+__all__ = ["Task", "Worker", "deliver_webhooks", "evaluate_alerts", "refit_due_runs"]
