@@ -9,6 +9,10 @@ FROM python:${PYTHON_VERSION}-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# curvecast/ is the one installed package; its subpackages are symlinks (curvecast/service ->
+# ../service, ...) that COPY keeps as links and the wheel build follows, so the folders they
+# point to are copied beside it.
+COPY curvecast ./curvecast
 COPY service ./service
 COPY client ./client
 COPY sfplus ./sfplus

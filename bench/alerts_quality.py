@@ -10,7 +10,7 @@ Run from the repository root::
 **The runs.** Each run trains the small character-level transformer of ``examples/charlm.py`` on
 the standard library's source with :class:`sfplus.ScheduleFreePlus` for a few hundred to 1,000
 steps, and logs what the client hook streams: ``loss`` every step, the optimizer's ``stats()``
-as ``sfplus/<stat>`` every step, the norms (``sfplus/x_l2`` ...) every ``NORMS_EVERY`` steps and
+as ``opt/<stat>`` every step, the norms (``opt/x_l2`` ...) every ``NORMS_EVERY`` steps and
 ``eval_loss`` (at the averaged point x) every ``EVAL_EVERY`` steps. Healthy runs vary the model
 size, seed, weight decay (the paper's range 5-50) and beta annealing. Faulty runs plant one
 fault at a known onset step:
@@ -48,10 +48,11 @@ from typing import Any
 
 import numpy as np
 
+from curvecast.contract import telemetry_key, telemetry_keys
+
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "alerting" / "fixtures"
 NORMS_EVERY = 10
 EVAL_EVERY = 20  # as examples/train_charlm.py does by default
-PREFIX = "sfplus/"
 #: Significant digits kept in the fixtures (keeps them small; far below the run-to-run noise).
 DIGITS = 6
 
@@ -222,7 +223,7 @@ def train(spec: RunSpec, text: Any = None) -> dict[str, Any]:
         log.add(t, "loss", float(loss.detach()))
         for key, value in stats.items():
             if key != "step":
-                log.add(t, PREFIX + key, value)
+                log.add(t, telemetry_key(key), value)
         if t % EVAL_EVERY == 0:
             with opt.averaged(model):
                 log.add(t, "eval_loss", evaluate(model, data, batches=4, batch_size=32))
@@ -251,7 +252,7 @@ def _inject_ramp(series: dict[str, Any], onset: int, over: int, doublings: float
     """Multiply the logged gradient norms by ``2 ** (doublings * (t - onset) / over)`` from
     ``onset`` for ``over`` steps, and by ``2 ** doublings`` after: a steady rise in log space,
     as drift looks, in data that is otherwise a healthy run's."""
-    for key in (PREFIX + "grad_l1", PREFIX + "grad_l2", PREFIX + "denom_ema"):
+    for key in [k for stat in ("grad_l1", "grad_l2", "denom_ema") for k in telemetry_keys(stat)]:
         if key not in series:
             continue
         steps, values = series[key]["steps"], series[key]["values"]
@@ -602,6 +603,12 @@ def unstable_table(runs: list[dict[str, Any]], outcomes: list[Outcome]) -> str:
                           rows)
 
 
+def _telemetry(run: dict[str, Any], stat: str) -> dict[str, Any]:
+    """A stored run's series of an optimizer statistic, under whichever name it was logged
+    (fixtures written before the contract fixed ``opt/`` carry ``sfplus/``)."""
+    return next(run["series"][k] for k in telemetry_keys(stat) if k in run["series"])
+
+
 def count_parameters(run: dict[str, Any]) -> int:
     """Parameters of the run's model (rebuilt from its config; nothing is trained)."""
     from examples.charlm import VOCAB, CharTransformer
@@ -622,8 +629,7 @@ def adamc_ratio(runs: list[dict[str, Any]]) -> tuple[str, dict[str, float]]:
     spreads = []
     for run in runs:
         lam = float(run["config"]["weight_decay"])
-        g = run["series"][PREFIX + "grad_l2"]
-        z = run["series"][PREFIX + "z_l2"]
+        g, z = _telemetry(run, "grad_l2"), _telemetry(run, "z_l2")
         total = int(run["config"]["total_steps"])
         zs = dict(zip(z["steps"], z["values"], strict=True))
         pairs = [(s, v / zs[s]) for s, v in zip(g["steps"], g["values"], strict=True)

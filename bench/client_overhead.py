@@ -44,10 +44,10 @@ from bench._report import markdown_table, write_section
 from curvecast.client import Monitor
 from curvecast.client._api import Api
 from curvecast.client._batcher import encode_records
-from curvecast.client._cli import sync_run
 from curvecast.client._transport import HTTPTransport
+from curvecast.client.sync import sync_run
 from curvecast.service.migrate import upgrade
-from tests._servers import ServerProcess, free_port, start_server_process
+from curvecast.service.testing import ServerProcess, free_port, start_server_process
 
 logging.getLogger("curvecast.client").setLevel(logging.ERROR)  # expected "server down" warnings
 

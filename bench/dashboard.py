@@ -38,8 +38,8 @@ import httpx
 import psycopg
 
 from bench._report import markdown_table, write_section
-from tests._servers import start_server_process
-from tests.dashboards import _synthetic as syn
+from curvecast.service.testing import start_server_process
+from curvecast.service.testing import synthetic as syn
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -44,9 +44,9 @@ from bench.forecast_calibrate import (
     load_corpus,
     prefix,
 )
-from curvecast.service.forecast import bin_series, fit_curve
 from curvecast.service.forecast import calibration as cal
-from curvecast.service.forecast.core import MIN_POINTS
+from curvecast.service.forecast.binning import bin_series
+from curvecast.service.forecast.solver import MIN_POINTS, fit_curve
 
 CUTS = (0.1, 0.2, 0.3, 0.5)
 CONFIDENCE = 0.9

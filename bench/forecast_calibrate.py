@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from curvecast.service.forecast.core import Fit, fit_curve
+from curvecast.service.forecast.fit import Fit
+from curvecast.service.forecast.solver import fit_curve
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CURVES = Path(os.environ.get("CURVECAST_CURVES_DIR", ROOT.parent / "shared" / "curves"))

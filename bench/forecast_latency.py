@@ -28,13 +28,14 @@ import psycopg
 from sqlalchemy import text
 
 from bench._report import markdown_table, write_section
+from curvecast.contract import RunConfig
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
-from curvecast.service.forecast import Fit, fit_curve
+from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.migrate import upgrade
 from curvecast.service.store import forecasts
 from curvecast.service.store._common import utcnow
-from tests._servers import start_server_process
+from curvecast.service.testing import start_server_process
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -114,17 +115,17 @@ def refit_time(database_url: str, run_id: uuid.UUID, repeats: int) -> dict[str, 
                 text("SELECT n_points FROM runs WHERE id = :r"),
                 {"r": run_id if "postgres" in database_url else run_id.hex},
             ).scalar_one()
-        job = forecasts.FitJob(run_id=run_id, run_n_points=int(n), config={})
+        job = forecasts.FitJob(run_id=run_id, run_n_points=int(n), config=RunConfig())
         t = time.perf_counter()
         with session_scope(factory) as session:
             data = forecasts.read_fit_input(session, job=job)
         assert data is not None
         t1 = time.perf_counter()
-        prev = Fit.from_dict(data.previous_fit) if data.previous_fit else None
+        prev = data.previous_fit
         fit = fit_curve(data.steps, data.values, warm_start=prev.params if prev else None)
         t2 = time.perf_counter()
         with session_scope(factory) as session:
-            forecasts.save_fit(session, job=job, key=data.key, fit=fit.to_dict(), now=utcnow())
+            forecasts.save_fit(session, job=job, key=data.key, fit=fit, now=utcnow())
         t3 = time.perf_counter()
         times["read"].append((t1 - t) * 1000)
         times["fit"].append((t2 - t1) * 1000)

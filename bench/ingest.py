@@ -29,7 +29,7 @@ from bench._report import markdown_table, write_section
 from curvecast.service.config import Settings
 from curvecast.service.migrate import upgrade
 from curvecast.service.store._pgcopy import encode_rows
-from tests._servers import start_server_process
+from curvecast.service.testing import start_server_process
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 KEYS = ("loss", "polyak_lr", "grad_l1", "alpha")

@@ -78,9 +78,9 @@ def main() -> None:
     from bench._report import markdown_table, write_section
     from curvecast.client import Monitor
     from curvecast.service.migrate import upgrade
-    from tests._servers import start_server_process
-    from tests.reliability._helpers import db_counts
-    from tests.reliability._pgcluster import PrivateCluster, find_bindir
+    from curvecast.service.testing import start_server_process
+    from curvecast.service.testing.pgcluster import PrivateCluster, find_bindir
+    from curvecast.service.testing.tables import db_counts
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phase-seconds", type=float, default=8.0)

@@ -1,7 +1,7 @@
-"""``python -m client sync [DIR]``: ``curvecast sync`` without the server extras installed."""
+"""``python -m curvecast.client sync [DIR]``: ``curvecast sync`` without the server extras."""
 
 import sys
 
-from curvecast.client._cli import main
+from curvecast.client.sync import main
 
 sys.exit(main())

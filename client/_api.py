@@ -114,7 +114,7 @@ def classify(resp: Response, elapsed: float = 0.0) -> Result:
 
 
 class Api:
-    """The REST calls, over any :class:`~client.Transport`.
+    """The REST calls, over any :class:`~curvecast.client.Transport`.
 
     Args:
         transport: where requests go.

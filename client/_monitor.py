@@ -34,11 +34,10 @@ from typing import Any
 
 from curvecast.client._api import Api, Backoff
 from curvecast.client._batcher import Batch, KeyMap, Outbox, Record, encode_records
-from curvecast.client._sender import Counters, Sender, spool_batch
+from curvecast.client._sender import Counters, Sender, report_leftovers, spool_batch
 from curvecast.client._spool import Spool, default_spool_dir
 from curvecast.client._transport import HTTPTransport, Transport
 from curvecast.client._validate import (
-    MAX_STEP,
     check_config,
     check_key,
     check_project,
@@ -47,12 +46,13 @@ from curvecast.client._validate import (
     check_step,
     check_value,
 )
+from curvecast.client._watch import optimizer_config, watch_optimizer
+from curvecast.contract import FINAL_RUN_STATUSES, MAX_STEP, TELEMETRY_PREFIX
 
 log = logging.getLogger("curvecast.client")
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-RunStatus = str  # "finished" | "failed" | "crashed"
-_FINAL_STATUSES = ("finished", "failed", "crashed")
+RunStatus = str  # one of FINAL_RUN_STATUSES
 _LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
 
@@ -104,7 +104,8 @@ class Monitor:
         max_pending_bytes: the most encoded bytes held in memory; beyond, batches are spooled.
         spool_max_bytes: cap on this run's spool; beyond it points are dropped, loudly.
         max_batch_points: the most points per request.
-        transport: how requests reach the service (default :class:`~client.HTTPTransport`).
+        transport: how requests reach the service (default
+            :class:`~curvecast.client.HTTPTransport`).
         clock: monotonic clock of the retry schedule (inject a fake one in tests).
         wall_clock: the source of each point's wall time.
         backoff: the retry delay policy.
@@ -309,13 +310,13 @@ class Monitor:
         optimizer: Any,
         *,
         norms_every: int | None = None,
-        prefix: str = "opt/",
+        prefix: str = TELEMETRY_PREFIX,
         step_fn: Callable[[], int] | None = None,
         log_config: bool = True,
     ) -> Any:
         """Log an optimizer's telemetry after every ``step()``.
 
-        With :class:`sfplus.ScheduleFreePlus` (anything with a ``stats()`` method) each step
+        With :class:`curvecast.ScheduleFreePlus` (anything with a ``stats()`` method) each step
         logs ``{prefix}eta``, ``alpha``, ``loss`` (F), ``inner`` (I), ``numerator``, ``grad_l1``,
         ``denom_ema``, ``gamma_max``, ``c``, ``sf_beta`` and ``warmup`` (free: read on the host
         during the step), and every ``norms_every`` steps ``x_l2``, ``y_l2``, ``z_l2`` and
@@ -328,7 +329,8 @@ class Monitor:
         Args:
             optimizer: a ``torch.optim.Optimizer``.
             norms_every: override the monitor's ``norms_every``.
-            prefix: prefix of the metric names.
+            prefix: prefix of the metric names (default ``opt/``, where the pages and the
+                alert rules look for the optimizer's statistics).
             step_fn: returns the step number to log at (e.g. ``lambda: trainer.global_step``).
             log_config: merge the optimizer's hyper-parameters into the run config (keys given
                 in ``config=`` win).
@@ -336,64 +338,9 @@ class Monitor:
         Returns:
             The hook handle; ``handle.remove()`` stops logging.
         """
-        register = getattr(optimizer, "register_step_post_hook", None)
-        if not callable(register):
-            raise TypeError(
-                f"watch() needs a torch.optim.Optimizer, got {type(optimizer).__name__}"
-            )
         every = self.norms_every if norms_every is None else norms_every
-        if every < 0:
-            raise ValueError(f"norms_every must be >= 0, got {every}")
-        check_key(prefix + "x")
-        keymap = KeyMap(prefix, skip=("step",))
-        names: dict[str, str] = {}
-
-        def name(stat: str) -> str:
-            full = names.get(stat)
-            if full is None:
-                full = names[stat] = check_key(prefix + stat)
-            return full
-
-        counter = [0]
-        failed = [False]
-
-        def sfplus_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
-            # Runs after every step: keep it to a few dict operations (names are mapped and
-            # values checked in the batcher thread).
-            try:
-                counter[0] += 1
-                stats = opt.stats()
-                if not stats:
-                    return
-                step = step_fn() if step_fn else int(stats.get("step") or counter[0])
-                if every and step % every == 0:
-                    stats = opt.stats(norms=True)
-                self._record(step, stats, keymap)
-            except Exception:
-                if not failed[0]:
-                    failed[0] = True
-                    log.exception("curvecast: reading the optimizer's stats failed (ignored)")
-
-        def lr_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
-            try:
-                counter[0] += 1
-                step = step_fn() if step_fn else counter[0]
-                groups = opt.param_groups
-                if len(groups) == 1:
-                    lrs = {name("lr"): groups[0]["lr"]}
-                else:
-                    lrs = {name(f"lr/{i}"): g["lr"] for i, g in enumerate(groups)}
-                for key, value in lrs.items():
-                    if type(value) is not float:  # a tensor LR: checked like a logged value
-                        lrs[key] = check_value(key, value)
-                self._record(step, lrs)
-            except Exception:
-                if not failed[0]:
-                    failed[0] = True
-                    log.exception("curvecast: reading the learning rate failed (ignored)")
-
-        is_sfplus = callable(getattr(optimizer, "stats", None))
-        handle = register(sfplus_hook if is_sfplus else lr_hook)
+        handle = watch_optimizer(optimizer, self._record, norms_every=every, prefix=prefix,
+                                 step_fn=step_fn)
         if log_config:
             self.update_config(optimizer_config(optimizer))
         return handle
@@ -442,13 +389,7 @@ class Monitor:
         """
         result = self._api.get_alerts(self.run_id, timeout=min(2.0, self._api.timeout))
         if result.ok:
-            body = result.body if isinstance(result.body, dict) else {}
-            alerts = body.get("alerts", [])
-            # Asked with ?state=firing; an alert without a state is taken as firing.
-            firing = [
-                a for a in alerts if isinstance(a, dict) and a.get("state", "firing") == "firing"
-            ]
-            self._sender.last_alerts = firing
+            return list(self._sender.record_alerts(result.body))
         return list(self._sender.last_alerts)
 
     # -- background threads ----------------------------------------------------------------
@@ -477,11 +418,15 @@ class Monitor:
             with self._progress:
                 self._progress.notify_all()  # room in the buffer for a waiting log()
             self._batcher_stalled = False
-            batches, unreadable = encode_records(records, max_points=self._max_batch_points)
-            self._counters.points_dropped += unreadable
-            for batch in batches:
-                self._counters.points_logged += batch.points
+            for batch in self._encode(records):
                 self._dispatch(batch)
+
+    def _encode(self, records: list[Record]) -> list[Batch]:
+        """Batches of ``records``; their points count as logged (unreadable values: dropped)."""
+        batches, unreadable = encode_records(records, max_points=self._max_batch_points)
+        self._counters.points_dropped += unreadable
+        self._counters.points_logged += sum(batch.points for batch in batches)
+        return batches
 
     def _dispatch(self, batch: Batch) -> None:
         if self._outbox.offer(batch):
@@ -519,16 +464,7 @@ class Monitor:
         return not self._buffer and not self._batching
 
     def _all_sent(self) -> bool:
-        s = self._sender
-        return (
-            self._idle_batcher()
-            and s.created
-            and not len(self._outbox)
-            and s._line is None
-            and s._reader is None
-            and not self._spool.has_data()
-            and s._config_patch is None
-        )
+        return self._idle_batcher() and self._sender.caught_up
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything logged so far is stored by the service.
@@ -561,8 +497,8 @@ class Monitor:
         Returns:
             True if everything, the status included, reached the service.
         """
-        if status not in _FINAL_STATUSES:
-            raise ValueError(f"status must be one of {_FINAL_STATUSES}, got {status!r}")
+        if status not in FINAL_RUN_STATUSES:
+            raise ValueError(f"status must be one of {FINAL_RUN_STATUSES}, got {status!r}")
         with self._finish_lock:
             if self._finished is not None:
                 return self._finished
@@ -598,42 +534,15 @@ class Monitor:
 
     def _spool_leftovers(self, status: str, done: bool) -> None:
         records = [self._buffer.popleft() for _ in range(len(self._buffer))]
-        if records:
-            batches, unreadable = encode_records(records, max_points=self._max_batch_points)
-            self._counters.points_dropped += unreadable
-            for batch in batches:
-                self._counters.points_logged += batch.points
-                spool_batch(self._spool, batch, self._counters)
-        for batch in self._outbox.take_all():
+        for batch in [*self._encode(records), *self._outbox.take_all()]:
             spool_batch(self._spool, batch, self._counters)
-        c = self._counters
         if done:
             self._spool.cleanup()
-            self._spool.close()
-            if c.points_dropped or c.points_rejected:
-                log.warning(
-                    "curvecast: run %s finished; %d points were dropped and %d refused",
-                    self.run_id,
-                    c.points_dropped,
-                    c.points_rejected,
-                )
-            return
-        self._spool.update_meta(status=status)
+        else:
+            self._spool.update_meta(status=status)
         self._spool.close()
-        left = max(0, c.points_logged - c.points_sent - c.points_dropped - c.points_rejected)
-        what = f"{left} points of run {self.run_id} and its final status" if left else (
-            f"the final status of run {self.run_id}"
-        )
-        log.warning(
-            "curvecast: %s could not be sent to %s within the flush timeout; they are kept in "
-            "%s. Upload them with:  curvecast sync %s",
-            what,
-            self.url,
-            self._spool.path,
-            self._spool.path,
-        )
-        if c.points_dropped:
-            log.error("curvecast: %d points were lost (spool cap or errors)", c.points_dropped)
+        report_leftovers(self._counters, self._spool.path, run_id=self.run_id, url=self.url,
+                         done=done)
 
     def _atexit(self) -> None:
         failed = getattr(sys, "last_value", None) is not None
@@ -684,33 +593,3 @@ class Monitor:
 
     def __repr__(self) -> str:
         return f"Monitor(url={self.url!r}, project={self.project!r}, run_id={self.run_id!r})"
-
-
-def optimizer_config(optimizer: Any) -> dict[str, Any]:
-    """The run-config keys describing an optimizer.
-
-    ScheduleFree+ (anything with a ``config()`` method) contributes its hyper-parameters under
-    ``"optimizer"`` and the keys the service reads (``weight_decay`` = AdamC lambda, ``c_warmup``,
-    ``warmup_steps``) at the top level. Other optimizers contribute their JSON-safe defaults
-    under ``"optimizer"`` only (their ``weight_decay`` is not on the AdamC scale).
-    """
-    config_fn = getattr(optimizer, "config", None)
-    if callable(config_fn):
-        cfg = dict(config_fn())
-        out: dict[str, Any] = {"optimizer": cfg}
-        for key in ("weight_decay", "c_warmup", "warmup_steps"):
-            if cfg.get(key) is not None:
-                out[key] = cfg[key]
-        return out
-    defaults = getattr(optimizer, "defaults", {}) or {}
-    safe: dict[str, Any] = {"name": type(optimizer).__name__}
-    for key, value in defaults.items():
-        if isinstance(value, bool | str | None):
-            safe[key] = value
-        elif isinstance(value, int | float) and value == value and abs(value) != float("inf"):
-            safe[key] = value
-        elif isinstance(value, tuple | list) and all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in value
-        ):
-            safe[key] = list(value)
-    return {"optimizer": safe}

@@ -89,8 +89,20 @@ class Sender:
         self.on_alert = on_alert
         self.alert_interval = alert_interval
 
-        self.created = False
-        self.online = True
+        # Public state, read by the monitor: whether the run exists on the service, whether the
+        # last request got an answer, and how finishing goes.
+        self.created: bool = False
+        self.online: bool = True
+        self.finishing: bool = False
+        self.final_status: str | None = None
+        self.status_sent: bool = False
+        #: Set by the monitor when it stops: later ticks only idle.
+        self.stopped: bool = False
+        #: Round-trip times (seconds) of the last 512 batches sent.
+        self.rtts: deque[float] = deque(maxlen=512)
+        #: The run's firing alerts, as last received.
+        self.last_alerts: list[dict[str, Any]] = []
+
         self.attempt = 0
         self.next_try = 0.0
         self._retry_after_until = 0.0
@@ -100,14 +112,8 @@ class Sender:
         self._line: tuple[bytes, int] | None = None
         self._missing_in_a_row = 0
         self._told: set[str] = set()
-        self.rtts: deque[float] = deque(maxlen=512)
-        self.finishing = False
-        self.final_status: str | None = None
-        self.status_sent = False
-        self.stopped = False
         self._next_alert_poll = 0.0
         self._seen_alerts: set[Any] = set()
-        self.last_alerts: list[dict[str, Any]] = []
 
     # -- inputs from the monitor -----------------------------------------------------------
 
@@ -124,12 +130,19 @@ class Sender:
         self.next_try = max(self.clock(), self._retry_after_until)
 
     @property
+    def caught_up(self) -> bool:
+        """Whether everything handed over so far reached the service: the run exists, no
+        config change waits, and no batch waits in memory or in the spool."""
+        return self.created and self._config_patch is None and self._queues_empty()
+
+    @property
     def done(self) -> bool:
         """Whether everything, the final status included, reached the service."""
+        return self.finishing and self.status_sent and self._queues_empty()
+
+    def _queues_empty(self) -> bool:
         return (
-            self.finishing
-            and self.status_sent
-            and self._line is None
+            self._line is None
             and self._reader is None
             and not len(self.outbox)
             and not self.spool.has_data()
@@ -270,11 +283,17 @@ class Sender:
             self.notify_alerts(result.body)
         return min(IDLE_WAIT, self.alert_interval)
 
-    def notify_alerts(self, body: Any) -> list[dict[str, Any]]:
-        """Record a ``GET .../alerts`` answer; call ``on_alert`` for newly firing alerts."""
+    def record_alerts(self, body: Any) -> list[dict[str, Any]]:
+        """Keep the firing alerts of a ``GET .../alerts`` answer as :attr:`last_alerts`."""
         alerts = body.get("alerts", []) if isinstance(body, dict) else []
+        # Asked with ?state=firing; an alert without a state is taken as firing.
         firing = [a for a in alerts if isinstance(a, dict) and a.get("state", "firing") == "firing"]
         self.last_alerts = firing
+        return firing
+
+    def notify_alerts(self, body: Any) -> list[dict[str, Any]]:
+        """Record a ``GET .../alerts`` answer; call ``on_alert`` for newly firing alerts."""
+        firing = self.record_alerts(body)
         for alert in firing:
             key = alert.get("id", (alert.get("rule"), alert.get("started_at")))
             if key in self._seen_alerts:
@@ -398,3 +417,40 @@ def spool_batch(spool: Spool, batch: Batch, counters: Counters) -> bool:
             reason,
         )
     return False
+
+
+def report_leftovers(counters: Counters, spool_path: Path, *, run_id: str, url: str, done: bool
+                     ) -> None:
+    """Say, at the end of a run, what did not reach the service and how to upload it.
+
+    Args:
+        counters: the run's counters.
+        spool_path: the run's spool, where what is unsent was kept.
+        run_id: the run.
+        url: the service it was sent to.
+        done: whether everything, the final status included, reached the service.
+    """
+    c = counters
+    if done:
+        if c.points_dropped or c.points_rejected:
+            log.warning(
+                "curvecast: run %s finished; %d points were dropped and %d refused",
+                run_id,
+                c.points_dropped,
+                c.points_rejected,
+            )
+        return
+    left = max(0, c.points_logged - c.points_sent - c.points_dropped - c.points_rejected)
+    what = f"{left} points of run {run_id} and its final status" if left else (
+        f"the final status of run {run_id}"
+    )
+    log.warning(
+        "curvecast: %s could not be sent to %s within the flush timeout; they are kept in "
+        "%s. Upload them with:  curvecast sync %s",
+        what,
+        url,
+        spool_path,
+        spool_path,
+    )
+    if c.points_dropped:
+        log.error("curvecast: %d points were lost (spool cap or errors)", c.points_dropped)

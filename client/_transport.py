@@ -51,8 +51,9 @@ class TransportError(Exception):
 
 @runtime_checkable
 class Transport(Protocol):
-    """What :class:`~client.Monitor` needs from the network. Must be safe to call from several
-    threads at once (the monitor's sender thread and the caller of ``Monitor.alerts()``)."""
+    """What :class:`~curvecast.client.Monitor` needs from the network. Must be safe to call
+    from several threads at once (the monitor's sender thread and the caller of
+    ``Monitor.alerts()``)."""
 
     def request(
         self,

@@ -1,7 +1,8 @@
 """Checks for programmer errors, raised at once in the caller's thread with a clear message.
 
-They mirror the service's request schema (``service/schemas.py``) so a batch the client builds is
-never refused for its content: a mistake surfaces where it was made, not minutes later in a log.
+They apply the limits of :mod:`curvecast.contract`, the same ones the service's request schema
+(``curvecast.service.schemas``) enforces, so a batch the client builds is never refused for its
+content: a mistake surfaces where it was made, not minutes later in a log.
 These run only on slow paths (a key seen for the first time, a value that is not a plain
 ``float``/``int``); the hot path in ``Monitor.log`` is a dict lookup and a type check per metric.
 """
@@ -18,20 +19,18 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-KEY_PATTERN = r"^[A-Za-z0-9_./-]{1,200}$"
-PROJECT_PATTERN = r"^[A-Za-z0-9_.-]{1,100}$"
-MAX_STEP = 2**62
-_KEY_RE = re.compile(KEY_PATTERN)
+from curvecast.contract import KEY_CHARS, KEY_MAX_LENGTH, MAX_STEP, PROJECT_PATTERN, is_valid_key
+
 _PROJECT_RE = re.compile(PROJECT_PATTERN)
 _NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
-_INVALID_KEY_CHARS = re.compile(r"[^A-Za-z0-9_./-]")
+_INVALID_KEY_CHARS = re.compile(f"[^{KEY_CHARS}]")
 
 
 def check_key(key: object) -> str:
     """A metric name, or ``ValueError``/``TypeError`` saying what is wrong with it."""
     if not isinstance(key, str):
         raise TypeError(f"metric names must be strings, got {type(key).__name__} {key!r}")
-    if not _KEY_RE.match(key):
+    if not is_valid_key(key):
         raise ValueError(
             f"invalid metric name {key!r}: names are 1-200 characters from A-Z a-z 0-9 _ . / - "
             f"(for example 'loss' or 'eval/loss')"
@@ -41,12 +40,12 @@ def check_key(key: object) -> str:
 
 def sanitize_key(key: str) -> str:
     """Turn an arbitrary label (a Trainer log name) into a valid metric name."""
-    cleaned = _INVALID_KEY_CHARS.sub("_", key)[:200]
+    cleaned = _INVALID_KEY_CHARS.sub("_", key)[:KEY_MAX_LENGTH]
     return cleaned or "_"
 
 
 def check_step(step: object) -> int:
-    """A step number: an integer in ``[0, 2**62]``."""
+    """A step number: an integer in ``[0, MAX_STEP]`` (``2**62``)."""
     if isinstance(step, bool) or _is_tensor(step):
         raise TypeError(
             f"step must be a Python int, got {type(step).__name__} {step!r}"

@@ -13,6 +13,7 @@ on). ``ScheduleFreePlus`` is imported on first use, so a client-only install nev
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from curvecast.client import Monitor
@@ -27,6 +28,11 @@ __all__ = ["Monitor", "ScheduleFreePlus", "__version__"]
 def __getattr__(name: str) -> Any:
     # Lazy: torch is only needed by whoever asks for the optimizer.
     if name == "ScheduleFreePlus":
+        if importlib.util.find_spec("torch") is None:
+            raise ModuleNotFoundError(
+                "curvecast.ScheduleFreePlus needs torch: pip install 'curvecast[torch]'",
+                name="torch",
+            )
         from curvecast.sfplus import ScheduleFreePlus
 
         return ScheduleFreePlus

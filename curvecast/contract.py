@@ -32,13 +32,19 @@ __all__ = [
     "ALERT_BURN_IN_C_WARMUPS",
     "ALERT_BURN_IN_FRACTION",
     "EVAL_LOSS_KEYS",
+    "FINAL_RUN_STATUSES",
+    "KEY_CHARS",
+    "KEY_MAX_LENGTH",
     "KEY_PATTERN",
     "LEGACY_TELEMETRY_PREFIXES",
     "LOSS_KEYS",
+    "MIN_EVAL_POINTS",
     "MAX_STEP",
     "NON_FINITE_STRINGS",
     "NORM_STATS",
     "OPTIMIZER_STATS",
+    "PROJECT_CHARS",
+    "PROJECT_MAX_LENGTH",
     "PROJECT_PATTERN",
     "TELEMETRY_PREFIX",
     "TELEMETRY_PREFIXES",
@@ -46,6 +52,7 @@ __all__ = [
     "TRAIN_LOSS_KEYS",
     "RunConfig",
     "is_valid_key",
+    "fit_key",
     "loss_key",
     "telemetry_key",
     "telemetry_keys",
@@ -53,15 +60,24 @@ __all__ = [
 ]
 
 # --- wire limits ---------------------------------------------------------------------------------
+#: The characters a metric name may use (a regex character class's body) and its longest length.
+KEY_CHARS = "A-Za-z0-9_./-"
+KEY_MAX_LENGTH = 200
 #: A metric name: 1-200 characters from ``A-Z a-z 0-9 _ . / -`` (``loss``, ``eval/loss``).
-KEY_PATTERN = r"^[A-Za-z0-9_./-]{1,200}$"
+KEY_PATTERN = rf"^[{KEY_CHARS}]{{1,{KEY_MAX_LENGTH}}}$"
+#: The characters a project name may use (a metric name's without ``/``) and its longest length.
+PROJECT_CHARS = "A-Za-z0-9_.-"
+PROJECT_MAX_LENGTH = 100
 #: A project name: like a metric name without ``/``, at most 100 characters.
-PROJECT_PATTERN = r"^[A-Za-z0-9_.-]{1,100}$"
+PROJECT_PATTERN = rf"^[{PROJECT_CHARS}]{{1,{PROJECT_MAX_LENGTH}}}$"
 #: Steps are integers in ``[0, MAX_STEP]`` (fits a signed 64-bit column with room to spare).
 MAX_STEP = 2**62
 #: How NaN and infinities travel in JSON: as these strings (what Python's ``json`` would emit
 #: bare, and what strict JSON parsers refuse). ``null`` is accepted as NaN on the way in.
 NON_FINITE_STRINGS = ("NaN", "Infinity", "-Infinity")
+
+#: The states a run ends in (``Monitor.finish(status)``; the service records when it ended).
+FINAL_RUN_STATUSES = ("finished", "failed", "crashed")
 
 _KEY_RE = re.compile(KEY_PATTERN)
 
@@ -78,7 +94,8 @@ TELEMETRY_PREFIX = "opt/"
 LEGACY_TELEMETRY_PREFIXES = ("sfplus/", "")
 #: Every prefix a reader tries, the current one first.
 TELEMETRY_PREFIXES = (TELEMETRY_PREFIX, *LEGACY_TELEMETRY_PREFIXES)
-#: ScheduleFree+'s per-step statistics (``ScheduleFreePlus.stats()``), without prefix.
+#: ScheduleFree+'s per-step statistics (``ScheduleFreePlus.stats()``, in its order), without
+#: prefix; free to read every step (see the optimizer's ``stats()`` for what each one means).
 OPTIMIZER_STATS = (
     "step",
     "loss",
@@ -91,6 +108,7 @@ OPTIMIZER_STATS = (
     "gamma_max",
     "c",
     "sf_beta",
+    "warmup",
 )
 #: The weight and gradient norms, computed every ``norm_every`` steps (they cost a pass).
 NORM_STATS = ("x_l2", "y_l2", "z_l2", "grad_l2")
@@ -153,6 +171,32 @@ def loss_key(
         return cfg.fit_key
     present = set(keys_present)
     return next((key for key in LOSS_KEYS if key in present), None)
+
+
+#: An evaluation loss is fitted once it has this many points; until then the forecast fits the
+#: training loss (a handful of evaluations cannot pin a curve).
+MIN_EVAL_POINTS = 8
+
+
+def fit_key(
+    counts: Mapping[str, int],
+    config: RunConfig | Mapping[str, Any] | None = None,
+    override: str | None = None,
+) -> str | None:
+    """The series a forecast is fitted to, given each loss-like series' point count.
+
+    :func:`loss_key` among the series with enough points (an evaluation loss needs
+    :data:`MIN_EVAL_POINTS`), else among all of them. A chosen key with no data yet is passed
+    over: there is nothing to fit. The worker's refit and the alert replay both ask this, so
+    they fit the same series at the same point of a run.
+    """
+    ready = [k for k, n in counts.items() if n > 0 and (k not in EVAL_LOSS_KEYS
+                                                        or n >= MIN_EVAL_POINTS)]
+    key = loss_key(ready, config, override)
+    if key is not None and key in ready:
+        return key
+    key = loss_key([k for k, n in counts.items() if n > 0])
+    return key
 
 
 # --- a run's config ------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The REST API's JSON shapes as plain arrays: what the figure builders consume.
 
 Everything here is pure: dictionaries shaped like the API's answers come in, numpy arrays and
-small frozen dataclasses come out. Non-finite values travel in the API as the strings ``"NaN"``,
-``"Infinity"`` and ``"-Infinity"``; they are parsed back to floats here, once.
+small frozen dataclasses come out. Non-finite values travel in the API as the contract's strings
+(:data:`curvecast.contract.NON_FINITE_STRINGS`); they are parsed back to floats here, once.
 """
 
 from __future__ import annotations
@@ -15,32 +15,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from curvecast.contract import EVAL_LOSS_KEYS, NON_FINITE_STRINGS, RunConfig
+
 FloatArray = NDArray[np.float64]
 
-#: Series the run page draws as evaluation loss, in order of preference (the same names the
-#: forecaster looks for).
-EVAL_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation/loss")
-#: The per-step training loss.
-TRAIN_KEY = "loss"
-#: ScheduleFree+ telemetry prefixes: the issue's ``sfplus/`` and the client hook's default
-#: ``opt/`` (``Monitor.watch(prefix=...)``). The first prefix with data wins.
-TELEMETRY_PREFIXES = ("sfplus/", "opt/")
-#: Telemetry names (without prefix) that the run page draws.
-TELEMETRY = (
-    "eta",
-    "alpha",
-    "grad_l1",
-    "denom_ema",
-    "x_l2",
-    "y_l2",
-    "z_l2",
-    "grad_l2",
-    "c",
-    "sf_beta",
-    "numerator",
-)
-
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_NON_FINITE = dict(zip(NON_FINITE_STRINGS, (math.nan, math.inf, -math.inf), strict=True))
 
 
 def to_float(value: Any) -> float:
@@ -135,53 +114,28 @@ def series_by_key(
     return {str(item["key"]): SeriesData.from_api(item) for item in items}
 
 
-def telemetry_prefix(keys_with_data: Iterable[str]) -> str:
-    """The telemetry prefix this run uses (first of :data:`TELEMETRY_PREFIXES` with data)."""
-    present = set(keys_with_data)
-    for prefix in TELEMETRY_PREFIXES:
-        if any(prefix + name in present for name in TELEMETRY):
-            return prefix
-    return TELEMETRY_PREFIXES[0]
-
-
 def eval_key(keys_with_data: Iterable[str]) -> str | None:
-    """The evaluation-loss key this run logs, if any."""
+    """The evaluation-loss key this run logs, if any (the contract's order of preference)."""
     present = set(keys_with_data)
-    return next((k for k in EVAL_KEYS if k in present), None)
+    return next((k for k in EVAL_LOSS_KEYS if k in present), None)
 
 
-def burn_in(config: Mapping[str, Any]) -> int | None:
-    """Steps before averaging starts: ``c_warmup``, else twice ``warmup_steps`` (the paper's
-    heuristic), else None."""
-    c_warmup = config.get("c_warmup")
-    if isinstance(c_warmup, int | float) and not isinstance(c_warmup, bool) and c_warmup > 0:
-        return int(c_warmup)
-    warmup = config.get("warmup_steps")
-    if isinstance(warmup, int | float) and not isinstance(warmup, bool) and warmup > 0:
-        return int(2 * warmup)
-    return None
+def chart_horizon(
+    config: RunConfig | Mapping[str, Any], last_step: int | None
+) -> tuple[int | None, bool]:
+    """How far the loss chart draws the forecast, and whether that is the planned end.
 
-
-def horizon(config: Mapping[str, Any], last_step: int | None) -> tuple[int | None, bool]:
-    """The forecast horizon and whether it is the run's planned ``total_steps``.
-
-    Without ``total_steps`` the pages look twice as far as the run has come, so a forecast is
-    still drawn (and labelled as such).
+    The planned ``total_steps`` when the config has it (the contract's horizon). Without it the
+    contract's horizon is the last step logged, where a forecast shows nothing new, so the
+    chart looks twice as far as the run has come (and labels it a look-ahead). Numbers the
+    pages print are always for :meth:`RunConfig.horizon`, as ``GET .../forecast`` answers.
     """
-    total = config.get("total_steps")
-    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-        return total, True
+    cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
+    if cfg.total_steps is not None:
+        return cfg.total_steps, True
     if last_step is None or last_step <= 0:
         return None, False
     return int(2 * last_step), False
-
-
-def weight_decay(config: Mapping[str, Any]) -> float | None:
-    """AdamC's lambda from the run's config, when set and positive."""
-    value = config.get("weight_decay")
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return None
 
 
 @dataclass(frozen=True)
@@ -258,12 +212,6 @@ class ForecastData:
         ok = shifted > 0
         out[ok] = self.a / np.sqrt(shifted[ok]) + self.c
         return out
-
-
-def predictions(items: Iterable[Mapping[str, Any] | None]) -> list[Prediction]:
-    """Parse a list of ``PredictionOut`` (e.g. the forecast band's samples), sorted by step."""
-    parsed = [p for p in (Prediction.from_api(item) for item in items) if p is not None]
-    return sorted(parsed, key=lambda p: p.step)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,12 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 TEMPLATES_DIR = PACKAGE_DIR / "templates"
 STATIC_DIR = PACKAGE_DIR / "static"
 #: Files served under ``/static/`` (anything else is 404) and their media types.
+_JAVASCRIPT = "text/javascript; charset=utf-8"
 STATIC_FILES = {
-    "dashboards.js": "text/javascript; charset=utf-8",
+    "dashboards.js": _JAVASCRIPT,  # shared by every page's script
+    "run.js": _JAVASCRIPT,
+    "compare.js": _JAVASCRIPT,
+    "runs.js": _JAVASCRIPT,
     "dashboards.css": "text/css; charset=utf-8",
 }
 

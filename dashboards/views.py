@@ -1,16 +1,17 @@
-"""Page compositions (pure): the REST API's answers for a run (or several) in, the page's
-figures, headline numbers and verdicts out.
+"""Page compositions (pure): a run's (or several runs') data in the REST API's shapes in, the
+page's figures, headline numbers and verdicts out.
 
-The service's page routes gather the answers (``GET /api/v1/runs/{id}``, ``.../metrics``,
-``.../forecast``, ``.../forecast/history``, ``.../alerts``) and hand them here unchanged; the
-tests and the benchmark do the same with dictionaries of their own.
+The web layer (``service/web``) reads the data from the store and the forecast answer builder
+(the same shapes ``GET /api/v1/runs/{id}``, ``.../metrics``, ``.../forecast``,
+``.../forecast/history`` and ``.../alerts`` answer) and hands them here; the tests do the same
+with dictionaries of their own.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,33 +19,43 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from curvecast.contract import (
+    EVAL_LOSS_KEYS,
+    TRAIN_LOSS_KEY,
+    RunConfig,
+    telemetry_keys,
+    telemetry_prefix,
+)
 from curvecast.dashboards import figures, fmt, palette
 from curvecast.dashboards.data import (
-    EVAL_KEYS,
-    TELEMETRY_PREFIXES,
-    TRAIN_KEY,
     AlertData,
     ForecastData,
     Prediction,
     SeriesData,
     alerts_list,
+    chart_horizon,
     eval_key,
-    horizon,
-    predictions,
     series_by_key,
-    telemetry_prefix,
 )
+from curvecast.dashboards.figures.base import parse_band
 
 #: The run page's charts, in page order.
 RUN_CHARTS = ("loss", "step_size", "gradient", "norms", "averaging", "evolution")
 #: Charts drawn from metric series (the forecast evolution is drawn from the fit history).
 SERIES_CHARTS = RUN_CHARTS[:-1]
-#: Telemetry names per telemetry chart (prefixed with the run's telemetry prefix).
+#: Telemetry names per telemetry chart (stored under the run's telemetry prefix).
 _TELEMETRY_OF = {
     "step_size": ("eta", "alpha"),
     "gradient": ("grad_l1", "denom_ema"),
     "norms": ("x_l2", "y_l2", "z_l2", "grad_l2"),
     "averaging": ("c", "sf_beta"),
+}
+#: The builder of each telemetry chart.
+_TELEMETRY_FIGURES: dict[str, Callable[..., go.Figure]] = {
+    "step_size": figures.step_size_figure,
+    "gradient": figures.gradient_figure,
+    "norms": figures.norms_figure,
+    "averaging": figures.averaging_figure,
 }
 #: Steps at which the forecast band is sampled between the last fit and the horizon.
 BAND_SAMPLES = 7
@@ -53,14 +64,12 @@ MAX_POINTS = {"loss": 1200, "compare": 1000}
 DEFAULT_MAX_POINTS = 600
 
 
-def chart_keys(chart: str, prefixes: Sequence[str] = TELEMETRY_PREFIXES) -> list[str]:
-    """The metric keys to request for ``chart`` (every telemetry prefix: missing keys come
-    back empty and cost nothing)."""
+def chart_keys(chart: str) -> list[str]:
+    """The metric keys to request for ``chart``: for telemetry, every name the contract reads
+    it under (missing keys come back empty and cost nothing)."""
     if chart == "loss":
-        return [TRAIN_KEY, *EVAL_KEYS]
-    if chart in _TELEMETRY_OF:
-        return [p + name for p in prefixes for name in _TELEMETRY_OF[chart]]
-    return []
+        return [TRAIN_LOSS_KEY, *EVAL_LOSS_KEYS]
+    return [key for name in _TELEMETRY_OF.get(chart, ()) for key in telemetry_keys(name)]
 
 
 def band_steps(fitted_upto: float | None, end: int | None, n: int = BAND_SAMPLES) -> list[int]:
@@ -94,20 +103,19 @@ class RunPage:
     Attributes:
         run: ``GET /api/v1/runs/{id}``.
         metrics: ``GET .../metrics`` answer(s): the ``series`` items of every requested key.
-        forecast: ``GET .../forecast`` (default horizon).
-        band: ``GET .../forecast?horizon=t`` answers' ``prediction`` items (the band).
+        forecast: ``GET .../forecast`` (the contract's horizon).
+        band: the forecast interval at :func:`band_steps` up to the chart's horizon
+            (``PredictionOut`` items or :class:`Prediction`).
         history: ``GET .../forecast/history``.
-        alerts: ``GET .../alerts`` items (empty when the alerts API is absent).
-        alerts_available: whether the service has the alerts API.
+        alerts: ``GET .../alerts`` items.
     """
 
     run: Mapping[str, Any]
     metrics: Sequence[Mapping[str, Any]] = ()
     forecast: Mapping[str, Any] | None = None
-    band: Sequence[Mapping[str, Any] | None] = ()
+    band: Sequence[Mapping[str, Any] | Prediction | None] = ()
     history: Mapping[str, Any] | None = None
     alerts: Sequence[Mapping[str, Any]] = ()
-    alerts_available: bool = False
     _series: dict[str, SeriesData] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -130,9 +138,14 @@ class RunPage:
         return telemetry_prefix(k for k, s in self._series.items() if len(s))
 
     @property
-    def horizon(self) -> tuple[int | None, bool]:
-        """The forecast horizon and whether it is the planned ``total_steps``."""
-        return horizon(self.config, self.run.get("last_step"))
+    def horizon(self) -> int | None:
+        """The step the page's numbers are for: the contract's horizon (as GET /forecast)."""
+        return RunConfig.read(self.config).horizon(self.run.get("last_step"))
+
+    @property
+    def chart_horizon(self) -> tuple[int | None, bool]:
+        """How far the loss chart draws the forecast, and whether it is the planned end."""
+        return chart_horizon(self.config, self.run.get("last_step"))
 
     @property
     def alert_items(self) -> list[AlertData]:
@@ -156,32 +169,23 @@ def run_figures(page: RunPage, charts: Iterable[str] = RUN_CHARTS,
     prefix = page.prefix
     config = page.config
     alerts = page.alert_items
-    end, planned = page.horizon
+    end, planned = page.chart_horizon
     for chart in charts:
         if chart == "loss":
             out[chart] = figures.loss_figure(
-                train=page.series.get(TRAIN_KEY) or SeriesData.empty(TRAIN_KEY),
+                train=page.series.get(TRAIN_LOSS_KEY) or SeriesData.empty(TRAIN_LOSS_KEY),
                 evaluation=page.eval_series(),
                 forecast=page.forecast,
-                band=[b for b in page.band if b],
+                band=page.band,
                 config=config,
                 horizon=end,
                 horizon_planned=planned,
                 alerts=alerts,
                 x_range=x_range,
             )
-        elif chart == "step_size":
-            out[chart] = figures.step_size_figure(page.series, prefix=prefix, config=config,
-                                                  alerts=alerts, x_range=x_range)
-        elif chart == "gradient":
-            out[chart] = figures.gradient_figure(page.series, prefix=prefix, config=config,
-                                                 alerts=alerts, x_range=x_range)
-        elif chart == "norms":
-            out[chart] = figures.norms_figure(page.series, prefix=prefix, config=config,
-                                              alerts=alerts, x_range=x_range)
-        elif chart == "averaging":
-            out[chart] = figures.averaging_figure(page.series, prefix=prefix, config=config,
-                                                  alerts=alerts, x_range=x_range)
+        elif chart in _TELEMETRY_FIGURES:
+            out[chart] = _TELEMETRY_FIGURES[chart](page.series, prefix=prefix, config=config,
+                                                   alerts=alerts, x_range=x_range)
         elif chart == "evolution":
             out[chart] = figures.evolution_figure(page.history or {"points": []},
                                                   horizon_planned=planned)
@@ -195,16 +199,16 @@ def run_kpis(page: RunPage) -> list[Kpi]:
     run = page.run
     config = page.config
     last_step = run.get("last_step")
-    end, planned = page.horizon
+    end = page.horizon
     kpis: list[Kpi] = []
-    total = config.get("total_steps")
-    if isinstance(total, int) and total > 0 and last_step is not None:
+    total = RunConfig.read(config).total_steps
+    if total is not None and last_step is not None:
         detail = f"of {fmt.step(total)} planned ({min(1.0, last_step / total):.0%})"
     else:
         detail = "no total_steps in the config"
     kpis.append(Kpi("progress", "Step", fmt.step(last_step), detail))
 
-    train = page.series.get(TRAIN_KEY)
+    train = page.series.get(TRAIN_LOSS_KEY)
     last = train.last if train is not None else None
     ev = page.eval_series()
     ev_last = ev.last if ev is not None else None
@@ -223,8 +227,8 @@ def run_kpis(page: RunPage) -> list[Kpi]:
     if fit is not None and fit.prediction is not None:
         pred = fit.prediction
         detail = f"{fit.confidence:.0%} interval {fmt.interval(pred.lo, pred.hi)}"
-        if not planned:
-            detail += " (look-ahead: no total_steps)"
+        if total is None:
+            detail += " (no total_steps: at the last step logged)"
         kpis.append(Kpi("forecast", f"Forecast at {where}", fmt.loss(pred.value), detail,
                         "warn" if fit.off_model else "good"))
     else:
@@ -249,15 +253,12 @@ def run_kpis(page: RunPage) -> list[Kpi]:
     else:
         kpis.append(Kpi("fit", "Fit", "pending", "no fit stored yet"))
 
-    if page.alerts_available:
-        alerts = page.alert_items
-        firing = sum(a.state == "firing" for a in alerts)
-        pending = sum(a.state == "pending" for a in alerts)
-        resolved = sum(a.state == "resolved" for a in alerts)
-        kpis.append(Kpi("alerts", "Alerts", f"{firing} firing",
-                        f"{pending} pending, {resolved} resolved", "bad" if firing else "good"))
-    else:
-        kpis.append(Kpi("alerts", "Alerts", "—", "alerting is not enabled on this service"))
+    alerts = page.alert_items
+    firing = sum(a.state == "firing" for a in alerts)
+    pending = sum(a.state == "pending" for a in alerts)
+    resolved = sum(a.state == "resolved" for a in alerts)
+    kpis.append(Kpi("alerts", "Alerts", f"{firing} firing",
+                    f"{pending} pending, {resolved} resolved", "bad" if firing else "good"))
     return kpis
 
 
@@ -282,7 +283,7 @@ def run_payload(page: RunPage, charts: Sequence[str], x_range: Sequence[float] |
     state: dict[str, Any] = {
         "cursor": page.cursor(),
         "prefix": page.prefix,
-        "horizon": page.horizon[0],
+        "horizon": page.horizon,
         "run_status": page.run.get("status"),
         "last_step": page.run.get("last_step"),
     }
@@ -299,25 +300,25 @@ def run_payload(page: RunPage, charts: Sequence[str], x_range: Sequence[float] |
 
 @dataclass(frozen=True)
 class CompareRun:
-    """One run's answers for the compare page (REST shapes)."""
+    """One run's answers for the compare page (REST shapes; the band as for :class:`RunPage`)."""
 
     run: Mapping[str, Any]
     metrics: Sequence[Mapping[str, Any]]
     forecast: Mapping[str, Any] | None
-    band: Sequence[Mapping[str, Any] | None]
+    band: Sequence[Mapping[str, Any] | Prediction | None]
     at_horizon: Mapping[str, Any] | None  # ``prediction`` at the common horizon
 
 
 def common_horizon(runs: Sequence[Mapping[str, Any]], requested: int | None = None) -> int | None:
     """The horizon the compare page forecasts to: as requested, else the largest planned
-    ``total_steps`` among the runs, else twice the furthest run's last step."""
+    ``total_steps`` among the runs, else the furthest of the runs' own (contract) horizons."""
     if requested is not None:
         return requested
-    planned = [horizon(r.get("config") or {}, r.get("last_step")) for r in runs]
-    totals = [h for h, is_planned in planned if h is not None and is_planned]
+    configs = [(RunConfig.read(r.get("config")), r.get("last_step")) for r in runs]
+    totals = [cfg.total_steps for cfg, _ in configs if cfg.total_steps is not None]
     if totals:
         return max(totals)
-    others = [h for h, _ in planned if h is not None]
+    others = [h for h in (cfg.horizon(last) for cfg, last in configs) if h is not None]
     return max(others) if others else None
 
 
@@ -328,12 +329,12 @@ def compare_entries(runs: Sequence[CompareRun]) -> list[figures.CompareEntry]:
         fit = ForecastData.from_api(item.forecast)
         series = series_by_key(item.metrics)
         key = (fit.key if fit and fit.key in series else None) or (
-            TRAIN_KEY if TRAIN_KEY in series else next(iter(series), TRAIN_KEY))
+            TRAIN_LOSS_KEY if TRAIN_LOSS_KEY in series else next(iter(series), TRAIN_LOSS_KEY))
         entries.append(figures.CompareEntry(
             run=item.run,
             series=series.get(key) or SeriesData.empty(key),
             forecast=fit,
-            band=predictions(b for b in item.band if b),
+            band=parse_band(item.band),
             at_horizon=Prediction.from_api(item.at_horizon) if fit is not None else None,
         ))
     return entries

@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
+from charlm import CharDataset, CharTransformer, evaluate, load_stdlib_text  # beside this file
 
-# Runnable as a plain script from a checkout: make the repository importable.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from curvecast.client import Monitor  # noqa: E402
-from curvecast.sfplus import ScheduleFreePlus  # noqa: E402
-from examples.charlm import CharDataset, CharTransformer, evaluate, load_stdlib_text  # noqa: E402
+from curvecast import Monitor, ScheduleFreePlus
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -14,8 +14,8 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from curvecast.service import __version__
-from curvecast.service.api import alerts, forecast, health, metrics, pages, runs
+from curvecast.service import __version__, web
+from curvecast.service.api import alerts, forecast, health, metrics, runs
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
 from curvecast.service.errors import ERROR_CODE_TO_HTTP_STATUS, ERROR_RESPONSES, install_handlers
@@ -202,9 +202,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessionmaker = sessions
     app.state.notify_ingest = (lambda _run_id: worker.notify()) if worker else _no_worker
     install_handlers(app, settings.retry_after_s)
-    for module in (health, runs, metrics, forecast, pages, alerts):
+    for module in (health, runs, metrics, forecast, alerts):
         # API routes document the standard error answers (health probes have their own).
         app.include_router(module.router, responses=None if module is health else ERROR_RESPONSES)
+    app.include_router(web.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
 

@@ -1,17 +1,49 @@
-"""The ``curvecast`` command: serve, migrate, token, forecast, sync, demo."""
+"""The ``curvecast`` command: serve, migrate, token, forecast, demo and sync.
+
+``sync`` is the client's (:mod:`curvecast.client.sync`) and needs only the standard library; every
+other command needs the ``[server]`` extra. On a client-only install (a training machine) the
+command still parses, and a server command says which packages are missing and how to install
+them instead of failing with an ``ImportError``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from curvecast.client.sync import add_sync_parser
+
 # Every import of the server's dependencies happens inside the command that needs it, so that
 # `curvecast sync` works on a training machine with only the standard-library client installed.
 if TYPE_CHECKING:
     from curvecast.service.config import Settings
+
+#: Top-level modules of the ``[server]`` extra's packages (see pyproject.toml).
+SERVER_MODULES = (
+    "fastapi",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "psycopg",
+    "pydantic",
+    "pydantic_settings",
+    "scipy",
+    "numpy",
+    "pandas",
+    "plotly",
+    "jinja2",
+)
+#: Commands that run without the ``[server]`` extra.
+CLIENT_COMMANDS = frozenset({"sync"})
+
+
+def missing_server_modules() -> list[str]:
+    """The ``[server]`` extra's modules this interpreter cannot import (empty when installed)."""
+    return [name for name in SERVER_MODULES if importlib.util.find_spec(name) is None]
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -168,36 +200,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db_option(revoke)
     token.set_defaults(func=cmd_token)
 
-    _add_optional_commands(sub)
-    return parser
-
-
-def _add_optional_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Commands contributed by other parts of curvecast (forecast, sync, demo)."""
-    # Each part registers its own subcommand; a part that is not there yet is simply absent.
-    try:
-        from curvecast.service.forecast.cli import add_forecast_parser
-    except ImportError:  # numpy/scipy missing: a client-only install
-        pass
+    if missing_server_modules():
+        # Parse anything after these names: running them only prints how to install the extra.
+        for name, help_text in (("forecast", "fit a loss curve from a file"),
+                                ("demo", "serve and train a real model, forecasting live")):
+            sub.add_parser(name, help=f"{help_text} (needs curvecast[server])").add_argument(
+                "args", nargs=argparse.REMAINDER
+            )
     else:
-        add_forecast_parser(sub)
-    try:
         from curvecast.service.demo import add_demo_parser
-    except ImportError:  # uvicorn missing: a client-only install
-        pass
-    else:
+        from curvecast.service.forecast.cli import add_forecast_parser
+
+        add_forecast_parser(sub)
         add_demo_parser(sub)
-    try:
-        from curvecast.client._cli import add_sync_parser
-    except ImportError:
-        pass
-    else:
-        add_sync_parser(sub)
+    add_sync_parser(sub)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``curvecast`` console script."""
     args = build_parser().parse_args(argv)
+    if args.command not in CLIENT_COMMANDS and (missing := missing_server_modules()):
+        print(
+            f"curvecast {args.command}: needs the packages of the [server] extra, which are not "
+            f"installed here (missing: {', '.join(missing)}).\n"
+            "  Install them with:  pip install 'curvecast[server]'",
+            file=sys.stderr,
+        )
+        return 2
     return int(args.func(args))
 
 

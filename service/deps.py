@@ -53,8 +53,14 @@ def get_principal(request: Request, settings: SettingsDep) -> Principal:
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         raise Unauthenticated(f"malformed Authorization header: {_HOW_TO_GET_A_TOKEN}")
+    return principal_of_token(request, value.strip())
+
+
+def principal_of_token(request: Request, token: str) -> Principal:
+    """The owner of ``token`` (however it arrived: header, or the dashboards' cookie), checked
+    in a short session of its own (see :func:`get_principal`)."""
     with session_scope(request.app.state.sessionmaker) as session:
-        return tokens.authenticate(session, token=value.strip())
+        return tokens.authenticate(session, token=token)
 
 
 def require(scope: TokenScope) -> Callable[[Principal], Principal]:

@@ -153,9 +153,6 @@ class FitRecord(Base):
     n_points: Mapped[int] = mapped_column(BigInteger)
     run_n_points: Mapped[int] = mapped_column(BigInteger)
     fitted_upto_step: Mapped[int | None] = mapped_column(BigInteger)
-    a: Mapped[float | None] = mapped_column(Double)
-    b: Mapped[float | None] = mapped_column(Double)
-    c: Mapped[float | None] = mapped_column(Double)
     fit: Mapped[dict[str, Any]] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

@@ -11,8 +11,14 @@ Usage::
 
 See :class:`ScheduleFreePlus` for the algorithm and :mod:`curvecast.sfplus.reference` for the slow,
 literal transcription of the paper's Algorithm 1 that the tests check it against.
+
+``STATS_KEYS`` and ``NORM_STATS_KEYS`` name the keys of ``ScheduleFreePlus.stats()`` and the
+extra ones of ``stats(norms=True)``; they are :mod:`curvecast.contract`'s ``OPTIMIZER_STATS`` and
+``NORM_STATS``, the names every consumer of the telemetry reads.
 """
 
-from curvecast.sfplus.optimizer import NORM_STATS_KEYS, STATS_KEYS, ScheduleFreePlus
+from curvecast.contract import NORM_STATS as NORM_STATS_KEYS
+from curvecast.contract import OPTIMIZER_STATS as STATS_KEYS
+from curvecast.sfplus.optimizer import ScheduleFreePlus
 
 __all__ = ["NORM_STATS_KEYS", "STATS_KEYS", "ScheduleFreePlus"]

@@ -1,8 +1,7 @@
 """Functional core of ScheduleFree+: pure scalar schedules and the tensor kernels.
 
 The optimizer class (:mod:`curvecast.sfplus.optimizer`) owns state and bookkeeping; this module
-holds the
-maths, in two layers:
+holds the maths, in two layers:
 
 * **Scalar functions** (plain Python floats, no tensors): the SF-beta annealing schedule, the
   multiplicative warmup, the Polyak step and the averaging weight ``c_t``. They run on the host
@@ -36,6 +35,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -45,6 +45,7 @@ __all__ = [
     "CPU_BLOCK_THREADED",
     "cpu_block",
     "SQRT_HALF_PI",
+    "accumulate_dtype",
     "averaging_weight",
     "dot",
     "polyak_step",
@@ -52,6 +53,7 @@ __all__ = [
     "rescale_for_beta",
     "resolve_c_warmup",
     "sf_beta_schedule",
+    "sumsq",
     "swap_y_to_x",
     "swap_x_to_y",
     "update",
@@ -206,9 +208,12 @@ def averaging_weight(
 # --------------------------------------------------------------------------------------------
 
 
-def _accumulate_dtype(device: torch.device) -> torch.dtype:
-    # Partial sums are combined in float64 so that summing many per-tensor (or per-block)
-    # partials does not lose precision; MPS has no float64.
+def accumulate_dtype(device: torch.device) -> torch.dtype:
+    """The dtype partial sums on ``device`` are combined in: float64, float32 on MPS.
+
+    float64 so that summing many per-tensor (or per-block) partials does not lose precision;
+    MPS has no float64.
+    """
     return torch.float32 if device.type == "mps" else torch.float64
 
 
@@ -227,6 +232,12 @@ def dot(a: Tensor, b: Tensor) -> Tensor:
         # torch.dot would round the result to 8 mantissa bits; upcast instead.
         return torch.dot(_flat(a).float(), _flat(b).float())
     return torch.dot(_flat(a), _flat(b))
+
+
+def sumsq(t: Tensor) -> Tensor:
+    """``||t||_2^2``, accumulated in at least float32 (like :func:`dot`)."""
+    norm: Tensor = torch.linalg.vector_norm(t, 2, dtype=_norm_dtype(t.dtype))
+    return norm.square()
 
 
 def _all_contiguous(*tensors: Tensor) -> bool:
@@ -258,7 +269,7 @@ def reductions(
     if not grads:
         return torch.zeros(2, dtype=torch.float64)
     device = grads[0].device
-    acc = _accumulate_dtype(device)
+    acc = accumulate_dtype(device)
     l1_parts: list[Tensor] = []
     dot_parts: list[Tensor] = []
     if block:
@@ -394,47 +405,21 @@ def update(
                 _update_tensor(y, g, m, v, d, coeffs, block)
 
 
+@dataclass(slots=True, kw_only=True)
 class _StepCoefficients:
     """Host scalars of one update, precomputed once per (group, step-count) bucket."""
 
-    __slots__ = (
-        "one_minus_beta1",
-        "beta2",
-        "one_minus_beta2",
-        "eps_eff",
-        "wd_fold",
-        "y_delta",
-        "y_dir",
-        "delta_keep",
-        "delta_dir",
-        "decay",
-    )
-
-    def __init__(
-        self,
-        *,
-        one_minus_beta1: float,
-        beta2: float,
-        one_minus_beta2: float,
-        eps_eff: float,
-        wd_fold: float,
-        y_delta: float,
-        y_dir: float,
-        delta_keep: float,
-        delta_dir: float,
-        decay: bool,
-    ) -> None:
-        self.one_minus_beta1 = one_minus_beta1
-        self.beta2 = beta2
-        self.one_minus_beta2 = one_minus_beta2
-        self.eps_eff = eps_eff
-        # With T = m / denom + wd_fold * y, the z displacement is d = -alpha * scale * T.
-        self.wd_fold = wd_fold
-        self.y_delta = y_delta
-        self.y_dir = y_dir
-        self.delta_keep = delta_keep
-        self.delta_dir = delta_dir
-        self.decay = decay
+    one_minus_beta1: float
+    beta2: float
+    one_minus_beta2: float
+    eps_eff: float
+    #: With T = m / denom + wd_fold * y, the z displacement is d = -alpha * scale * T.
+    wd_fold: float
+    y_delta: float
+    y_dir: float
+    delta_keep: float
+    delta_dir: float
+    decay: bool
 
 
 def _update_foreach(

@@ -1,11 +1,17 @@
-"""The ScheduleFree+ optimizer: AdamC + Schedule-Free averaging + a Polyak step size."""
+"""The ScheduleFree+ optimizer: AdamC + Schedule-Free averaging + a Polyak step size.
+
+This module holds the class and its step; the parts the step is made of live beside it: the
+maths in :mod:`~curvecast.sfplus.functional`, the hyper-parameters' checks in
+:mod:`~curvecast.sfplus._hparams`, the state's layout and the tensors a step gathers in
+:mod:`~curvecast.sfplus._state`, the weight norms of ``stats(norms=True)`` in
+:mod:`~curvecast.sfplus._stats` and the collectives in :mod:`~curvecast.sfplus._distributed`.
+The names of the statistics are :mod:`curvecast.contract`'s ``OPTIMIZER_STATS`` and
+``NORM_STATS`` (``curvecast.sfplus.STATS_KEYS`` and ``NORM_STATS_KEYS``).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,39 +20,10 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from curvecast.sfplus import _distributed as _dist
+from curvecast.sfplus import _hparams, _state, _stats
 from curvecast.sfplus import functional as F
 
-__all__ = ["STATS_KEYS", "NORM_STATS_KEYS", "ScheduleFreePlus"]
-
-#: Keys of :meth:`ScheduleFreePlus.stats` (always present after the first step).
-STATS_KEYS = (
-    "step",
-    "loss",
-    "inner",
-    "numerator",
-    "grad_l1",
-    "denom_ema",
-    "eta",
-    "alpha",
-    "gamma_max",
-    "c",
-    "sf_beta",
-    "warmup",
-)
-#: Extra keys of ``stats(norms=True)``.
-NORM_STATS_KEYS = ("x_l2", "y_l2", "z_l2", "grad_l2")
-
-# Hyper-parameters that describe the whole model rather than a parameter group: the Polyak step
-# (loss, L1 norm, inner product) and the SF beta are global, so every group must agree on them.
-_SHARED_KEYS = ("sf_beta", "sf_beta_max", "anneal_steps", "polyak_beta", "f_star")
-
-# Per-parameter state keys.
-_DELTA = "z_minus_y"
-_STEP = "step"
-# Optimizer-wide state lives in one dict under this key in the first parameter's state (the
-# pattern torch's own LBFGS uses): it then travels with state_dict()/load_state_dict() and
-# survives FSDP/DCP state-dict round trips, which only know about per-parameter state and groups.
-_GLOBAL = "sfplus"
+__all__ = ["ScheduleFreePlus"]
 
 LossLike = Tensor | float
 Closure = Callable[[], LossLike]
@@ -182,7 +159,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             f_star=f_star,
             foreach=foreach,
         )
-        defaults = _validate_hyperparameters(defaults, where="")
+        defaults = _hparams.validate(defaults, where="")
         super().__init__(params, defaults)
         self._process_group = process_group
         self._stats: dict[str, float] = {}
@@ -200,9 +177,9 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         index = len(self.param_groups) - 1
         group = self.param_groups[index]
         try:
-            group.update(_validate_hyperparameters(group, where=f" (parameter group {index})"))
+            group.update(_hparams.validate(group, where=f" (parameter group {index})"))
             if index > 0:
-                _check_shared(self.param_groups)
+                _hparams.check_shared(self.param_groups)
             if any(torch.is_complex(p) for p in group["params"]):
                 raise ValueError("ScheduleFreePlus does not support complex parameters")
         except ValueError:
@@ -252,23 +229,10 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         if anchor is None:  # pragma: no cover - refused in __init__
             raise RuntimeError("ScheduleFreePlus has no parameters")
         state = self.state[anchor]
-        glob: dict[str, Any] | None = state.get(_GLOBAL)
+        glob: dict[str, Any] | None = state.get(_state.GLOBAL)
         if glob is None:
-            glob = {
-                "step": 0,
-                "denom_ema": 0.0,
-                "denom_ema_weight": 0.0,
-                "sf_beta_prev": float(self.param_groups[0]["sf_beta"]),
-                "train_mode": True,
-                "gamma_max": [],
-                "weight_sum": [],
-            }
-            state[_GLOBAL] = glob
-        # Groups added after construction get their per-group scalars on first use.
-        while len(glob["gamma_max"]) < len(self.param_groups):
-            glob["gamma_max"].append(float(self.param_groups[len(glob["gamma_max"])]["eps"]))
-        while len(glob["weight_sum"]) < len(self.param_groups):
-            glob["weight_sum"].append(0.0)
+            glob = state[_state.GLOBAL] = _state.new_global(float(self.param_groups[0]["sf_beta"]))
+        _state.cover_groups(glob, self.param_groups)
         return glob
 
     @property
@@ -313,7 +277,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             params: list[Tensor] = []
             deltas: list[Tensor] = []
             for p in group["params"]:
-                delta = self.state.get(p, {}).get(_DELTA)
+                delta = self.state.get(p, {}).get(_state.DELTA)
                 if delta is not None:
                     params.append(_dist.local(p))
                     deltas.append(_dist.local(delta))
@@ -393,7 +357,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
                 "optimizer.step(closure)."
             )
         _check_loss_type(loss)
-        _check_shared(self.param_groups)
+        _hparams.check_shared(self.param_groups)
         self._step(loss, glob)
         return loss
 
@@ -404,7 +368,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         beta_prev = float(glob["sf_beta_prev"])
 
         # 1. Gather tensors (local shards) and lazily create state.
-        work = [self._gather(group) for group in self.param_groups]
+        work = [_state.gather(group["params"], self.state) for group in self.param_groups]
         if not any(w.grads for w in work):
             return  # no gradients anywhere: nothing to do, and the step is not counted
         device = next(w.grads[0].device for w in work if w.grads)
@@ -413,7 +377,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         block = F.cpu_block() if device.type == "cpu" else None
 
         # 2. Global reductions: ||g||_1 and <g, z - y>, per sharding layout, then one fetch.
-        replicated = torch.zeros(2, dtype=_acc_dtype(device), device=device)
+        replicated = torch.zeros(2, dtype=F.accumulate_dtype(device), device=device)
         sharded: dict[_dist.ShardKey, Tensor] = {}
         for group, w in zip(self.param_groups, work, strict=True):
             foreach = self._use_foreach(group)
@@ -493,11 +457,11 @@ class ScheduleFreePlus(torch.optim.Optimizer):
                 sf_beta_prev=beta_prev,
                 foreach=foreach,
             )
-            for state in w.states:
-                state[_STEP] += 1
+            w.count_step()
 
         glob.update(step=t, denom_ema=ema, denom_ema_weight=ema_weight, sf_beta_prev=beta)
         alpha0, gamma_max0, c0, warm0 = group_stats[0]
+        # The keys and their order are contract.OPTIMIZER_STATS (tests/sfplus hold them equal).
         self._stats = {
             "step": float(t),
             "loss": loss_value,
@@ -512,38 +476,6 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             "sf_beta": beta,
             "warmup": warm0,
         }
-
-    def _gather(self, group: dict[str, Any]) -> _GroupWork:
-        w = _GroupWork()
-        for p in group["params"]:
-            if p.grad is None:
-                # .get, not [], so that parameters without gradients get no empty state entry.
-                state = self.state.get(p, {})
-                if _DELTA in state:
-                    w.skipped_params.append(_dist.local(p))
-                    w.skipped_deltas.append(_dist.local(state[_DELTA]))
-                continue
-            if p.grad.is_sparse:
-                raise RuntimeError("ScheduleFreePlus does not support sparse gradients")
-            state = self.state[p]
-            fresh = _DELTA not in state
-            if fresh:
-                state[_STEP] = 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state[_DELTA] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            delta = _dist.local(state[_DELTA])
-            w.params.append(_dist.local(p))
-            w.grads.append(_dist.local(p.grad))
-            w.exp_avgs.append(_dist.local(state["exp_avg"]))
-            w.exp_avg_sqs.append(_dist.local(state["exp_avg_sq"]))
-            w.deltas.append(delta)
-            # A fresh delta is known to be zero: skip its dot product.
-            w.reduction_deltas.append(None if fresh else delta)
-            w.steps.append(int(state[_STEP]) + 1)
-            w.states.append(state)
-            w.keys.append(_dist.shard_key(p))
-        return w
 
     # ----------------------------------------------------------------------------------------
     # Observability
@@ -575,52 +507,17 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             out.update(self._norms())
         return out
 
-    @torch.no_grad()
     def _norms(self) -> dict[str, float]:
         glob = self._global()
-        # ||p + k delta||^2 = ||p||^2 + 2k <p, delta> + k^2 ||delta||^2 for any k: the norms of
-        # x, y and z come from three sums without materialising x or z.
-        buckets: dict[_dist.ShardKey | None, list[Tensor]] = defaultdict(list)
-        device: torch.device | None = None
-        for group in self.param_groups:
-            for p in group["params"]:
-                pl = _dist.local(p)
-                if device is None:
-                    device = pl.device
-                delta = self.state.get(p, {}).get(_DELTA)
-                dl = _dist.local(delta) if delta is not None else None
-                gl = _dist.local(p.grad) if p.grad is not None else None
-                acc = _acc_dtype(pl.device)
-                zero = torch.zeros((), dtype=acc, device=pl.device)
-                parts = [
-                    _sumsq(pl),
-                    F.dot(pl, dl) if dl is not None else zero,
-                    _sumsq(dl) if dl is not None else zero,
-                    _sumsq(gl) if gl is not None else zero,
-                ]
-                sq = torch.stack([q.to(acc) for q in parts])
-                buckets[_dist.shard_key(p)].append(sq)
-        assert device is not None
-        acc = _acc_dtype(device)
-        replicated = torch.zeros(4, dtype=acc, device=device)
-        sharded: dict[_dist.ShardKey, Tensor] = {}
-        for key, parts in buckets.items():
-            total = torch.stack([q.to(device) for q in parts]).sum(0)
-            if key is None:
-                replicated += total
-            else:
-                sharded[key] = total
-        _, (pp, pd, dd, gg) = _dist.fetch_global(None, replicated, sharded)
-        inv = 1.0 / float(glob["sf_beta_prev"])
-        if glob["train_mode"]:  # p = y;  z = y + delta;  x = y + (1 - 1/beta') delta
-            k_x, k_y, k_z = 1.0 - inv, 0.0, 1.0
-        else:  # p = x;  y = x + (1/beta' - 1) delta;  z = x + delta / beta'
-            k_x, k_y, k_z = 0.0, inv - 1.0, inv
-
-        def norm(k: float) -> float:
-            return math.sqrt(max(pp + 2.0 * k * pd + k * k * dd, 0.0))
-
-        return {"x_l2": norm(k_x), "y_l2": norm(k_y), "z_l2": norm(k_z), "grad_l2": math.sqrt(gg)}
+        return _stats.weight_norms(
+            (
+                (p, self.state.get(p, {}).get(_state.DELTA))
+                for group in self.param_groups
+                for p in group["params"]
+            ),
+            sf_beta_prev=float(glob["sf_beta_prev"]),
+            train_mode=bool(glob["train_mode"]),
+        )
 
     def config(self) -> dict[str, Any]:
         """The hyper-parameters (of the first parameter group) as a JSON-ready dict.
@@ -649,56 +546,9 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         }
 
 
-class _GroupWork:
-    """The tensors one parameter group contributes to a step (local shards)."""
-
-    __slots__ = (
-        "params",
-        "grads",
-        "exp_avgs",
-        "exp_avg_sqs",
-        "deltas",
-        "reduction_deltas",
-        "steps",
-        "states",
-        "keys",
-        "skipped_params",
-        "skipped_deltas",
-    )
-
-    def __init__(self) -> None:
-        self.params: list[Tensor] = []
-        self.grads: list[Tensor] = []
-        self.exp_avgs: list[Tensor] = []
-        self.exp_avg_sqs: list[Tensor] = []
-        self.deltas: list[Tensor] = []
-        self.reduction_deltas: list[Tensor | None] = []
-        self.steps: list[int] = []
-        self.states: list[dict[str, Any]] = []
-        self.keys: list[_dist.ShardKey | None] = []
-        self.skipped_params: list[Tensor] = []
-        self.skipped_deltas: list[Tensor] = []
-
-    def by_shard(self) -> dict[_dist.ShardKey | None, list[int]]:
-        out: dict[_dist.ShardKey | None, list[int]] = defaultdict(list)
-        for i, key in enumerate(self.keys):
-            out[key].append(i)
-        return out
-
-
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _acc_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
-def _sumsq(t: Tensor) -> Tensor:
-    half = t.dtype in (torch.float16, torch.bfloat16)
-    norm: Tensor = torch.linalg.vector_norm(t, 2, dtype=torch.float32 if half else None)
-    return norm.square()
 
 
 def _loss_tensor(loss: LossLike, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -714,92 +564,9 @@ def _loss_tensor(loss: LossLike, device: torch.device, dtype: torch.dtype) -> Te
 
 
 def _check_loss_type(loss: object) -> None:
-    if isinstance(loss, Tensor) or (isinstance(loss, numbers.Real) and not isinstance(loss, bool)):
+    if isinstance(loss, Tensor) or _hparams.is_real(loss):
         return
     raise ValueError(
         "ScheduleFreePlus.step(): the loss must be a float or a 0-d tensor, got "
         f"{type(loss).__name__}"
     )
-
-
-def _check_shared(groups: list[dict[str, Any]]) -> None:
-    first = groups[0]
-    for i, group in enumerate(groups[1:], start=1):
-        for key in _SHARED_KEYS:
-            if group[key] != first[key]:
-                raise ValueError(
-                    f"{key} must be the same in every parameter group because it belongs to the "
-                    f"whole model's Polyak step (group 0 has {first[key]!r}, group {i} has "
-                    f"{group[key]!r}); set it on every group"
-                )
-    f_star = first["f_star"]
-    if not _is_real(f_star) or not math.isfinite(f_star):
-        raise ValueError(f"Invalid f_star: {f_star!r} (must be a finite number)")
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _validate_hyperparameters(values: dict[str, Any], *, where: str) -> dict[str, Any]:
-    """Check every known hyper-parameter; return the cleaned values. Raise ValueError naming one."""
-
-    def real(
-        name: str,
-        low: float | None = None,
-        high: float | None = None,
-        *,
-        low_open: bool = False,
-        high_open: bool = True,
-    ) -> float:
-        v = values[name]
-        if not _is_real(v) or not math.isfinite(float(v)):
-            raise ValueError(f"Invalid {name}{where}: {v!r} (must be a finite number)")
-        x = float(v)
-        if low is not None and (x < low or (low_open and x == low)):
-            raise ValueError(
-                f"Invalid {name}{where}: {v!r} (must be {'>' if low_open else '>='} {low})"
-            )
-        if high is not None and (x > high or (high_open and x == high)):
-            raise ValueError(
-                f"Invalid {name}{where}: {v!r} (must be {'<' if high_open else '<='} {high})"
-            )
-        return x
-
-    def integer(name: str, *, optional: bool = False) -> int | None:
-        v = values[name]
-        if v is None and optional:
-            return None
-        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or int(v) < 0:
-            raise ValueError(f"Invalid {name}{where}: {v!r} (must be an integer >= 0)")
-        return int(v)
-
-    out: dict[str, Any] = {}
-    if isinstance(values.get("lr"), Tensor):
-        raise ValueError(
-            f"Invalid lr{where}: tensor learning rates are not supported, pass a float"
-        )
-    out["lr"] = real("lr", 0.0)
-    betas = values["betas"]
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise ValueError(f"Invalid betas{where}: {betas!r} (must be a pair (beta1, beta2))")
-    for i, b in enumerate(betas):
-        if not _is_real(b) or not 0.0 <= float(b) < 1.0:
-            raise ValueError(f"Invalid betas{where}: beta{i + 1} = {b!r} (must be in [0, 1))")
-    out["betas"] = (float(betas[0]), float(betas[1]))
-    out["eps"] = real("eps", 0.0)
-    out["weight_decay"] = real("weight_decay", 0.0)
-    out["sf_beta"] = real("sf_beta", 0.0, 1.0, low_open=True)
-    out["sf_beta_max"] = real("sf_beta_max", 0.0, 1.0, low_open=True)
-    out["anneal_steps"] = integer("anneal_steps")
-    out["warmup_steps"] = integer("warmup_steps")
-    out["c_warmup"] = integer("c_warmup", optional=True)
-    out["r"] = real("r", 0.0, None)
-    out["weight_lr_power"] = real("weight_lr_power", 0.0, None)
-    out["polyak_beta"] = real("polyak_beta", 0.0, 1.0)
-    out["f_star"] = real("f_star")
-    foreach = values["foreach"]
-    if foreach is not None and not isinstance(foreach, bool):
-        raise ValueError(f"Invalid foreach{where}: {foreach!r} (must be None, True or False)")
-    out["foreach"] = foreach
-    return out

@@ -11,47 +11,28 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
+from curvecast.service import testing
 from curvecast.service.config import Settings
 from curvecast.service.migrate import upgrade
-from tests._servers import thread_server
+from curvecast.service.testing import drop_pg_database, thread_server
+
+__all__ = ["IN_CI", "create_pg_database", "drop_pg_database"]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
-PG_ADMIN_URL = os.environ.get(
-    "CURVECAST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 
-def _pg_unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"PostgreSQL is required under CI=true but {reason}", pytrace=False)
-    pytest.skip(f"PostgreSQL not available: {reason}")
-
-
-def _with_db(url: str, dbname: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{dbname}"
-
-
 def create_pg_database() -> str:
-    """Create an empty uniquely named database; returns its URL."""
-    name = f"curvecast_test_{uuid.uuid4().hex[:10]}"
+    """An empty, uniquely named PostgreSQL database; its URL. Skips the test when PostgreSQL is
+    unreachable, and fails it under ``CI=true``."""
     try:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.OperationalError as exc:
-        _pg_unavailable(f"cannot connect to {PG_ADMIN_URL}: {exc}")
-    return _with_db(PG_ADMIN_URL, name)
-
-
-def drop_pg_database(url: str) -> None:
-    """Drop a database created by :func:`create_pg_database`."""
-    name = url.rpartition("/")[2]
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        return testing.create_pg_database()
+    except testing.PostgresUnavailable as exc:
+        if IN_CI:
+            pytest.fail(f"PostgreSQL is required under CI=true but {exc}", pytrace=False)
+        pytest.skip(f"PostgreSQL not available: {exc}")
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ Usage::
     trainer = L.Trainer(callbacks=[CurvecastCallback(project="lm", run_name="gpt-120m")])
     trainer.fit(model)
 
-It creates a :class:`~client.Monitor` on the global-zero rank (or uses the one you pass), watches
-the trainer's optimizers (ScheduleFree+ telemetry, or learning rates), and logs at
+It creates a :class:`~curvecast.client.Monitor` on the global-zero rank (or uses the one you
+pass), watches the trainer's optimizers (ScheduleFree+ telemetry, or learning rates), and logs at
 ``trainer.global_step``: the training loss of every batch (``outputs["loss"]``) and whatever
 the module ``self.log``\\ s (``trainer.callback_metrics``, each value once, when it changes).
 
@@ -41,6 +41,7 @@ from curvecast.client.integrations._common import (
     scalar_metrics,
     unwrap_optimizer,
 )
+from curvecast.contract import TRAIN_LOSS_KEY
 
 __all__ = ["CurvecastCallback"]
 
@@ -56,7 +57,7 @@ class CurvecastCallback(Callback):
             ``total_steps`` to ``max_steps``) and finished when ``fit`` ends.
         watch: watch the trainer's optimizers (``Monitor.watch``).
         switch_schedule_free: switch schedule-free optimizers between x and y (see above).
-        **monitor_kwargs: passed to :class:`~client.Monitor` (``url``, ``project``, ...).
+        **monitor_kwargs: passed to :class:`~curvecast.client.Monitor` (``url``, ``project``, ...).
     """
 
     def __init__(
@@ -146,7 +147,8 @@ class CurvecastCallback(Callback):
     ) -> None:
         """Log the batch's loss and newly logged metrics at ``global_step``."""
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self._log_changed(trainer, scalar_metrics([("loss", loss)]) if loss is not None else None)
+        logged = scalar_metrics([(TRAIN_LOSS_KEY, loss)]) if loss is not None else None
+        self._log_changed(trainer, logged)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Log validation metrics at ``global_step``."""

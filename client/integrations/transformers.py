@@ -43,7 +43,7 @@ class CurvecastCallback(TrainerCallback):
             ``state.max_steps``).
         watch: watch the optimizer (``Monitor.watch``).
         finish_on_train_end: finish a monitor this callback created when training ends.
-        **monitor_kwargs: passed to :class:`~client.Monitor` (``url``, ``project``, ...).
+        **monitor_kwargs: passed to :class:`~curvecast.client.Monitor` (``url``, ``project``, ...).
     """
 
     def __init__(

@@ -1,2 +1,4 @@
-"""Alerting: pure rule evaluation, the alert lifecycle, webhook payloads and signatures, and the
-worker tasks that evaluate runs and deliver webhooks through a database outbox."""
+"""Alerting, all of it pure: the rules (:mod:`.rules`), the alert lifecycle (:mod:`.lifecycle`),
+one evaluation round and replays of stored data (:mod:`.engine`), what a round writes
+(:mod:`.decisions`), and webhook payloads and signatures (:mod:`.webhook`). The worker
+(``curvecast.service.worker``) reads, calls these, and has the store write the outcome."""

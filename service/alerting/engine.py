@@ -1,8 +1,8 @@
 """One evaluation round of one run: every rule's evaluator, then the lifecycle. Pure.
 
-The worker (``service.alerting.tasks``) calls :func:`evaluate_round` with what it read from the
-database and writes the returned transitions; :func:`replay` calls it on stored data in chunks,
-as a client would stream it, for the quality bench and the tests.
+The worker (:mod:`curvecast.service.worker.alerts`) calls :func:`evaluate_round` with what it
+read from the database and records the returned transitions; :func:`replay` calls it on stored
+data in chunks, as a client would stream it, for the quality bench and the tests.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from curvecast.contract import LOSS_KEYS, RunConfig
+from curvecast.contract import fit_key as contract_fit_key
 from curvecast.service.alerting.lifecycle import Event, RuleLifecycle, advance
 from curvecast.service.alerting.rules import (
     RULES,
@@ -24,6 +26,7 @@ from curvecast.service.alerting.rules import (
     evaluate_rule,
     rule_config,
 )
+from curvecast.service.forecast import Fit
 
 __all__ = ["ReplayEvent", "Transition", "evaluate_round", "replay"]
 
@@ -94,10 +97,6 @@ def _transition(rule: str, event: Event, cfg: RuleConfig, key: str | None) -> Tr
 # Replaying stored data
 # ---------------------------------------------------------------------------------------------
 
-#: The series a forecast is fitted on, in order of preference (as the worker chooses).
-FIT_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation/loss", "loss")
-
-
 @dataclass(frozen=True)
 class ReplayEvent:
     """A transition seen while replaying, at the step of the chunk that produced it."""
@@ -128,12 +127,14 @@ def replay(
     Returns:
         Every transition, in order.
     """
-    from curvecast.service.forecast import fit_curve
+    from curvecast.service.forecast.solver import fit_curve  # scipy: only when replaying
 
     configs = {name: rule_config(name, (overrides or {}).get(name)) for name in RULES}
     configs["stalled"] = replace(configs["stalled"], enabled=False)
+    cfg = RunConfig.read(config)
     last = max((int(s.steps[-1]) for s in series.values() if len(s)), default=-1)
-    fit_key = next((k for k in FIT_KEYS if k in series), None) if with_forecast else None
+    loss_series = {k: s for k, s in series.items() if k in LOSS_KEYS or k == cfg.fit_key}
+    fit_key: str | None = None
     fit: dict[str, Any] | None = None
     fitted_n = 0
     state: dict[str, Any] = {}
@@ -143,14 +144,19 @@ def replay(
         upto = min(upto, last)
         if upto <= after:
             continue
-        if fit_key is not None:
-            fs = series[fit_key]
-            n = int(np.searchsorted(fs.steps, upto, side="right"))
-            if n >= 4 and n >= fitted_n * (1 + refit_growth) and n > fitted_n:
-                prev = fit
-                from curvecast.service.forecast import Fit
-
-                warm = Fit.from_dict(prev).params if prev else None
+        if with_forecast:
+            # The series the forecast fits, chosen from the points so far exactly as the
+            # worker's refit chooses it (the contract's fit_key).
+            counts = {k: int(np.searchsorted(s.steps, upto, side="right"))
+                      for k, s in loss_series.items()}
+            key = contract_fit_key(counts, cfg)
+            if key != fit_key:
+                fit_key, fit, fitted_n = key, None, 0
+            n = counts.get(fit_key, 0) if fit_key is not None else 0
+            if fit_key is not None and n >= 4 and n >= fitted_n * (1 + refit_growth) \
+                    and n > fitted_n:
+                fs = series[fit_key]
+                warm = Fit.from_dict(fit).params if fit else None
                 fit = fit_curve(fs.steps[:n], fs.values[:n], config=config,
                                 warm_start=warm).to_dict()
                 fitted_n = n

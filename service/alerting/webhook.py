@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 __all__ = [
     "DELIVERY_HEADER",
@@ -32,7 +31,6 @@ __all__ = [
     "fingerprint",
     "sign",
     "signature_headers",
-    "validate_webhook_url",
     "verify",
 ]
 
@@ -49,7 +47,6 @@ DEFAULT_TOLERANCE_S = 300
 class AlertView:
     """What a notification says about one alert."""
 
-    alert_id: int
     run_id: str
     run_name: str
     project: str
@@ -197,36 +194,3 @@ def verify(
     if abs(now - ts) > tolerance_s:
         return False
     return hmac.compare_digest(sign(secret, delivery, ts, body), given)
-
-
-def validate_webhook_url(url: str) -> str:
-    """Check a webhook URL: ``http`` or ``https``, a host, no credentials, no fragment.
-
-    Returns:
-        The URL, stripped.
-
-    Raises:
-        ValueError: saying what is wrong.
-    """
-    url = url.strip()
-    if len(url) > 2000:
-        raise ValueError("is longer than 2000 characters")
-    if any(ord(c) < 33 or ord(c) == 127 for c in url):
-        raise ValueError("must not contain spaces or control characters")
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises for a non-numeric or out-of-range port
-    except ValueError as exc:
-        raise ValueError(f"is not a valid URL: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(
-            f"must start with http:// or https:// (got scheme {parts.scheme or 'none'!r})"
-        )
-    if not parts.hostname:
-        raise ValueError("must name a host, e.g. https://hooks.example.com/curvecast")
-    if parts.username or parts.password:
-        raise ValueError("must not embed credentials; set a secret to sign requests instead")
-    if parts.fragment:
-        raise ValueError("must not have a #fragment")
-    del port
-    return url

@@ -8,12 +8,18 @@ answer 404. Alerts are evaluated by the background worker, never in a request.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi import status as http
 
-from curvecast.service.alerting.schemas import (
+from curvecast.contract import PROJECT_PATTERN
+from curvecast.service.alerting.rules import RULES, rule_config, validate_override
+from curvecast.service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
+from curvecast.service.errors import InvalidInput, NotFound
+from curvecast.service.schemas import PROJECT_FILTER_PATTERN
+from curvecast.service.schemas.alerts import (
     AlertList,
     AlertOut,
     AlertState,
@@ -27,8 +33,6 @@ from curvecast.service.alerting.schemas import (
     WebhookList,
     WebhookOut,
 )
-from curvecast.service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
-from curvecast.service.schemas import PROJECT_FILTER_PATTERN, PROJECT_PATTERN
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
@@ -92,10 +96,39 @@ def silence(
     )
 
 
+def _known_rule(rule: str) -> str:
+    if rule not in RULES:
+        raise NotFound(f"no rule {rule!r}; rules are {', '.join(RULES)}")
+    return rule
+
+
+def _rule_out(rule: str, override: Mapping[str, Any] | None) -> RuleOut:
+    """A rule's effective configuration for a project, beside its defaults and docs."""
+    spec = RULES[rule]
+    cfg = rule_config(rule, override)
+    return RuleOut(
+        rule=rule,
+        title=spec.title,
+        description=spec.description,
+        enabled=cfg.enabled,
+        severity=cfg.severity,
+        for_steps=cfg.for_steps,
+        resolve_for_steps=cfg.resolve_for_steps,
+        for_doc=spec.for_doc,
+        params=dict(cfg.params),
+        param_docs={k: p.doc for k, p in spec.params.items()},
+        defaults=spec.default_config().to_dict(),
+        overridden=bool(override),
+    )
+
+
 @router.get("/projects/{project}/rules", response_model=RuleList, summary="A project's rules")
 def list_rules(project: ProjectPath, session: SessionDep, principal: ReadPrincipal) -> RuleList:
     """Every rule with its effective configuration, defaults and documentation."""
-    return alert_store.list_rules(session, project=project, allowed_project=principal.project)
+    overrides = alert_store.project_rule_overrides(
+        session, project=project, allowed_project=principal.project
+    )
+    return RuleList(project=project, rules=[_rule_out(r, overrides.get(r)) for r in RULES])
 
 
 @router.get("/projects/{project}/rules/{rule}", response_model=RuleOut, summary="One rule")
@@ -103,9 +136,10 @@ def get_rule(
     project: ProjectPath, rule: RulePath, session: SessionDep, principal: ReadPrincipal
 ) -> RuleOut:
     """One rule's effective configuration."""
-    return alert_store.get_rule(
-        session, project=project, rule=rule, allowed_project=principal.project
+    overrides = alert_store.project_rule_overrides(
+        session, project=project, allowed_project=principal.project
     )
+    return _rule_out(_known_rule(rule), overrides.get(rule))
 
 
 @router.put("/projects/{project}/rules/{rule}", response_model=RuleOut, summary="Configure a rule")
@@ -117,12 +151,20 @@ def put_rule(
     principal: AdminPrincipal,
 ) -> RuleOut:
     """Replace the project's override of a rule: ``enabled``, ``severity``, ``for_steps``,
-    ``resolve_for_steps`` and ``params`` (thresholds). Omitted fields keep the defaults."""
-    override: dict[str, Any] = body.model_dump(exclude_none=True)
-    return alert_store.put_rule(
-        session, project=project, rule=rule, override=override, now=utcnow(),
+    ``resolve_for_steps`` and ``params`` (thresholds). Omitted fields keep the defaults; ``{}``
+    returns to them."""
+    if principal.project not in (None, project):
+        raise NotFound(f"project {project!r} not found")
+    _known_rule(rule)
+    try:
+        clean = validate_override(rule, body.model_dump(exclude_none=True))
+    except ValueError as exc:
+        raise InvalidInput(f"rule {rule}: {exc}") from None
+    alert_store.put_rule_override(
+        session, project=project, rule=rule, override=clean, now=utcnow(),
         allowed_project=principal.project,
     )
+    return _rule_out(rule, clean)
 
 
 @router.get("/projects/{project}/webhooks", response_model=WebhookList, summary="Webhooks")

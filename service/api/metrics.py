@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import io
-import re
 import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
+from curvecast.contract import KEY_PATTERN, MAX_STEP, is_valid_key
 from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
 from curvecast.service.errors import InvalidInput, TooManyPoints
-from curvecast.service.schemas import KEY_PATTERN, MAX_STEP, IngestResult, MetricBatch, MetricsOut
+from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut
 from curvecast.service.store import metrics as metric_store
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["metrics"])
-_KEY_RE = re.compile(KEY_PATTERN)
 
 
 @router.post("/metrics", response_model=IngestResult, summary="Ingest a columnar batch")
@@ -59,7 +58,7 @@ def _parse_keys(keys: str | None) -> list[str] | None:
         return None
     parsed = [k.strip() for k in keys.split(",") if k.strip()]
     for index, key in enumerate(parsed):
-        if not _KEY_RE.match(key):
+        if not is_valid_key(key):
             raise InvalidInput(f"keys[{index}]: {key!r} does not match {KEY_PATTERN}")
     return parsed
 

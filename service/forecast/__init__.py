@@ -1,6 +1,19 @@
-"""Loss-curve forecasting: the pure fitting core and its offline CLI.
+"""Loss-curve forecasting: fit ``f(t) = a / sqrt(t + b) + c``, answer from the stored fit.
 
-Public API (stable; see docs/forecast.md)::
+The modules, lightest first:
+
+* :mod:`.fit` -- the :class:`Fit` value type: parameters, calibrated intervals, storage as JSON.
+  numpy only; this package re-exports its names, so ``from curvecast.service.forecast import
+  Fit`` never loads scipy.
+* :mod:`.calibration` -- the interval multipliers fitted offline on the curve corpus.
+* :mod:`.binning` -- cleaning and binning a long series before a fit.
+* :mod:`.solver` -- :func:`~.solver.fit_curve`, the robust variable-projection fit (scipy).
+* :mod:`.answer` -- the ONE builder of forecast answers (REST routes, pages, offline CLI).
+* :mod:`.cli` -- ``curvecast forecast``, the offline command.
+
+Usage (stable; see docs/forecast.md)::
+
+    from curvecast.service.forecast.solver import fit_curve
 
     fit = fit_curve(steps, losses, config={"c_warmup": 2000})
     fit.predict(200_000)        # Interval(value, lo, hi)
@@ -8,32 +21,17 @@ Public API (stable; see docs/forecast.md)::
     fit.steps_to(2.1)           # TargetEstimate(loss, step, lo, hi, reachable)
     Fit.from_dict(fit.to_dict())
 
-The service's worker calls :func:`fit_curve` (with :func:`bin_series` for long runs and
-``warm_start=previous.params``) and stores ``fit.to_dict()``.
+The service's worker calls ``fit_curve`` (``warm_start=previous.params``) and stores
+``fit.to_dict()``; readers rebuild it once with :meth:`Fit.from_dict`.
 """
 
-from curvecast.service.forecast.core import (
+from curvecast.service.forecast.fit import (
     STATUSES,
-    BinnedSeries,
     Fit,
     FitParams,
     Interval,
     TargetEstimate,
-    bin_series,
-    choose_burn_in,
-    fit_curve,
     model,
 )
 
-__all__ = [
-    "STATUSES",
-    "BinnedSeries",
-    "Fit",
-    "FitParams",
-    "Interval",
-    "TargetEstimate",
-    "bin_series",
-    "choose_burn_in",
-    "fit_curve",
-    "model",
-]
+__all__ = ["STATUSES", "Fit", "FitParams", "Interval", "TargetEstimate", "model"]

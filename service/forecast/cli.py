@@ -3,14 +3,21 @@
 Usage::
 
     curvecast forecast FILE (--upto FRACTION | --upto-step N) [--horizon N] [--target LOSS]
-                            [--confidence 0.9] [--burn-in N] [--json]
+                            [--confidence 0.9] [--burn-in N] [--config JSON] [--json]
 
 ``FILE`` is a CSV whose header names a ``step`` and a ``loss`` column (other columns are ignored),
 or JSON ``{"step": [...], "loss": [...]}``. Only points with ``step <= cut`` are fitted, where the
-cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in the file. ``--horizon``
-defaults to the last step in the file.
+cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in the file.
 
-With ``--json`` one object is printed; its keys are a public contract::
+``--config`` takes the run's config (a JSON object, or the path of a file holding one), read
+through :class:`curvecast.contract.RunConfig` exactly as the server reads a stored run's: its
+averaging start is the fit's burn-in (unless ``--burn-in`` says otherwise) and ``--horizon``
+defaults to its ``total_steps``, else the last step in the file. So the command and
+``GET .../forecast`` give the same status and numbers for the same data; the answer itself is
+built by :mod:`curvecast.service.forecast.answer`, the builder the server uses.
+
+With ``--json`` one object is printed; its keys are a public contract (the keys of the REST
+forecast that an offline fit has)::
 
     {"status", "n_points", "fitted_upto_step", "a", "b", "c",
      "f_star": {"value", "lo", "hi"},
@@ -33,7 +40,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from curvecast.service.forecast.core import Fit, fit_curve
+from curvecast.contract import RunConfig
+from curvecast.service.forecast.answer import forecast_answer, offline_json
+from curvecast.service.forecast.fit import Fit
+from curvecast.service.forecast.solver import fit_curve
 
 __all__ = ["ForecastInputError", "add_forecast_parser", "forecast_result", "load_series", "main",
            "run_forecast"]
@@ -161,7 +171,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confidence", type=float, default=0.9,
                         help="interval coverage in (0, 1) (default 0.9)")
     parser.add_argument("--burn-in", type=float, metavar="STEP",
-                        help="first step to fit (default: chosen from the data)")
+                        help="first step to fit (default: the config's averaging start, else "
+                        "chosen from the data)")
+    parser.add_argument("--config", metavar="JSON",
+                        help="the run's config: a JSON object or a file holding one "
+                        '(e.g. \'{"total_steps": 20000, "c_warmup": 500}\')')
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -187,33 +201,51 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ForecastInputError(f"--{name.replace('_', '-')} must be a finite number")
 
 
-def _jf(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
+def _read_config(text: str | None) -> RunConfig:
+    """The ``--config`` value (a JSON object, or the path of a file holding one), typed.
+
+    Raises:
+        ForecastInputError: the file cannot be read, or it is not a JSON object.
+    """
+    if text is None:
+        return RunConfig()
+    if not text.lstrip().startswith("{"):
+        try:
+            text = Path(text).read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError):
+            raise ForecastInputError(f"--config: cannot read {text!r} (a JSON object or a file "
+                                     "holding one)") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ForecastInputError(f"--config: invalid JSON ({exc.msg})") from None
+    if not isinstance(raw, dict):
+        raise ForecastInputError("--config: must be a JSON object")
+    return RunConfig.read(raw)
 
 
 def forecast_result(steps: Sequence[float], losses: Sequence[float], *, cut: float,
-                    horizon: float, target: float | None, confidence: float,
-                    burn_in: float | None = None) -> tuple[dict[str, Any], Fit]:
-    """The JSON object of the command (and the fit), for points with ``step <= cut``."""
+                    horizon: int | None, target: float | None, confidence: float,
+                    burn_in: float | None = None, config: RunConfig | None = None
+                    ) -> tuple[dict[str, Any], Fit]:
+    """The JSON object of the command (and the fit), for points with ``step <= cut``.
+
+    ``horizon`` None: the config's horizon (``total_steps``, else the last step given).
+    """
+    config = config or RunConfig()
     pts = [(s, v) for s, v in zip(steps, losses, strict=True) if s <= cut]
-    fit = fit_curve([s for s, _ in pts], [v for _, v in pts], burn_in=burn_in,
+    fit = fit_curve([s for s, _ in pts], [v for _, v in pts], burn_in=burn_in, config=config,
                     confidence=confidence)
-    star = fit.f_star(confidence)
-    pred = fit.predict(horizon, confidence)
-    out: dict[str, Any] = {
-        "status": fit.status,
-        "n_points": fit.n_points,
-        "fitted_upto_step": _jf(fit.fitted_upto_step),
-        "a": _jf(fit.a),
-        "b": _jf(fit.b),
-        "c": _jf(fit.c),
-        "f_star": star.to_dict(),
-        "prediction": {"step": _jf(horizon), **pred.to_dict()},
-        "target": None,
-    }
-    if target is not None:
-        out["target"] = fit.steps_to(target, confidence).to_dict()
-    return out, fit
+    last_step = max((s for s in steps if math.isfinite(s)), default=None)
+    answer = forecast_answer(
+        fit,
+        config=config,
+        last_step=None if last_step is None else round(last_step),
+        horizon=horizon,
+        confidence=confidence,
+        target_loss=target,
+    )
+    return offline_json(answer), fit
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -235,8 +267,9 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float) -> str:
                  f"({out['n_points']} points up to step {_fmt_step(out['fitted_upto_step'])}, "
                  f"from step {_fmt_step(fit.fitted_from_step)})")
     p = out["prediction"]
-    lines.append(f"loss at step {_fmt_step(p['step'])}: {_fmt(p['value'])}  "
-                 f"[{pct}: {_fmt(p['lo'])} – {_fmt(p['hi'])}]")
+    if p is not None:  # None only without a horizon (every step in the file is 0)
+        lines.append(f"loss at step {_fmt_step(p['step'])}: {_fmt(p['value'])}  "
+                     f"[{pct}: {_fmt(p['lo'])} – {_fmt(p['hi'])}]")
     s = out["f_star"]
     lines.append(f"asymptote f* ~ c: {_fmt(s['value'])}  [{pct}: {_fmt(s['lo'])} – "
                  f"{_fmt(s['hi'])}]")
@@ -261,14 +294,15 @@ def run_forecast(args: argparse.Namespace) -> int:
     try:
         _check_args(args)
         steps, losses = load_series(args.file)
+        config = _read_config(args.config)
         finite_steps = [s for s in steps if math.isfinite(s)]
         if not finite_steps:
             raise ForecastInputError(f"{args.file}: no finite step values")
-        last = max(finite_steps)
-        cut = args.upto_step if args.upto is None else args.upto * last
-        horizon = last if args.horizon is None else args.horizon
+        cut = args.upto_step if args.upto is None else args.upto * max(finite_steps)
+        horizon = None if args.horizon is None else round(args.horizon)
         out, fit = forecast_result(steps, losses, cut=cut, horizon=horizon, target=args.target,
-                                   confidence=args.confidence, burn_in=args.burn_in)
+                                   confidence=args.confidence, burn_in=args.burn_in,
+                                   config=config)
     except ForecastInputError as exc:
         print(f"curvecast forecast: error: {exc}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     StrictFloat,
     StrictInt,
+    StrictStr,
     StringConstraints,
     ValidationError,
     ValidatorFunctionWrapHandler,
@@ -28,11 +29,17 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-KEY_PATTERN = r"^[A-Za-z0-9_./-]{1,200}$"
-PROJECT_PATTERN = r"^[A-Za-z0-9_.-]{1,100}$"
+from curvecast.contract import (
+    KEY_PATTERN,
+    MAX_STEP,
+    NON_FINITE_STRINGS,
+    PROJECT_CHARS,
+    PROJECT_MAX_LENGTH,
+    PROJECT_PATTERN,
+)
+
 #: A ``?project=`` filter: a project name, or empty (matches nothing).
-PROJECT_FILTER_PATTERN = r"^[A-Za-z0-9_.-]{0,100}$"
-MAX_STEP = 2**62
+PROJECT_FILTER_PATTERN = rf"^[{PROJECT_CHARS}]{{0,{PROJECT_MAX_LENGTH}}}$"
 
 RunStatus = Literal["running", "finished", "failed", "crashed"]
 TokenScope = Literal["read", "ingest", "admin"]
@@ -45,8 +52,12 @@ RunName = Annotated[
 Step = Annotated[StrictInt, Field(ge=0, le=MAX_STEP)]
 # Strict: a JSON number (int or float), never a boolean or a numeric string.
 WallTime = Annotated[float, Field(allow_inf_nan=False, strict=True)]
-NonFiniteLiteral = Literal["NaN", "Infinity", "-Infinity"]
-_VALUE_HELP = 'a number, null, "NaN", "Infinity" or "-Infinity"'
+# A pattern rather than a Literal, so the strings are written once (in the contract).
+NonFiniteString = Annotated[
+    StrictStr,
+    StringConstraints(pattern="^(" + "|".join(map(re.escape, NON_FINITE_STRINGS)) + ")$"),
+]
+_VALUE_HELP = "a number, null or one of " + ", ".join(f'"{s}"' for s in NON_FINITE_STRINGS)
 
 
 def _explain_bad_item(items: Any, check: Any) -> PydanticCustomError:
@@ -64,7 +75,7 @@ def _explain_bad_item(items: Any, check: Any) -> PydanticCustomError:
 
 
 def _is_metric_value(item: Any) -> bool:
-    if item is None or item in ("NaN", "Infinity", "-Infinity"):
+    if item is None or item in NON_FINITE_STRINGS:
         return True
     return isinstance(item, int | float) and not isinstance(item, bool)
 
@@ -80,7 +91,7 @@ def _validate_values(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
 
 
 MetricValues = Annotated[
-    list[StrictFloat | None | NonFiniteLiteral], WrapValidator(_validate_values)
+    list[StrictFloat | None | NonFiniteString], WrapValidator(_validate_values)
 ]
 
 
@@ -114,9 +125,12 @@ def _check_json_safe(value: Any, where: str, depth: int = 0) -> None:
             _check_json_safe(item, f"{where}[{index}]", depth + 1)
 
 
-class RunConfig(BaseModel):
-    """A run's configuration. The typed keys are the ones the service reads; anything else
-    (optimizer hyper-parameters, model size, ...) is kept as given."""
+class RunConfigIn(BaseModel):
+    """A run's configuration as a request carries it, checked at the edge.
+
+    The typed keys are the ones :class:`curvecast.contract.RunConfig` reads back from the stored
+    dict; anything else (optimizer hyper-parameters, model size, ...) is kept as given.
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -135,7 +149,7 @@ class RunConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _json_safe(self) -> RunConfig:
+    def _json_safe(self) -> RunConfigIn:
         for key, value in (self.model_extra or {}).items():
             check_storable_text(key, f"config key {key[:50]!r}")
             _check_json_safe(value, key)
@@ -149,7 +163,7 @@ class RunCreate(BaseModel):
 
     project: ProjectName
     name: RunName | None = None
-    config: RunConfig = Field(default_factory=RunConfig)
+    config: RunConfigIn = Field(default_factory=RunConfigIn)
 
 
 class RunUpdate(BaseModel):
@@ -159,7 +173,7 @@ class RunUpdate(BaseModel):
 
     status: RunStatus | None = None
     name: RunName | None = None
-    config: RunConfig | None = None
+    config: RunConfigIn | None = None
 
 
 class RunOut(BaseModel):
@@ -296,83 +310,3 @@ class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     database: str | None = None
     schema_revision: str | None = None
-
-
-class IntervalOut(BaseModel):
-    """A value with a two-sided interval (``null`` when there is no forecast)."""
-
-    value: float | None
-    lo: float | None
-    hi: float | None
-
-
-class PredictionOut(IntervalOut):
-    """The forecast loss at ``step``."""
-
-    step: int
-
-
-class TargetOut(BaseModel):
-    """When the run reaches ``loss``: central ``step`` and interval [``lo``, ``hi``];
-    ``reachable`` is false when the target is at or below the fitted asymptote."""
-
-    loss: float
-    step: float | None
-    lo: float | None
-    hi: float | None
-    reachable: bool
-
-
-class ForecastOut(BaseModel):
-    """A forecast: the same keys as ``curvecast forecast --json``, plus where it came from."""
-
-    status: str
-    n_points: int
-    fitted_upto_step: float | None
-    a: float | None
-    b: float | None
-    c: float | None
-    f_star: IntervalOut | None
-    prediction: PredictionOut | None
-    target: TargetOut | None
-    key: str | None = Field(default=None, description="The series that was fitted.")
-    fitted_at: datetime | None = None
-    confidence: float = 0.9
-    off_model: bool = False
-    message: str = ""
-
-
-class EtaOut(BaseModel):
-    """Wall-clock estimate from the run's recent step rate."""
-
-    steps_per_second: float | None
-    seconds: float | None
-    at: datetime | None
-
-
-class TargetAnswer(BaseModel):
-    """Answer of ``GET .../forecast/target``."""
-
-    status: str
-    key: str | None
-    target: TargetOut | None
-    eta: EtaOut | None
-
-
-class ForecastHistoryPoint(BaseModel):
-    """One fit of the history: the final-loss forecast made with data up to a step."""
-
-    fitted_upto_step: float | None
-    n_points: int
-    status: str
-    created_at: datetime
-    final: PredictionOut | None
-    f_star: IntervalOut | None
-
-
-class ForecastHistory(BaseModel):
-    """How the forecast of the loss at ``horizon`` evolved as the run streamed."""
-
-    run_id: uuid.UUID
-    horizon: int | None
-    points: list[ForecastHistoryPoint]

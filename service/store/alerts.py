@@ -2,7 +2,9 @@
 the outbox rows written in the same transaction as an alert's state change.
 
 Only this module and ``service.store.webhooks`` talk SQL about alerts; they return schemas or
-plain dataclasses, never ORM rows.
+the plain records of :mod:`curvecast.service.schemas.alerts`, never ORM rows. What an
+evaluation writes is decided before the store is called, by pure code the worker runs; this
+module writes what it is given.
 """
 
 from __future__ import annotations
@@ -10,18 +12,15 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from sqlalchemy import Select, delete, exists, literal, literal_column, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from curvecast.service.alerting.engine import Transition
-from curvecast.service.alerting.rules import RULES, Series, rule_config, validate_override
-from curvecast.service.alerting.schemas import AlertList, AlertOut, RuleList, RuleOut
-from curvecast.service.alerting.webhook import AlertView, build_payload, encode_body
 from curvecast.service.errors import InvalidInput, NotFound, RunNotFound
 from curvecast.service.models import (
     Alert,
@@ -32,12 +31,11 @@ from curvecast.service.models import (
     MetricPoint,
     Project,
     Run,
-    Webhook,
 )
-from curvecast.service.models import (
-    Series as SeriesRow,
-)
+from curvecast.service.models import Series as SeriesRow
+from curvecast.service.schemas.alerts import AlertList, AlertOut, AlertRow, AlertWrite, EvalJob
 from curvecast.service.store._common import as_utc, is_postgres, write_connection
+from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.projects import ensure_project
 
 OPEN_STATES = ("pending", "firing")
@@ -48,63 +46,33 @@ OPEN_STATES = ("pending", "firing")
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EvalJob:
-    """A run leased for alert evaluation."""
-
-    run_id: uuid.UUID
-    token: uuid.UUID
-    project_id: int
-    project: str
-    run_name: str
-    config: dict[str, Any]
-    status: str
-    last_step: int | None
-    n_points: int
-    last_ingest_at: datetime | None
-    evaluated_step: int | None
-    state: dict[str, Any]
-
-
 def _ensure_eval_rows(session: Session) -> None:
     """Give every run an ``alert_eval`` row (runs are created elsewhere; this table is ours)."""
     missing: Select[uuid.UUID, int, Any] = select(Run.id, literal(0), literal_column("'{}'")).where(
         ~exists().where(AlertEval.run_id == Run.id)
     )
     stmt = (
-        (_pg_insert if is_postgres(session) else _sqlite_insert)(AlertEval)
+        _dialect_insert(session)(AlertEval)
         .from_select(["run_id", "n_points", "state"], missing)
         .on_conflict_do_nothing()
     )
     session.execute(stmt)
 
 
-def _pg_insert(table: Any) -> Any:
-    from sqlalchemy.dialects.postgresql import insert
-
-    return insert(table)
-
-
-def _sqlite_insert(table: Any) -> Any:
-    from sqlalchemy.dialects.sqlite import insert
-
-    return insert(table)
+def _dialect_insert(session: Session) -> Any:
+    """The session's dialect's INSERT (both have ``ON CONFLICT`` clauses; core's has none)."""
+    return postgresql.insert if is_postgres(session) else sqlite.insert
 
 
 def claim_eval_jobs(
     session: Session, *, now: datetime, lease: timedelta, limit: int
 ) -> list[EvalJob]:
     """Lease up to ``limit`` runs that have new points, or whose periodic check (the stalled
-    rule) is due.
-
-    ``FOR UPDATE SKIP LOCKED`` (PostgreSQL) lets concurrent workers pass over each other's
-    candidates; the lease token then keeps the run theirs while they evaluate outside the
-    transaction, and expires on its own if a worker dies. On SQLite the write transaction
-    serialises claims.
-    """
+    rule) is due. The lease token keeps the run this worker's while it evaluates outside the
+    transaction (see :func:`claim_leases`)."""
     write_connection(session)
     _ensure_eval_rows(session)
-    stmt = (
+    candidates = (
         select(
             AlertEval.run_id,
             Run.project_id,
@@ -120,40 +88,36 @@ def claim_eval_jobs(
         )
         .join(Run, Run.id == AlertEval.run_id)
         .join(Project, Project.id == Run.project_id)
-        .where(
-            or_(AlertEval.lease_until.is_(None), AlertEval.lease_until < now),
-            or_(Run.n_points > AlertEval.n_points, AlertEval.next_check_at <= now),
-        )
+        .where(or_(Run.n_points > AlertEval.n_points, AlertEval.next_check_at <= now))
         .order_by(AlertEval.evaluated_at.asc().nulls_first())
-        .limit(limit)
-        .with_for_update(of=AlertEval, skip_locked=True)
     )
-    jobs = []
-    for r in session.execute(stmt).all():
-        token = uuid.uuid4()
-        jobs.append(
-            EvalJob(
-                run_id=r[0],
-                token=token,
-                project_id=r[1],
-                project=r[2],
-                run_name=r[3],
-                config=dict(r[4]),
-                status=r[5],
-                last_step=r[6],
-                n_points=int(r[7]),
-                last_ingest_at=as_utc(r[8]) if r[8] else None,
-                evaluated_step=r[9],
-                state=dict(r[10] or {}),
-            )
+    claim = claim_leases(
+        session,
+        candidates,
+        key=AlertEval.run_id,
+        lease_until=AlertEval.lease_until,
+        lease_token=AlertEval.lease_token,
+        now=now,
+        lease=lease,
+        limit=limit,
+    )
+    return [
+        EvalJob(
+            run_id=r[0],
+            token=claim.token,
+            project_id=r[1],
+            project=r[2],
+            run_name=r[3],
+            config=dict(r[4]),
+            status=r[5],
+            last_step=r[6],
+            n_points=int(r[7]),
+            last_ingest_at=as_utc(r[8]) if r[8] else None,
+            evaluated_step=r[9],
+            state=dict(r[10] or {}),
         )
-        session.execute(
-            update(AlertEval)
-            .where(AlertEval.run_id == r[0])
-            .values(lease_until=now + lease, lease_token=token),
-            execution_options={"synchronize_session": False},
-        )
-    return jobs
+        for r in claim.rows
+    ]
 
 
 def run_series_ids(session: Session, *, run_id: uuid.UUID) -> dict[str, int]:
@@ -164,8 +128,11 @@ def run_series_ids(session: Session, *, run_id: uuid.UUID) -> dict[str, int]:
     return {str(k): int(i) for k, i in rows}
 
 
-def read_points(session: Session, *, series_id: int, lo: int, hi: int) -> Series:
-    """Points of one series with ``lo <= step <= hi`` (NULL values, i.e. NaN, included)."""
+def read_points(
+    session: Session, *, series_id: int, lo: int, hi: int
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """Steps and values of one series with ``lo <= step <= hi``, by step (NULL values, i.e.
+    NaN, included as NaN)."""
     rows = session.execute(
         select(MetricPoint.step, MetricPoint.value)
         .where(MetricPoint.series_id == series_id, MetricPoint.step >= lo, MetricPoint.step <= hi)
@@ -175,7 +142,7 @@ def read_points(session: Session, *, series_id: int, lo: int, hi: int) -> Series
     values = np.fromiter(
         (math.nan if r[1] is None else r[1] for r in rows), dtype=np.float64, count=len(rows)
     )
-    return Series(steps, values)
+    return steps, values
 
 
 def latest_fit(session: Session, *, run_id: uuid.UUID) -> tuple[dict[str, Any], str] | None:
@@ -190,13 +157,13 @@ def latest_fit(session: Session, *, run_id: uuid.UUID) -> tuple[dict[str, Any], 
 
 
 def rule_overrides(session: Session, *, project_id: int) -> dict[str, dict[str, Any]]:
-    """A project's rule overrides (validated when stored)."""
+    """A project's rule overrides by rule name, as stored (validated when they were put)."""
     rows = session.execute(
         select(AlertRuleOverride.rule, AlertRuleOverride.config).where(
             AlertRuleOverride.project_id == project_id
         )
     ).all()
-    return {str(r): dict(c) for r, c in rows if r in RULES}
+    return {str(r): dict(c) for r, c in rows}
 
 
 def release_eval_job(session: Session, *, job: EvalJob) -> None:
@@ -210,22 +177,18 @@ def release_eval_job(session: Session, *, job: EvalJob) -> None:
     )
 
 
-def apply_evaluation(
+def finish_evaluation(
     session: Session,
     *,
     job: EvalJob,
-    transitions: Sequence[Transition],
     state: Mapping[str, Any],
     evaluated_step: int | None,
     n_points: int,
     next_check_at: datetime | None,
     now: datetime,
-    public_url: str,
 ) -> bool:
-    """Record one evaluation: alert rows change, outbox rows are written for every firing or
-    resolved transition (one per enabled webhook of the project), and the run's evaluation
-    state moves on -- all in this one transaction, so a notification is never lost nor sent
-    for a change that was rolled back.
+    """Move the run's evaluation state on and give its lease back. Starts the transaction that
+    also writes the evaluation's alerts (:func:`write_alerts`), so both land or neither does.
 
     Returns:
         False if the lease was lost (another worker took the run over); nothing is written.
@@ -245,145 +208,99 @@ def apply_evaluation(
         ),
         execution_options={"synchronize_session": False},
     )
-    if moved.rowcount != 1:  # type: ignore[attr-defined]
-        return False
-    webhooks: list[tuple[int, str]] | None = None
-    for t in transitions:
-        alert = _open_alert(session, job.run_id, t.rule)
-        ev = t.event
-        value = ev.value if math.isfinite(ev.value) else None
-        if ev.kind == "cancelled":
-            if alert is not None and alert.state == "pending":
-                session.delete(alert)
-                session.flush()
+    return bool(moved.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def open_alerts(session: Session, *, run_id: uuid.UUID) -> list[AlertRow]:
+    """A run's pending and firing alerts (at most one per rule)."""
+    alerts = session.scalars(
+        select(Alert)
+        .where(Alert.run_id == run_id, Alert.state.in_(OPEN_STATES))
+        .order_by(Alert.id)
+    )
+    return [
+        AlertRow(
+            id=a.id,
+            rule=a.rule,
+            state=a.state,  # type: ignore[arg-type]
+            severity=a.severity,
+            summary=a.summary,
+            description=a.description,
+            key=a.key,
+            labels=dict(a.labels or {}),
+            since_step=a.since_step,
+            step=a.step,
+            value=a.value,
+            started_at=as_utc(a.started_at),
+            fired_at=as_utc(a.fired_at) if a.fired_at else None,
+            fired_step=a.fired_step,
+            resolved_at=as_utc(a.resolved_at) if a.resolved_at else None,
+            silenced_until=as_utc(a.silenced_until) if a.silenced_until else None,
+            updated_at=as_utc(a.updated_at),
+        )
+        for a in alerts
+    ]
+
+
+def write_alerts(
+    session: Session, *, job: EvalJob, writes: Sequence[AlertWrite], now: datetime
+) -> None:
+    """Carry out an evaluation's alert writes, in order, and queue their notifications in the
+    outbox (in this transaction: a notification is never lost, nor sent for a change that was
+    rolled back)."""
+    write_connection(session)
+    for w in writes:
+        row = w.row
+        if w.delete:
+            session.execute(delete(Alert).where(Alert.id == row.id))
             continue
-        if ev.kind in ("pending", "firing") and alert is None:
+        changes = {
+            "state": row.state,
+            "severity": row.severity,
+            "summary": row.summary,
+            "description": row.description,
+            "step": row.step,
+            "value": row.value,
+            "fired_at": row.fired_at,
+            "fired_step": row.fired_step,
+            "resolved_at": row.resolved_at,
+            "updated_at": row.updated_at,
+        }
+        if row.id is None:
             alert = Alert(
                 run_id=job.run_id,
                 project_id=job.project_id,
-                rule=t.rule,
-                state="pending",
-                severity=t.severity,
-                summary=t.summary,
-                description=t.description,
-                key=t.key,
-                labels=_labels(job, t),
-                since_step=ev.since_step,
-                step=ev.step,
-                value=value,
-                started_at=now,
-                updated_at=now,
+                rule=row.rule,
+                key=row.key,
+                labels=row.labels,
+                since_step=row.since_step,
+                started_at=row.started_at,
+                **changes,
             )
             session.add(alert)
-            session.flush()
-        if alert is None:
-            continue  # resolved with nothing open (a rule disabled while inactive)
-        alert.step, alert.value, alert.updated_at = ev.step, value, now
-        if ev.kind == "firing":
-            alert.state, alert.fired_at, alert.fired_step = "firing", now, ev.step
-            alert.summary, alert.description, alert.severity = t.summary, t.description, t.severity
-        elif ev.kind == "resolved":
-            was_firing = alert.state == "firing"
-            alert.state, alert.resolved_at = "resolved", now
-            if not was_firing:
-                continue
+            session.flush()  # now, not later: the next write may open this rule's next alert
+            alert_id = alert.id
         else:
-            continue
-        session.flush()
-        if alert.silenced_until is not None and as_utc(alert.silenced_until) > now:
-            continue
-        if webhooks is None:
-            webhooks = _enabled_webhooks(session, job.project_id)
-        for webhook_id, name in webhooks:
-            _enqueue(session, alert, job, webhook_id, name, now, public_url)
-    _refresh_open(session, job.run_id, state, now)
-    return True
-
-
-def _labels(job: EvalJob, t: Transition) -> dict[str, str]:
-    labels = {
-        "rule": t.rule,
-        "severity": t.severity,
-        "project": job.project,
-        "run_id": str(job.run_id),
-        "run_name": job.run_name,
-    }
-    if t.key:
-        labels["key"] = t.key
-    return labels
-
-
-def _open_alert(session: Session, run_id: uuid.UUID, rule: str) -> Alert | None:
-    return session.scalar(
-        select(Alert).where(
-            Alert.run_id == run_id, Alert.rule == rule, Alert.state.in_(OPEN_STATES)
-        )
-    )
-
-
-def _refresh_open(
-    session: Session, run_id: uuid.UUID, state: Mapping[str, Any], now: datetime
-) -> None:
-    """Show the latest statistic on open alerts (the lifecycle state carries it)."""
-    for alert in session.scalars(
-        select(Alert).where(Alert.run_id == run_id, Alert.state.in_(OPEN_STATES))
-    ):
-        life = (state.get(alert.rule) or {}).get("lifecycle") or {}
-        step, value = life.get("step"), life.get("value")
-        if step is not None and step != alert.step:
-            alert.step, alert.value, alert.updated_at = int(step), value, now
-
-
-def _enabled_webhooks(session: Session, project_id: int) -> list[tuple[int, str]]:
-    rows = session.execute(
-        select(Webhook.id, Webhook.name)
-        .where(Webhook.project_id == project_id, Webhook.enabled.is_(True))
-        .order_by(Webhook.id)
-    ).all()
-    return [(int(i), str(n)) for i, n in rows]
-
-
-def _enqueue(
-    session: Session,
-    alert: Alert,
-    job: EvalJob,
-    webhook_id: int,
-    receiver: str,
-    now: datetime,
-    public_url: str,
-) -> None:
-    delivery_id = uuid.uuid4()
-    view = AlertView(
-        alert_id=alert.id,
-        run_id=str(job.run_id),
-        run_name=job.run_name,
-        project=job.project,
-        rule=alert.rule,
-        severity=alert.severity,
-        status=alert.state,
-        summary=alert.summary,
-        description=alert.description,
-        started_at=as_utc(alert.started_at),
-        ended_at=as_utc(alert.resolved_at) if alert.resolved_at else None,
-        step=alert.step,
-        value=alert.value,
-    )
-    payload = build_payload(
-        view, public_url=public_url, receiver=receiver, delivery_id=str(delivery_id)
-    )
-    session.add(
-        AlertDelivery(
-            id=delivery_id,
-            webhook_id=webhook_id,
-            alert_id=alert.id,
-            event=alert.state,
-            body=encode_body(payload).decode(),
-            status="pending",
-            attempts=0,
-            next_attempt_at=now,
-            created_at=now,
-        )
-    )
+            session.execute(
+                update(Alert).where(Alert.id == row.id).values(**changes),
+                execution_options={"synchronize_session": False},
+            )
+            alert_id = row.id
+        for n in w.notifications:
+            session.add(
+                AlertDelivery(
+                    id=n.delivery_id,
+                    webhook_id=n.webhook_id,
+                    alert_id=alert_id,
+                    event=n.event,
+                    body=n.body,
+                    status="pending",
+                    attempts=0,
+                    next_attempt_at=now,
+                    created_at=now,
+                )
+            )
+    session.flush()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,44 +438,16 @@ def _check_project(project: str, allowed_project: str | None) -> None:
         raise NotFound(f"project {project!r} not found")
 
 
-def _rule_out(rule: str, override: Mapping[str, Any] | None) -> RuleOut:
-    spec = RULES[rule]
-    cfg = rule_config(rule, override)
-    return RuleOut(
-        rule=rule,
-        title=spec.title,
-        description=spec.description,
-        enabled=cfg.enabled,
-        severity=cfg.severity,
-        for_steps=cfg.for_steps,
-        resolve_for_steps=cfg.resolve_for_steps,
-        for_doc=spec.for_doc,
-        params=dict(cfg.params),
-        param_docs={k: p.doc for k, p in spec.params.items()},
-        defaults=spec.default_config().to_dict(),
-        overridden=bool(override),
-    )
-
-
-def list_rules(session: Session, *, project: str, allowed_project: str | None) -> RuleList:
-    """Every rule's effective configuration for ``project``."""
+def project_rule_overrides(
+    session: Session, *, project: str, allowed_project: str | None
+) -> dict[str, dict[str, Any]]:
+    """A visible project's rule overrides by rule name (none for a project with no runs yet)."""
     _check_project(project, allowed_project)
     pid = session.scalar(select(Project.id).where(Project.name == project))
-    overrides = rule_overrides(session, project_id=pid) if pid is not None else {}
-    return RuleList(project=project, rules=[_rule_out(r, overrides.get(r)) for r in RULES])
+    return rule_overrides(session, project_id=pid) if pid is not None else {}
 
 
-def get_rule(session: Session, *, project: str, rule: str, allowed_project: str | None) -> RuleOut:
-    """One rule's effective configuration."""
-    _check_project(project, allowed_project)
-    if rule not in RULES:
-        raise NotFound(f"no rule {rule!r}; rules are {', '.join(RULES)}")
-    pid = session.scalar(select(Project.id).where(Project.name == project))
-    overrides = rule_overrides(session, project_id=pid) if pid is not None else {}
-    return _rule_out(rule, overrides.get(rule))
-
-
-def put_rule(
+def put_rule_override(
     session: Session,
     *,
     project: str,
@@ -566,38 +455,26 @@ def put_rule(
     override: Mapping[str, Any],
     now: datetime,
     allowed_project: str | None,
-) -> RuleOut:
-    """Replace a project's override of ``rule`` (``{}`` returns to the defaults).
-
-    Raises:
-        NotFound: unknown rule (or another project's).
-        InvalidInput: a threshold is unknown or out of range; the message names it.
-    """
+) -> None:
+    """Replace a project's override of ``rule`` with ``override`` (validated by the caller;
+    ``{}`` deletes it: the rule returns to its defaults)."""
     _check_project(project, allowed_project)
-    if rule not in RULES:
-        raise NotFound(f"no rule {rule!r}; rules are {', '.join(RULES)}")
-    try:
-        clean = validate_override(rule, override)
-    except ValueError as exc:
-        raise InvalidInput(f"rule {rule}: {exc}") from None
     write_connection(session)
     pid = ensure_project(session, name=project)
-    if not clean:
+    if not override:
         session.execute(
             delete(AlertRuleOverride).where(
                 AlertRuleOverride.project_id == pid, AlertRuleOverride.rule == rule
             )
         )
-    else:
-        # An upsert, so two admins writing at once cannot collide on the unique key.
-        insert = _pg_insert if is_postgres(session) else _sqlite_insert
-        stmt = insert(AlertRuleOverride).values(
-            project_id=pid, rule=rule, config=clean, updated_at=now
+        return
+    # An upsert, so two admins writing at once cannot collide on the unique key.
+    stmt = _dialect_insert(session)(AlertRuleOverride).values(
+        project_id=pid, rule=rule, config=dict(override), updated_at=now
+    )
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["project_id", "rule"],
+            set_={"config": stmt.excluded.config, "updated_at": stmt.excluded.updated_at},
         )
-        session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["project_id", "rule"],
-                set_={"config": stmt.excluded.config, "updated_at": stmt.excluded.updated_at},
-            )
-        )
-    return _rule_out(rule, clean)
+    )

@@ -1,10 +1,11 @@
-"""Reads for the dashboards' runs list: per run its last loss, a small trend (sparkline) and its
-latest stored fit, for a whole page of runs in a bounded number of index probes.
+"""Reads for the dashboards' runs list: per run its last loss, a small trend (sparkline), its
+latest stored fit and its firing alerts, for a whole page of runs in a bounded number of index
+probes.
 
 Why not the metrics API per run: a page lists up to a few hundred runs, each with up to 10^6
 points per series. Here each run costs two statements that touch O(``spark_points`` ×
 ``window``) index entries, whatever the length of the run, and the fits of all runs come in one
-statement.
+statement, as do the firing alerts.
 """
 
 from __future__ import annotations
@@ -12,32 +13,22 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from curvecast.service.models import FitRecord, Series
+from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS
+from curvecast.service.models import Alert, FitRecord, Series
 from curvecast.service.schemas import RunOut, RunStatus
 from curvecast.service.store import runs as run_store
-from curvecast.service.store._common import as_utc
+from curvecast.service.store.forecasts import StoredFit, stored_fit
 
-#: Series a run's trend and "last loss" are read from, in order of preference: the training
-#: loss logged every step, else an evaluation loss.
-LOSS_KEYS = ("loss", "eval_loss", "val_loss", "eval/loss", "val/loss", "validation/loss")
+#: Series a run's trend and "last loss" are read from, in order of preference. Unlike the
+#: forecast's choice (``contract.loss_key``: evaluation loss first), the densely logged training
+#: loss comes first: a trend of 40 window means needs many points, not a handful of evaluations.
+TREND_KEYS = (*TRAIN_LOSS_KEYS, *EVAL_LOSS_KEYS)
 #: Points averaged at each sparkline sample: the per-step training loss is noisy.
 SPARK_WINDOW = 32
-
-
-@dataclass(frozen=True)
-class StoredFitSummary:
-    """A run's latest fit as stored by the worker (``Fit.to_dict()``)."""
-
-    key: str
-    status: str
-    fit: dict[str, Any]
-    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -50,7 +41,8 @@ class RunSummary:
     last_loss: float | None  # NaN when the last stored value is NaN
     spark_steps: list[float]
     spark_values: list[float]  # window means; NaN where a window has no finite value
-    latest_fit: StoredFitSummary | None
+    latest_fit: StoredFit | None
+    firing_alerts: int
 
 
 def _last_point(session: Session, sid: int) -> tuple[int, float] | None:
@@ -100,8 +92,8 @@ def _spark(session: Session, sid: int, lo: int, hi: int, n: int) -> tuple[list[f
     return steps, values
 
 
-def latest_fits(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, StoredFitSummary]:
-    """The newest stored fit of each run (one statement, via the (run_id, id) index)."""
+def latest_fits(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, StoredFit]:
+    """The newest stored fit of each run, parsed (one statement, via the (run_id, id) index)."""
     if not run_ids:
         return {}
     newest = (
@@ -111,12 +103,19 @@ def latest_fits(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, S
         .scalar_subquery()
     )
     records = session.scalars(select(FitRecord).where(FitRecord.id.in_(newest))).all()
-    return {
-        r.run_id: StoredFitSummary(
-            key=r.key, status=r.status, fit=dict(r.fit), created_at=as_utc(r.created_at)
-        )
-        for r in records
-    }
+    return {r.run_id: stored_fit(r) for r in records}
+
+
+def firing_alert_counts(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """How many alerts of each run are firing (one statement; runs without any are absent)."""
+    if not run_ids:
+        return {}
+    rows = session.execute(
+        select(Alert.run_id, func.count())
+        .where(Alert.run_id.in_(run_ids), Alert.state == "firing")
+        .group_by(Alert.run_id)
+    ).all()
+    return {run_id: int(count) for run_id, count in rows}
 
 
 def run_summaries(
@@ -147,16 +146,17 @@ def run_summaries(
     if run_ids:
         rows = session.execute(
             select(Series.run_id, Series.key, Series.id).where(
-                Series.run_id.in_(run_ids), Series.key.in_(LOSS_KEYS)
+                Series.run_id.in_(run_ids), Series.key.in_(TREND_KEYS)
             )
         ).all()
         for run_id, series_key, sid in rows:
             series.setdefault(run_id, {})[str(series_key)] = int(sid)
     fits = latest_fits(session, run_ids)
+    firing = firing_alert_counts(session, run_ids)
     out = []
     for run in page.runs:
         keys = series.get(run.id, {})
-        key: str | None = next((k for k in LOSS_KEYS if k in keys), None)
+        key: str | None = next((k for k in TREND_KEYS if k in keys), None)
         last: tuple[int, float] | None = None
         first: int | None = None
         spark_steps: list[float] = []
@@ -175,6 +175,7 @@ def run_summaries(
                 spark_steps=spark_steps,
                 spark_values=spark_values,
                 latest_fit=fits.get(run.id),
+                firing_alerts=firing.get(run.id, 0),
             )
         )
     return out, page.next_page_token

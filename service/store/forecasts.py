@@ -1,18 +1,23 @@
 """Forecast bookkeeping: which runs are due for a refit (leased so that several service
-processes never fit the same run at once), the series a fit reads, and the fit history."""
+processes never fit the same run at once), the series a fit reads, and the fit history.
+
+A stored fit is parsed into a :class:`~curvecast.service.forecast.fit.Fit` here, once, and
+handed out as such: nothing past the store sees the JSON.
+"""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 import numpy as np
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
+from curvecast.contract import LOSS_KEYS, RunConfig, fit_key
 from curvecast.service.errors import RunNotFound
+from curvecast.service.forecast.fit import Fit, FloatArray
 from curvecast.service.models import (
     FitRecord,
     MetricPoint,
@@ -23,11 +28,9 @@ from curvecast.service.models import (
     Series,
 )
 from curvecast.service.store._common import as_utc, write_connection
+from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.rollups import ROLLUP_WIDTHS, read_block_means
 
-#: Series a forecast fits, in order of preference, unless the run's config names ``fit_key``.
-#: Evaluation loss (measured at the averaged iterate x) is smoother than per-step training loss.
-FIT_KEY_CANDIDATES = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation/loss", "loss")
 #: Series spanning more steps than this are read as rollup block means (at least
 #: ``MIN_FIT_BLOCKS`` of them), so a refit reads thousands of rows however long the run.
 RAW_READ_LIMIT = 20_000
@@ -40,7 +43,7 @@ class FitJob:
 
     run_id: uuid.UUID
     run_n_points: int
-    config: dict[str, Any]
+    config: RunConfig
 
 
 @dataclass(frozen=True)
@@ -48,23 +51,28 @@ class FitInput:
     """What a refit needs: the chosen series and the previous fit of it (for a warm start)."""
 
     key: str
-    steps: np.ndarray
-    values: np.ndarray
-    previous_fit: dict[str, Any] | None
+    steps: FloatArray
+    values: FloatArray
+    previous_fit: Fit | None
 
 
 @dataclass(frozen=True)
 class StoredFit:
-    """A fit from the history."""
+    """A fit from the history: which series it fitted, the fit, and when it was made."""
 
     id: int
     run_id: uuid.UUID
     key: str
-    status: str
-    n_points: int
-    fitted_upto_step: int | None
-    fit: dict[str, Any]
+    fit: Fit
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class RunForecastContext:
+    """What answering for a run needs besides its fits: its config and last logged step."""
+
+    config: RunConfig
+    last_step: int | None
 
 
 def claim_fit_jobs(
@@ -78,20 +86,14 @@ def claim_fit_jobs(
     limit: int,
 ) -> list[FitJob]:
     """Lease up to ``limit`` runs that need a refit: at least ``growth`` more points than at the
-    last fit, or any new points and a fit older than ``max_age``.
-
-    ``FOR UPDATE SKIP LOCKED`` (PostgreSQL) lets concurrent workers pass over each other's
-    candidates; the lease then keeps the run theirs while they fit outside the transaction, and
-    expires on its own if a worker dies. On SQLite the write transaction serialises claims.
-    """
-    write_connection(session)
-    stmt = (
+    last fit, or any new points and a fit older than ``max_age`` (see
+    :func:`~curvecast.service.store._leases.claim_leases` for how the lease works)."""
+    candidates = (
         select(RunWork.run_id, Run.n_points, Run.config)
         .join(Run, Run.id == RunWork.run_id)
         .where(
             Run.n_points >= min_points,
             Run.n_points > RunWork.fit_n_points,
-            or_(RunWork.fit_lease_until.is_(None), RunWork.fit_lease_until < now),
             or_(
                 RunWork.fit_at.is_(None),
                 Run.n_points >= RunWork.fit_n_points * (1.0 + growth),
@@ -99,42 +101,26 @@ def claim_fit_jobs(
             ),
         )
         .order_by(RunWork.fit_at.asc().nulls_first())
-        .limit(limit)
-        .with_for_update(of=RunWork, skip_locked=True)
     )
-    jobs = [
-        FitJob(run_id=r[0], run_n_points=r[1], config=dict(r[2])) for r in session.execute(stmt)
+    claim = claim_leases(
+        session,
+        candidates,
+        key=RunWork.run_id,
+        lease_until=RunWork.fit_lease_until,
+        now=now,
+        lease=lease,
+        limit=limit,
+    )
+    return [
+        FitJob(run_id=r[0], run_n_points=r[1], config=RunConfig.read(r[2])) for r in claim.rows
     ]
-    if jobs:
-        session.execute(
-            update(RunWork)
-            .where(RunWork.run_id.in_([j.run_id for j in jobs]))
-            .values(fit_lease_until=now + lease),
-            execution_options={"synchronize_session": False},
-        )
-    return jobs
-
-
-#: An evaluation series is preferred once it has this many points; before, the training loss.
-MIN_EVAL_POINTS = 8
-
-
-def choose_fit_key(counts: dict[str, int], config: dict[str, Any]) -> str | None:
-    """The series to fit: the config's ``fit_key`` if present, else the first candidate with
-    enough points (the training loss ``loss`` needs no minimum: it is the fallback)."""
-    wanted = config.get("fit_key")
-    if isinstance(wanted, str) and wanted in counts:
-        return wanted
-    for key in FIT_KEY_CANDIDATES:
-        if key in counts and (key == "loss" or counts[key] >= MIN_EVAL_POINTS):
-            return key
-    return next((k for k in FIT_KEY_CANDIDATES if k in counts), None)
 
 
 def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
     """The series to fit (raw, or bucket means for very long series) and the previous fit."""
     rows = session.execute(select(Series.key, Series.id).where(Series.run_id == job.run_id)).all()
     series_ids = {str(k): int(i) for k, i in rows}
+    wanted = [*LOSS_KEYS, job.config.fit_key] if job.config.fit_key else list(LOSS_KEYS)
     # Point counts from the coarsest rollup level: one small row per 524,288 steps.
     counts = {
         str(k): int(n)
@@ -143,13 +129,13 @@ def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
             .join(MetricRollup, MetricRollup.series_id == Series.id)
             .where(
                 Series.run_id == job.run_id,
-                Series.key.in_([*FIT_KEY_CANDIDATES, str(job.config.get("fit_key", ""))]),
+                Series.key.in_(wanted),
                 MetricRollup.level == len(ROLLUP_WIDTHS) - 1,
             )
             .group_by(Series.key)
         )
     }
-    key = choose_fit_key(counts, job.config)
+    key = fit_key(counts, job.config)
     if key is None:
         return None
     sid = series_ids[key]
@@ -188,7 +174,12 @@ def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
         .order_by(FitRecord.id.desc())
         .limit(1)
     )
-    return FitInput(key=key, steps=steps, values=values, previous_fit=previous)
+    return FitInput(
+        key=key,
+        steps=steps,
+        values=values,
+        previous_fit=Fit.from_dict(previous) if previous is not None else None,
+    )
 
 
 def save_fit(
@@ -196,24 +187,21 @@ def save_fit(
     *,
     job: FitJob,
     key: str,
-    fit: dict[str, Any],
+    fit: Fit,
     now: datetime,
 ) -> None:
-    """Store a fit in the history and release the run's lease."""
+    """Store a fit in the history (as ``fit.to_dict()``) and release the run's lease."""
     write_connection(session)
-    upto = fit.get("fitted_upto_step")
+    upto = fit.fitted_upto_step
     session.add(
         FitRecord(
             run_id=job.run_id,
             key=key,
-            status=str(fit["status"]),
-            n_points=int(fit.get("n_points") or 0),
+            status=fit.status,
+            n_points=fit.n_points,
             run_n_points=job.run_n_points,
             fitted_upto_step=None if upto is None else int(upto),
-            a=fit.get("a"),
-            b=fit.get("b"),
-            c=fit.get("c"),
-            fit=fit,
+            fit=fit.to_dict(),
             created_at=now,
         )
     )
@@ -241,34 +229,37 @@ def _visible_run(session: Session, run_id: uuid.UUID, allowed_project: str | Non
     return run
 
 
-def _stored(record: FitRecord) -> StoredFit:
+def stored_fit(record: FitRecord) -> StoredFit:
+    """A fit row as the rest of curvecast sees it: its JSON parsed, once, into a ``Fit``."""
     return StoredFit(
         id=record.id,
         run_id=record.run_id,
         key=record.key,
-        status=record.status,
-        n_points=record.n_points,
-        fitted_upto_step=record.fitted_upto_step,
-        fit=dict(record.fit),
+        fit=Fit.from_dict(record.fit),
         created_at=as_utc(record.created_at),
     )
 
 
+def _context(run: Run) -> RunForecastContext:
+    return RunForecastContext(config=RunConfig.read(run.config), last_step=run.last_step)
+
+
 def latest_fit(
     session: Session, *, run_id: uuid.UUID, allowed_project: str | None
-) -> tuple[StoredFit | None, dict[str, Any], int | None]:
-    """The newest fit of a run (or None), the run's config and its last step."""
+) -> tuple[StoredFit | None, RunForecastContext]:
+    """The newest fit of a run (or None), with the run's config and last step."""
     run = _visible_run(session, run_id, allowed_project)
     record = session.scalar(
         select(FitRecord).where(FitRecord.run_id == run_id).order_by(FitRecord.id.desc()).limit(1)
     )
-    return (_stored(record) if record else None), dict(run.config), run.last_step
+    return (stored_fit(record) if record else None), _context(run)
 
 
 def fit_history(
     session: Session, *, run_id: uuid.UUID, allowed_project: str | None, limit: int
-) -> tuple[list[StoredFit], dict[str, Any]]:
-    """Fits of a run, oldest first (at most ``limit``, the newest ones)."""
+) -> tuple[list[StoredFit], RunForecastContext]:
+    """Fits of a run, oldest first (at most ``limit``, the newest ones), with the run's config
+    and last step."""
     run = _visible_run(session, run_id, allowed_project)
     records = session.scalars(
         select(FitRecord)
@@ -276,7 +267,7 @@ def fit_history(
         .order_by(FitRecord.id.desc())
         .limit(limit)
     ).all()
-    return [_stored(r) for r in reversed(records)], dict(run.config)
+    return [stored_fit(r) for r in reversed(records)], _context(run)
 
 
 def recent_step_rate(session: Session, *, run_id: uuid.UUID, key: str) -> float | None:

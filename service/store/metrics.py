@@ -1,10 +1,12 @@
 """Metric points: bulk, idempotent ingest and (downsampled) reads.
 
-Ingest is set-based: one ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING`` on
-PostgreSQL, one ``executemany`` on SQLite, inside one transaction — a batch is stored whole or
-not at all. The run's row is updated first, which takes its row lock: concurrent batches for the
-same run are serialised (no deadlocks between overlapping batches), batches for different runs
-run in parallel.
+Ingest is set-based, inside one transaction — a batch is stored whole or not at all. On
+PostgreSQL the points go in with one binary ``COPY`` (new points are the common case); only when
+that hits a stored point do they go through a temporary staging table merged with ``INSERT ...
+ON CONFLICT DO NOTHING``. On SQLite, one ``executemany`` of the points not stored yet. The run's
+row is updated first, which takes its row lock: concurrent batches for the same run are
+serialised (no deadlocks between overlapping batches), batches for different runs run in
+parallel.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import numpy as np
 from sqlalchemy import case, select, text, update
 from sqlalchemy.orm import Session
 
+from curvecast.contract import MAX_STEP
 from curvecast.service.errors import RunNotFound
 from curvecast.service.models import MetricPoint, Project, Run, Series
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
 from curvecast.service.store._common import insert_ignore, is_postgres, utcnow, write_connection
 from curvecast.service.store._pgcopy import encode_rows
-from curvecast.service.store.rollups import choose_level, read_buckets, update_rollups
+from curvecast.service.store.rollups import Buckets, choose_level, read_buckets, update_rollups
 
 _COPY_POINTS = "COPY metric_points (series_id, step, value, wall_time) FROM STDIN (FORMAT BINARY)"
 _STAGING = (
@@ -249,14 +252,6 @@ def _check_run(session: Session, run_id: uuid.UUID, allowed_project: str | None)
         raise RunNotFound(f"run {run_id} not found")
 
 
-def list_keys(session: Session, *, run_id: uuid.UUID, allowed_project: str | None) -> list[str]:
-    """The metric keys a run has, sorted."""
-    _check_run(session, run_id, allowed_project)
-    return list(
-        session.scalars(select(Series.key).where(Series.run_id == run_id).order_by(Series.key))
-    )
-
-
 def _floats(values: Sequence[Any]) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]
 
@@ -316,35 +311,25 @@ def _read_one(
     level = choose_level(span, max_points)
     if level is not None:
         buckets = read_buckets(session, sid, lo, hi, max_points, level)
-        if sum(buckets.count) <= max_points:  # sparse series: every point fits after all
-            return _read_all(session, sid, key, lo, hi)
-        return SeriesOut(
-            key=key,
-            total_points=sum(buckets.count),
-            downsampled=True,
-            steps=buckets.steps,
-            values=buckets.values,
-            min=buckets.vmin,
-            max=buckets.vmax,
-            count=buckets.count,
-        )
-    # Buckets narrower than the finest rollup block (span < 16 * max_points): aggregate the
-    # raw points, at most a few hundred thousand.
-    rows = session.execute(
-        _BUCKET_SQL, {"sid": sid, "lo": lo, "hi": hi, "nb": max_points, "span": span}
-    ).all()
-    steps, last, vmin, vmax, count = zip(*rows, strict=True)
-    if sum(count) <= max_points:  # sparse series: every point fits after all
+    else:
+        # Buckets narrower than the finest rollup block (span < 16 * max_points): aggregate the
+        # raw points, at most a few hundred thousand.
+        rows = session.execute(
+            _BUCKET_SQL, {"sid": sid, "lo": lo, "hi": hi, "nb": max_points, "span": span}
+        ).all()
+        steps, last, vmin, vmax, count = zip(*rows, strict=True)
+        buckets = Buckets(list(steps), _floats(last), _floats(vmin), _floats(vmax), list(count))
+    if sum(buckets.count) <= max_points:  # sparse series: every point fits after all
         return _read_all(session, sid, key, lo, hi)
     return SeriesOut(
         key=key,
-        total_points=sum(count),
+        total_points=sum(buckets.count),
         downsampled=True,
-        steps=list(steps),
-        values=_floats(last),
-        min=_floats(vmin),
-        max=_floats(vmax),
-        count=list(count),
+        steps=buckets.steps,
+        values=buckets.values,
+        min=buckets.vmin,
+        max=buckets.vmax,
+        count=buckets.count,
     )
 
 
@@ -365,7 +350,7 @@ def read_series(
         stmt = stmt.where(Series.key.in_(keys))
     found = dict(session.execute(stmt).all())
     lo = 0 if start is None else start
-    hi = 2**62 if end is None else end
+    hi = MAX_STEP if end is None else end
     series = [
         _read_one(session, found[key], key, lo, hi, max_points) if key in found else _empty(key)
         for key in (keys or sorted(found))

@@ -10,13 +10,12 @@ from datetime import datetime
 from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
+from curvecast.contract import FINAL_RUN_STATUSES
 from curvecast.service.errors import Conflict, Forbidden, InvalidInput, RunNotFound
 from curvecast.service.models import Project, Run, RunWork
 from curvecast.service.schemas import RunCreate, RunOut, RunPage, RunUpdate
 from curvecast.service.store._common import as_utc, insert_ignore, utcnow, write_connection
 from curvecast.service.store.projects import ensure_project
-
-_FINAL_STATUSES = {"finished", "failed", "crashed"}
 
 
 def _to_out(run: Run, project: str) -> RunOut:
@@ -107,7 +106,7 @@ def update_run(
         run.config = {**run.config, **run_in.config.model_dump(exclude_none=True)}
     if run_in.status is not None and run_in.status != run.status:
         run.status = run_in.status
-        run.ended_at = now if run_in.status in _FINAL_STATUSES else None
+        run.ended_at = now if run_in.status in FINAL_RUN_STATUSES else None
     run.updated_at = now
     session.flush()
     return _to_out(run, project)

@@ -7,20 +7,22 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from curvecast.service.alerting.schemas import (
+from curvecast.service.errors import NotFound
+from curvecast.service.models import AlertDelivery, AlertDeliveryAttempt, Project, Webhook
+from curvecast.service.schemas.alerts import (
     AttemptOut,
     DeliveryList,
     DeliveryOut,
     WebhookIn,
     WebhookList,
     WebhookOut,
+    WebhookTarget,
 )
-from curvecast.service.errors import NotFound
-from curvecast.service.models import AlertDelivery, AlertDeliveryAttempt, Project, Webhook
 from curvecast.service.store._common import as_utc, write_connection
+from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.projects import ensure_project
 
 MAX_ERROR_CHARS = 500
@@ -152,6 +154,16 @@ def list_deliveries(
     )
 
 
+def enabled_webhooks(session: Session, *, project_id: int) -> list[WebhookTarget]:
+    """The project's enabled webhooks, oldest first: who hears of an alert's change."""
+    rows = session.execute(
+        select(Webhook.id, Webhook.name)
+        .where(Webhook.project_id == project_id, Webhook.enabled.is_(True))
+        .order_by(Webhook.id)
+    ).all()
+    return [WebhookTarget(int(i), str(n)) for i, n in rows]
+
+
 # ---------------------------------------------------------------------------------------------
 # The sender's side of the outbox
 # ---------------------------------------------------------------------------------------------
@@ -173,10 +185,9 @@ def claim_deliveries(
     session: Session, *, now: datetime, lease: timedelta, limit: int
 ) -> list[DeliveryJob]:
     """Lease up to ``limit`` due deliveries (pending, ``next_attempt_at`` passed, lease free),
-    oldest first. ``FOR UPDATE SKIP LOCKED`` keeps concurrent senders apart; the lease covers
-    the HTTP attempt, which happens outside any transaction."""
-    write_connection(session)
-    rows = session.execute(
+    oldest first. The lease covers the HTTP attempt, which happens outside any transaction
+    (see :func:`claim_leases`)."""
+    candidates = (
         select(
             AlertDelivery.id,
             Webhook.url,
@@ -186,22 +197,18 @@ def claim_deliveries(
             AlertDelivery.created_at,
         )
         .join(Webhook, Webhook.id == AlertDelivery.webhook_id)
-        .where(
-            AlertDelivery.status == "pending",
-            AlertDelivery.next_attempt_at <= now,
-            or_(AlertDelivery.lease_until.is_(None), AlertDelivery.lease_until < now),
-        )
+        .where(AlertDelivery.status == "pending", AlertDelivery.next_attempt_at <= now)
         .order_by(AlertDelivery.next_attempt_at, AlertDelivery.created_at)
-        .limit(limit)
-        .with_for_update(of=AlertDelivery, skip_locked=True)
-    ).all()
-    if rows:
-        session.execute(
-            update(AlertDelivery)
-            .where(AlertDelivery.id.in_([r[0] for r in rows]))
-            .values(lease_until=now + lease),
-            execution_options={"synchronize_session": False},
-        )
+    )
+    claim = claim_leases(
+        session,
+        candidates,
+        key=AlertDelivery.id,
+        lease_until=AlertDelivery.lease_until,
+        now=now,
+        lease=lease,
+        limit=limit,
+    )
     return [
         DeliveryJob(
             id=r[0],
@@ -211,7 +218,7 @@ def claim_deliveries(
             attempts=int(r[4]),
             created_at=as_utc(r[5]),
         )
-        for r in rows
+        for r in claim.rows
     ]
 
 

@@ -1,9 +1,10 @@
 """The background worker: the work ingest must never wait for.
 
-``loop`` runs the tasks on a daemon thread per service process; each task is a module:
-``refit`` (forecasts), ``alerts`` (rule evaluation) and ``webhooks`` (outbox delivery). Every
-task is safe to run in several processes at once against one database: each claims its work
-with leases and row locks.
+``loop`` runs each task on its own daemon thread in every service process, so that one task's
+failure or slowness never stalls the others; each task is a module: ``refit`` (forecasts),
+``alerts`` (rule evaluation) and ``webhooks`` (outbox delivery). Every task is safe to run in
+several processes at once against one database: each claims its work with leases and row
+locks.
 """
 
 from curvecast.service.worker.alerts import evaluate_alerts

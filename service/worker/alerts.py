@@ -8,12 +8,14 @@ Evaluation never runs in a request: ingest only wakes the worker (``Worker.notif
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from curvecast.service.alerting.engine import evaluate_round
+from curvecast.service.alerting.decisions import plan_alert_writes
+from curvecast.service.alerting.engine import Transition, evaluate_round
 from curvecast.service.alerting.rules import (
     RULES,
     EvalContext,
@@ -24,7 +26,9 @@ from curvecast.service.alerting.rules import (
 )
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
+from curvecast.service.schemas.alerts import EvalJob
 from curvecast.service.store import alerts as alert_store
+from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
 
 log = logging.getLogger(__name__)
@@ -34,9 +38,6 @@ EVAL_BATCH = 8
 #: A run that is far behind (a bulk upload, a long outage) is judged on its last this many
 #: steps only: rules look at recent behaviour, and one round must stay short.
 MAX_CATCHUP_STEPS = 50_000
-#: Deliveries sent per round, and how many at once.
-DELIVERY_BATCH = 16
-SEND_THREADS = 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +75,7 @@ def _configs(overrides: dict[str, dict[str, Any]]) -> dict[str, RuleConfig]:
 
 
 def evaluate_job(
-    factory: sessionmaker[Session], settings: Settings, job: alert_store.EvalJob,
+    factory: sessionmaker[Session], settings: Settings, job: EvalJob,
     *, now: datetime | None = None,
 ) -> bool:
     """Read what the rules need, evaluate them (pure), write the outcome. Returns whether the
@@ -97,7 +98,7 @@ def evaluate_job(
         series = _read_series(session, job, ctx, configs, rules) if new_data else {}
     state, transitions = evaluate_round(series, ctx, configs, job.state, rules=rules)
     with session_scope(factory) as session:
-        recorded = alert_store.apply_evaluation(
+        recorded = apply_evaluation(
             session, job=job, transitions=transitions, state=state,
             evaluated_step=last_step if new_data else job.evaluated_step,
             n_points=job.n_points, next_check_at=_next_check(job, configs, state, settings, now),
@@ -108,8 +109,44 @@ def evaluate_job(
     return recorded
 
 
+def apply_evaluation(
+    session: Session,
+    *,
+    job: EvalJob,
+    transitions: Sequence[Transition],
+    state: Mapping[str, Any],
+    evaluated_step: int | None,
+    n_points: int,
+    next_check_at: datetime | None,
+    now: datetime,
+    public_url: str,
+) -> bool:
+    """Record one evaluation in one transaction: the run's evaluation state moves on, and the
+    alert rows and outbox rows the transitions call for are written (decided by
+    :func:`~curvecast.service.alerting.decisions.plan_alert_writes`).
+
+    Returns:
+        False if the lease was lost (another worker took the run over); nothing is written.
+    """
+    if not alert_store.finish_evaluation(
+        session, job=job, state=state, evaluated_step=evaluated_step, n_points=n_points,
+        next_check_at=next_check_at, now=now,
+    ):
+        return False
+    current = alert_store.open_alerts(session, run_id=job.run_id)
+    # Webhooks matter only when something changed (a round without transitions is the norm).
+    hooks = (
+        webhook_store.enabled_webhooks(session, project_id=job.project_id) if transitions else []
+    )
+    writes = plan_alert_writes(
+        job, transitions, current, hooks, state=state, now=now, public_url=public_url
+    )
+    alert_store.write_alerts(session, job=job, writes=writes, now=now)
+    return True
+
+
 def _read_series(
-    session: Session, job: alert_store.EvalJob, ctx: EvalContext,
+    session: Session, job: EvalJob, ctx: EvalContext,
     configs: dict[str, RuleConfig], rules: tuple[str, ...],
 ) -> dict[str, Series]:
     """The points each enabled rule needs: its keys, from its lookback to the last step."""
@@ -132,13 +169,13 @@ def _read_series(
         for key in keys:
             need[key] = min(need.get(key, lo), lo)
     return {
-        key: alert_store.read_points(session, series_id=ids[key], lo=lo, hi=ctx.last_step)
+        key: Series(*alert_store.read_points(session, series_id=ids[key], lo=lo, hi=ctx.last_step))
         for key, lo in need.items()
     }
 
 
 def _next_check(
-    job: alert_store.EvalJob, configs: dict[str, RuleConfig], state: dict[str, Any],
+    job: EvalJob, configs: dict[str, RuleConfig], state: dict[str, Any],
     settings: Settings, now: datetime,
 ) -> datetime | None:
     """When to look at the run again without new data: when it would count as stalled, and

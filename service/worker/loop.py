@@ -1,9 +1,12 @@
-"""The background worker: one daemon thread per service process that does the work ingest
-must never wait for (refitting forecasts; evaluating alerts and sending webhooks later).
+"""The background worker: the work ingest must never wait for (refitting forecasts, evaluating
+alerts, sending webhooks), one daemon thread per task in every service process.
 
-Every task is safe to run in several processes at once against one database: each claims its
-work with leases and row locks (see ``service.store.forecasts.claim_fit_jobs``). The thread never
-dies: a failing task is logged and retried on the next tick.
+Each task runs on its own thread with its own wake-up, so one task's failure or slowness (a
+webhook receiver that takes its full timeout, a refit of a huge run, a database call that
+hangs) never delays the others: alerts are evaluated while a delivery waits on a slow
+receiver. Every task is safe to run in several processes at once against one database: each
+claims its work with leases and row locks (``curvecast.service.store._leases``). The threads
+never die: a failing round is logged and retried after the interval.
 """
 
 from __future__ import annotations
@@ -22,10 +25,57 @@ log = logging.getLogger(__name__)
 
 #: A task does one round of work and returns how many items it handled (0 = nothing to do).
 Task = Callable[[sessionmaker[Session], Settings], int]
+#: A database outage is logged at most this often per task (it is retried every interval).
+DB_WARNING_EVERY_S = 60.0
+
+
+class _TaskThread:
+    """One task in a loop on its own daemon thread: a round right after a round that found
+    work (there may be more), else after the interval or a wake-up."""
+
+    def __init__(
+        self,
+        task: Task,
+        factory: sessionmaker[Session],
+        settings: Settings,
+        stopping: threading.Event,
+    ) -> None:
+        self.task = task
+        self.wake = threading.Event()
+        self.thread = threading.Thread(
+            target=self._loop, name=f"curvecast-worker-{task.__name__}", daemon=True
+        )
+        self._factory = factory
+        self._settings = settings
+        self._stopping = stopping
+        self._last_db_warning = -DB_WARNING_EVERY_S
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            # Cleared before the round, so a wake-up that arrives during it is not lost.
+            self.wake.clear()
+            if self._round() == 0:
+                self.wake.wait(self._settings.worker_interval_s)
+
+    def _round(self) -> int:
+        try:
+            return self.task(self._factory, self._settings)
+        except OperationalError as exc:
+            # The database is away: say so now and then, keep trying.
+            if time.monotonic() - self._last_db_warning >= DB_WARNING_EVERY_S:
+                self._last_db_warning = time.monotonic()
+                log.warning(
+                    "worker task %s: database unavailable: %s",
+                    self.task.__name__,
+                    str(exc).splitlines()[0],
+                )
+        except Exception:
+            log.exception("worker task %s failed; retrying next round", self.task.__name__)
+        return 0
 
 
 class Worker:
-    """Runs ``tasks`` in a loop on a daemon thread; :meth:`notify` wakes it early."""
+    """Runs each of ``tasks`` on its own daemon thread; :meth:`notify` wakes them all early."""
 
     def __init__(
         self,
@@ -33,46 +83,24 @@ class Worker:
         settings: Settings,
         tasks: Sequence[Task],
     ) -> None:
-        self._factory = factory
-        self._settings = settings
-        self._tasks = tuple(tasks)
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="curvecast-worker", daemon=True)
-        self._last_db_warning = 0.0
+        self._stopping = threading.Event()
+        self._threads = [_TaskThread(t, factory, settings, self._stopping) for t in tasks]
 
     def start(self) -> None:
-        """Start the thread."""
-        self._thread.start()
+        """Start every task's thread."""
+        for t in self._threads:
+            t.thread.start()
 
     def notify(self) -> None:
-        """New data arrived: run a round soon instead of at the next interval."""
-        self._wake.set()
+        """New data arrived: every task runs a round soon instead of at the next interval."""
+        for t in self._threads:
+            t.wake.set()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Ask the thread to finish its round and wait for it."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            handled = 0
-            for task in self._tasks:
-                handled += self._run_task(task)
-            if handled == 0:
-                self._wake.wait(self._settings.worker_interval_s)
-                self._wake.clear()
-
-    def _run_task(self, task: Task) -> int:
-        try:
-            return task(self._factory, self._settings)
-        except OperationalError as exc:
-            # The database is away: say so at most once a minute, keep trying.
-            if time.monotonic() - self._last_db_warning > 60:
-                self._last_db_warning = time.monotonic()
-                log.warning("worker: database unavailable: %s", str(exc).splitlines()[0])
-        except Exception:
-            log.exception("worker task %s failed; retrying next round", task.__name__)
-        return 0
+        """Ask every thread to finish its round, and wait for them (``timeout`` in all)."""
+        self._stopping.set()
+        self.notify()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t.thread.is_alive():
+                t.thread.join(max(0.0, deadline - time.monotonic()))

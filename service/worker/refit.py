@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
-from curvecast.service.forecast import Fit, FitParams, fit_curve
+from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.store import forecasts
 from curvecast.service.store._common import utcnow
 
@@ -33,9 +33,13 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
             with session_scope(factory) as session:
                 forecasts.finish_fit_job(session, job=job, now=utcnow())
             continue
-        previous = Fit.from_dict(fit_input.previous_fit) if fit_input.previous_fit else None
-        warm: FitParams | None = previous.params if previous is not None else None
-        fit = fit_curve(fit_input.steps, fit_input.values, config=job.config, warm_start=warm)
+        previous = fit_input.previous_fit
+        fit = fit_curve(
+            fit_input.steps,
+            fit_input.values,
+            config=job.config,
+            warm_start=previous.params if previous is not None else None,
+        )
         with session_scope(factory) as session:
-            forecasts.save_fit(session, job=job, key=fit_input.key, fit=fit.to_dict(), now=utcnow())
+            forecasts.save_fit(session, job=job, key=fit_input.key, fit=fit, now=utcnow())
     return len(jobs)

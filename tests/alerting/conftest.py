@@ -27,9 +27,17 @@ class Received:
         return json.loads(self.body)
 
 
+def _event(*, is_set: bool) -> threading.Event:
+    event = threading.Event()
+    if is_set:
+        event.set()
+    return event
+
+
 @dataclass
 class Receiver:
-    """A loopback webhook receiver. ``statuses`` are answered in order (then 200)."""
+    """A loopback webhook receiver. ``statuses`` are answered in order (then 200). While
+    ``gate`` is clear, each request is held unanswered (``holding`` says one arrived)."""
 
     url: str
     port: int
@@ -37,6 +45,8 @@ class Receiver:
     requests: list[Received] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: threading.Event = field(default_factory=lambda: _event(is_set=True))
+    holding: threading.Event = field(default_factory=threading.Event)
 
     def payloads(self, path: str | None = None) -> list[Any]:
         with self.lock:
@@ -59,6 +69,9 @@ def start_receiver(port: int = 0) -> Receiver:
             with rx.lock:
                 rx.requests.append(Received(self.path, dict(self.headers), body, time.time()))
                 status = rx.statuses.pop(0) if rx.statuses else 200
+            if not rx.gate.is_set():
+                rx.holding.set()
+                rx.gate.wait(60)
             self.send_response(status)
             self.send_header("Content-Length", "0")
             self.end_headers()

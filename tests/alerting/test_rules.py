@@ -256,7 +256,7 @@ def test_off_curve_reads_the_dense_training_loss_between_evals() -> None:
 def test_off_curve_verdicts_do_not_depend_on_batching() -> None:
     """The sparse and dense verdicts are merged with each one's latest verdict carried over
     between rounds: evaluating in one round or in many gives the same observations."""
-    from curvecast.service.forecast import fit_curve
+    from curvecast.service.forecast.solver import fit_curve
 
     series = sparse_eval_and_dense_loss(1200)
     evals = series["eval_loss"]

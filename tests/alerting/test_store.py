@@ -19,10 +19,12 @@ from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.migrate import upgrade
 from curvecast.service.models import Alert, AlertDelivery, Run, Webhook
 from curvecast.service.schemas import RunCreate
+from curvecast.service.schemas.alerts import EvalJob
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import runs as run_store
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
+from curvecast.service.worker.alerts import apply_evaluation
 from tests.conftest import create_pg_database, drop_pg_database
 
 
@@ -55,7 +57,7 @@ def _run(factory: sessionmaker[Session], project: str) -> uuid.UUID:
     return run_id
 
 
-def _claim(factory: sessionmaker[Session], run_id: uuid.UUID) -> alert_store.EvalJob | None:
+def _claim(factory: sessionmaker[Session], run_id: uuid.UUID) -> EvalJob | None:
     with session_scope(factory) as s:
         jobs = alert_store.claim_eval_jobs(s, now=utcnow(), lease=timedelta(seconds=60),
                                            limit=1000)
@@ -71,7 +73,7 @@ def test_one_open_alert_per_run_and_rule(factory: sessionmaker[Session], project
     job = _claim(factory, run_id)
     assert job is not None
     with session_scope(factory) as s:
-        assert alert_store.apply_evaluation(
+        assert apply_evaluation(
             s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
             next_check_at=None, now=utcnow(), public_url="http://x")
     with pytest.raises(IntegrityError), session_scope(factory) as s:
@@ -99,7 +101,7 @@ def test_claimed_runs_are_leased_and_a_lost_lease_writes_nothing(
     second = _claim(factory, run_id)  # released: claimable again, with a new token
     assert second is not None and second.token != job.token
     with session_scope(factory) as s:
-        ok = alert_store.apply_evaluation(
+        ok = apply_evaluation(
             s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
             next_check_at=None, now=utcnow(), public_url="http://x")
     assert ok is False
@@ -110,7 +112,7 @@ def test_claimed_runs_are_leased_and_a_lost_lease_writes_nothing(
 def test_outbox_rows_are_written_with_the_alert_and_leased_for_sending(
     factory: sessionmaker[Session], project: str
 ) -> None:
-    from curvecast.service.alerting.schemas import WebhookIn
+    from curvecast.service.schemas.alerts import WebhookIn
 
     with session_scope(factory) as s:
         hook = webhook_store.create_webhook(
@@ -120,7 +122,7 @@ def test_outbox_rows_are_written_with_the_alert_and_leased_for_sending(
     job = _claim(factory, run_id)
     assert job is not None
     with session_scope(factory) as s:
-        alert_store.apply_evaluation(
+        apply_evaluation(
             s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
             next_check_at=None, now=utcnow(), public_url="http://x")
     with session_scope(factory) as s:
@@ -149,7 +151,7 @@ def _webhook_of(factory: sessionmaker[Session], delivery_id: uuid.UUID) -> int:
 
 def test_deleting_a_webhook_drops_its_deliveries(factory: sessionmaker[Session],
                                                  project: str) -> None:
-    from curvecast.service.alerting.schemas import WebhookIn
+    from curvecast.service.schemas.alerts import WebhookIn
 
     with session_scope(factory) as s:
         hook = webhook_store.create_webhook(
@@ -159,7 +161,7 @@ def test_deleting_a_webhook_drops_its_deliveries(factory: sessionmaker[Session],
     job = _claim(factory, run_id)
     assert job is not None
     with session_scope(factory) as s:
-        alert_store.apply_evaluation(
+        apply_evaluation(
             s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
             next_check_at=None, now=utcnow(), public_url="http://x")
     with session_scope(factory) as s:

@@ -13,12 +13,12 @@ from curvecast.service.alerting.webhook import (
     encode_body,
     fingerprint,
     signature_headers,
-    validate_webhook_url,
     verify,
 )
+from curvecast.service.schemas.alerts import validate_webhook_url
 
 VIEW = AlertView(
-    alert_id=3, run_id="0b7e0d7c-5f6c-4a0e-9d43-9a2f5a0c1e11", run_name="charlm", project="p",
+    run_id="0b7e0d7c-5f6c-4a0e-9d43-9a2f5a0c1e11", run_name="charlm", project="p",
     rule="grad_norm_drift", severity="warning", status="firing",
     summary="gradient norm has risen x2.50", description="...",
     started_at=datetime(2026, 11, 21, 12, 0, tzinfo=UTC), ended_at=None, step=1200, value=2.5,

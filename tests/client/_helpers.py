@@ -1,5 +1,5 @@
-"""Helpers for the client tests: waiting on conditions, reading what the server stored, a
-stalled listener, a uvicorn server on a chosen port, and transports that record or fake."""
+"""Helpers for the client tests: reading what the server stored (``wait_for`` it), a stalled
+listener, a uvicorn server on a chosen port, and transports that record or fake."""
 
 from __future__ import annotations
 
@@ -14,19 +14,7 @@ import httpx
 
 from curvecast.client import HTTPTransport, Response, TransportError
 from curvecast.service.config import Settings
-from tests._servers import thread_server
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``condition`` until it returns something truthy (a deadline, not a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {timeout}s (last: {value!r})")
-        time.sleep(0.05)
+from curvecast.service.testing import thread_server, wait_for
 
 
 def series(url: str, run_id: str) -> dict[str, dict[str, Any]]:

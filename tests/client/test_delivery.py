@@ -19,7 +19,8 @@ import torch
 from curvecast.client import Monitor
 from curvecast.client._api import Backoff
 from curvecast.service.config import Settings
-from tests._servers import REPO, free_port, start_server_process, thread_server
+from curvecast.service.testing import free_port, start_server_process, thread_server
+from tests import REPO
 from tests.client._helpers import (
     RecordingTransport,
     get_run,

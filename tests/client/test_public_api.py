@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from curvecast import client
 
@@ -14,14 +15,16 @@ def test_all_is_pinned() -> None:
         assert getattr(client, name).__module__.startswith("curvecast.client.")
 
 
-def test_import_is_standard_library_only() -> None:
+def test_import_is_standard_library_only(tmp_path: Path) -> None:
     code = (
-        "import sys, client, client._cli\n"
+        "import sys, curvecast, curvecast.client, curvecast.client.sync\n"
         "heavy = {'torch', 'httpx', 'requests', 'numpy', 'pydantic', 'fastapi'}\n"
         "heavy &= set(sys.modules)\n"
         "print(sorted(heavy))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # Outside the checkout: the installed package is imported, not a folder of the cwd.
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=tmp_path)
     assert out.stdout.strip() == "[]"
 
 

@@ -1,4 +1,4 @@
-"""Fixtures for the dashboard tests: real servers (optionally with a stand-in alerts API),
+"""Fixtures for the dashboard tests: real servers (optionally with alerts a test chose),
 synthetic ScheduleFree+ runs, and helpers to wait for the worker's fits."""
 
 from __future__ import annotations
@@ -7,16 +7,22 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
+from curvecast.service.db import session_scope
+from curvecast.service.models import Alert, Run
+from curvecast.service.store._common import write_connection
+from curvecast.service.testing import synthetic as syn
 from tests._servers import serve_app
-from tests.dashboards import _synthetic as syn
 
 TOTAL = 20_000
 
@@ -29,37 +35,35 @@ def app_server(app: FastAPI) -> Iterator[str]:
 
 
 class FakeAlerts:
-    """A stand-in for the alerts API (built in another issue), same paths and shapes."""
+    """Alerts written straight into the database, as if the worker had raised them, so a test
+    decides which alerts exist; the real alerts API and the pages read them as any other."""
 
     def __init__(self) -> None:
-        self.alerts: list[dict[str, Any]] = []
+        self._sessions: sessionmaker[Session] | None = None
 
-    def add(self, run_id: uuid.UUID, project: str, **fields: Any) -> dict[str, Any]:
-        alert = {"id": len(self.alerts) + 1, "run_id": str(run_id), "project": project,
-                 "rule": "grad_norm_drift", "state": "firing", "severity": "warning",
-                 "summary": "gradient L1 norm rose 3x over its post-burn-in baseline",
-                 "started_at": "2026-01-01T00:00:00Z", "fired_at": "2026-01-01T00:01:00Z",
-                 "resolved_at": None, "acknowledged_at": None, "silenced_until": None,
-                 "step": 1000, "value": 3.0, "since_step": None, "fired_step": None,
-                 "key": "sfplus/grad_l1", "labels": {}, "description": "", **fields}
-        self.alerts.append(alert)
-        return alert
+    def bind(self, app: FastAPI) -> None:
+        """Write into ``app``'s database."""
+        self._sessions = app.state.sessionmaker
 
-    def router(self) -> APIRouter:
-        router = APIRouter()
-
-        @router.get("/api/v1/runs/{run_id}/alerts")
-        def run_alerts(run_id: uuid.UUID) -> dict[str, Any]:
-            return {"alerts": [a for a in self.alerts if a["run_id"] == str(run_id)]}
-
-        @router.get("/api/v1/alerts")
-        def all_alerts(state: str | None = None, project: str | None = None,
-                       limit: int = 100) -> dict[str, Any]:
-            found = [a for a in self.alerts if (state is None or a["state"] == state)
-                     and (project is None or a["project"] == project)]
-            return {"alerts": found[:limit]}
-
-        return router
+    def add(self, run_id: uuid.UUID, project: str, **fields: Any) -> None:
+        """Store an alert of ``run_id`` (``project`` names its project, for the reader)."""
+        assert self._sessions is not None, "new_app(settings, alerts) binds the stand-in"
+        del project  # the run's own project is used
+        alert: dict[str, Any] = {
+            "rule": "grad_norm_drift", "state": "firing", "severity": "warning",
+            "summary": "gradient L1 norm rose 3x over its post-burn-in baseline",
+            "started_at": datetime(2026, 1, 1, tzinfo=UTC),
+            "fired_at": datetime(2026, 1, 1, 0, 1, tzinfo=UTC), "step": 1000, "value": 3.0,
+            "since_step": None, "fired_step": None, "key": "opt/grad_l1", "labels": {},
+            "description": "", **fields}
+        for name in ("started_at", "fired_at", "resolved_at"):  # the API's ISO strings too
+            if isinstance(alert.get(name), str):
+                alert[name] = datetime.fromisoformat(alert[name])
+        with session_scope(self._sessions) as session:
+            write_connection(session)
+            project_id = session.scalar(select(Run.project_id).where(Run.id == run_id))
+            session.add(Alert(run_id=run_id, project_id=project_id,
+                              updated_at=alert["started_at"], **alert))
 
 
 def live_settings(database_url: str, **overrides: Any) -> Settings:
@@ -121,16 +125,10 @@ def client_for() -> Iterator[Callable[[str], httpx.Client]]:
         client.close()
 
 
-def new_app(settings: Settings, alerts: FakeAlerts | None = None, *,
-            without_alerts: bool = False) -> FastAPI:
-    """The real app; with ``alerts``, its alerts reads answered by the stand-in (so a test
-    decides which alerts exist); with ``without_alerts``, a service that has no alerts API."""
+def new_app(settings: Settings, alerts: FakeAlerts | None = None) -> FastAPI:
+    """The real app; with ``alerts``, the stand-in writes its alerts into this app's
+    database."""
     app = create_app(settings)
-    if alerts is not None or without_alerts:
-        from curvecast.service.api import alerts as alerts_api
-
-        app.router.routes = [r for r in app.router.routes
-                             if getattr(r, "original_router", None) is not alerts_api.router]
     if alerts is not None:
-        app.include_router(alerts.router())
+        alerts.bind(app)
     return app

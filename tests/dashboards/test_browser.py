@@ -21,8 +21,8 @@ import pytest
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.store import tokens
+from curvecast.service.testing import synthetic as syn
 from tests.conftest import IN_CI
-from tests.dashboards import _synthetic as syn
 from tests.dashboards.conftest import (
     FakeAlerts,
     app_server,
@@ -124,8 +124,8 @@ def alerts() -> FakeAlerts:
 
 @pytest.fixture(scope="module")
 def live(sqlite_url: str, alerts: FakeAlerts) -> Iterator[str]:
-    """A live service (worker refitting every fraction of a second); its alerts reads are
-    answered by a stand-in the tests fill."""
+    """A live service (worker refitting every fraction of a second); the tests choose its
+    alerts through the stand-in."""
     with app_server(new_app(live_settings(sqlite_url), alerts)) as url:
         yield url
 

@@ -13,8 +13,10 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from curvecast.contract import RunConfig, telemetry_prefix
 from curvecast.dashboards import figures, fmt, html, palette, views
-from curvecast.dashboards.data import SeriesData, burn_in, horizon, series_by_key, telemetry_prefix
+from curvecast.dashboards.data import SeriesData, chart_horizon, series_by_key
+from curvecast.dashboards.figures import base as figure_base
 from curvecast.dashboards.sparkline import sparkline_path
 
 OKABE_ITO = {palette.BLACK, palette.ORANGE, palette.SKY, palette.GREEN, palette.YELLOW,
@@ -24,9 +26,9 @@ OKABE_ITO = {palette.BLACK, palette.ORANGE, palette.SKY, palette.GREEN, palette.
 @pytest.fixture(autouse=True)
 def _validate_figures() -> Iterator[None]:
     """Validate every figure in full here (the service skips validation for speed)."""
-    figures.VALIDATE = True
+    figure_base.VALIDATE = True
     yield
-    figures.VALIDATE = False
+    figure_base.VALIDATE = False
 
 
 def downsampled(key: str, n_buckets: int = 50, spike_at: int | None = 20) -> dict[str, Any]:
@@ -138,7 +140,7 @@ def test_long_series_use_webgl_and_short_ones_svg() -> None:
     assert {t.type for t in fig.data} == {"scatter"}
 
 
-def telemetry(prefix: str = "sfplus/") -> dict[str, SeriesData]:
+def telemetry(prefix: str = "opt/") -> dict[str, SeriesData]:
     steps = list(range(0, 2000, 10))
     items = [raw(prefix + name, steps, [1.0 + i * 0.01 for i in range(len(steps))])
              for name in ("eta", "alpha", "grad_l1", "denom_ema", "x_l2", "y_l2", "z_l2", "c",
@@ -151,10 +153,10 @@ def test_telemetry_figures() -> None:
     series = telemetry()
     step = figures.step_size_figure(series, config=CONFIG)
     keys = {t.meta["key"]: t.yaxis for t in step.data}
-    assert keys == {"sfplus/eta": "y", "sfplus/alpha": "y2"}
+    assert keys == {"opt/eta": "y", "opt/alpha": "y2"}
     assert step.layout.yaxis2.overlaying == "y"
     grad = figures.gradient_figure(series, config=CONFIG)
-    assert {t.meta["key"] for t in grad.data} == {"sfplus/grad_l1", "sfplus/denom_ema"}
+    assert {t.meta["key"] for t in grad.data} == {"opt/grad_l1", "opt/denom_ema"}
     avg = figures.averaging_figure(series, config=CONFIG)
     assert avg.layout.yaxis.type == "log"  # c spans decades
     for fig in (step, grad, avg):
@@ -183,7 +185,7 @@ def test_norms_show_the_adamc_guide_only_when_it_applies() -> None:
 def test_telemetry_prefix_of_the_client_hook_is_recognised() -> None:
     assert telemetry_prefix(telemetry("opt/")) == "opt/"
     assert telemetry_prefix(telemetry("sfplus/")) == "sfplus/"
-    assert telemetry_prefix([]) == "sfplus/"
+    assert telemetry_prefix([]) == "opt/"
     page = views.RunPage(run={"id": "r", "config": CONFIG, "last_step": 2000},
                          metrics=list(_as_api(telemetry("opt/"))))
     figs = views.run_figures(page, ["step_size"])
@@ -271,7 +273,6 @@ def test_every_builder_output_is_valid_plotly() -> None:
         metrics=[downsampled("loss"), *_as_api(series)], forecast=FORECAST, band=BAND,
         history={"horizon": 20_000, "points": []},
         alerts=[{"id": "1", "rule": "r", "state": "firing", "summary": "s", "step": 10}],
-        alerts_available=True,
     )
     for fig in views.run_figures(page).values():
         go.Figure(json.loads(fig.to_json()))
@@ -290,7 +291,8 @@ def test_run_payload_is_json_with_kpis_and_cursor() -> None:
     assert kpis["forecast"]["value"] == "2.42" and kpis["forecast"]["label"].endswith("20k")
     assert kpis["f_star"]["value"] == "2" and "[1.95, 2.05]" in kpis["f_star"]["detail"]
     assert kpis["progress"]["detail"].startswith("of 20,000 planned (50%)")
-    assert kpis["alerts"]["detail"] == "alerting is not enabled on this service"
+    assert kpis["alerts"]["value"] == "0 firing"
+    assert kpis["alerts"]["detail"] == "0 pending, 0 resolved"
     pending = views.RunPage(run={"id": "r", "config": {}, "last_step": None}, metrics=[],
                             forecast={"status": "pending", "message": "no fit yet"})
     kpis = {k.id: k for k in views.run_kpis(pending)}
@@ -298,12 +300,15 @@ def test_run_payload_is_json_with_kpis_and_cursor() -> None:
 
 
 def test_burn_in_and_horizon_come_from_the_config() -> None:
+    def burn_in(config: dict[str, Any]) -> int | None:
+        return RunConfig.read(config).averaging_start
+
     assert burn_in({"c_warmup": 400, "warmup_steps": 100}) == 400
     assert burn_in({"warmup_steps": 100}) == 200
     assert burn_in({}) is None and burn_in({"c_warmup": True}) is None
-    assert horizon({"total_steps": 5000}, 100) == (5000, True)
-    assert horizon({}, 100) == (200, False)
-    assert horizon({}, None) == (None, False)
+    assert chart_horizon({"total_steps": 5000}, 100) == (5000, True)
+    assert chart_horizon({}, 100) == (200, False)
+    assert chart_horizon({}, None) == (None, False)
     assert views.band_steps(1000.0, 2000)[0] == 1000 and views.band_steps(1000.0, 2000)[-1] == 2000
     assert views.band_steps(3000.0, 2000) == [] and views.band_steps(None, 2000) == []
 

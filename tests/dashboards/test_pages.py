@@ -18,7 +18,7 @@ from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.store import dashboard as dashboard_store
 from curvecast.service.store import tokens
-from tests.dashboards import _synthetic as syn
+from curvecast.service.testing import synthetic as syn
 from tests.dashboards.conftest import (
     FakeAlerts,
     app_server,
@@ -34,7 +34,7 @@ Clients = Callable[[str], httpx.Client]
 
 @pytest.fixture(scope="module")
 def dash(database_url: str) -> Iterator[str]:
-    """A live service (worker on) on each backend, without the alerts API."""
+    """A live service (worker on) on each backend."""
     with app_server(new_app(live_settings(database_url))) as url:
         yield url
 
@@ -212,7 +212,7 @@ def test_plotly_js_comes_from_the_installed_package(dash: str, client_for: Clien
     assert client.get("/static/nothing.js").status_code == 404
 
 
-def test_alerts_are_shown_when_the_alerts_api_exists(sqlite_url: str, project: str,
+def test_alerts_are_shown_on_the_pages(sqlite_url: str, project: str,
                                                      client_for: Clients) -> None:
     alerts = FakeAlerts()
     with app_server(new_app(live_settings(sqlite_url), alerts)) as url:
@@ -221,8 +221,6 @@ def test_alerts_are_shown_when_the_alerts_api_exists(sqlite_url: str, project: s
         alerts.add(run_id, project, step=1900, fired_step=1500, summary="<b>drift</b>")
         alerts.add(run_id, project, step=1200, since_step=800, fired_step=None,
                    state="pending", rule="polyak_negative")
-        page = client.get(f"/runs/{run_id}").text
-        assert config_of(page)["alerts_api"] is True
         body = client.get(f"/dashboards/api/runs/{run_id}/figures").json()
         marks = [a for a in body["charts"]["loss"]["layout"]["annotations"]
                  if a.get("name") == "alert"]
@@ -235,26 +233,12 @@ def test_alerts_are_shown_when_the_alerts_api_exists(sqlite_url: str, project: s
         assert re.search(r'<span class="badge firing">1</span>', rows)
 
 
-def test_without_an_alerts_api_pages_say_so(sqlite_url: str, project: str,
-                                            client_for: Clients) -> None:
-    settings = Settings(database_url=sqlite_url, worker_enabled=False)
-    with app_server(new_app(settings, without_alerts=True)) as url:
-        client = client_for(url)
-        run_id = make_run(client, project, steps=500, fit=False)
-        page = client.get(f"/runs/{run_id}").text
-        assert config_of(page)["alerts_api"] is False and "Alerting is not enabled" in page
-        assert client.get(f"/api/v1/runs/{run_id}/alerts").status_code == 404
-        body = client.get(f"/dashboards/api/runs/{run_id}/figures").json()
-        assert {k["id"]: k for k in body["kpis"]}["alerts"]["value"] == "—"
-        assert "—" in client.get("/", params={"project": project}).text
-
-
 def test_alerts_from_the_alerts_api(dash: str, project: str, client_for: Clients) -> None:
-    """The real alerts API (no alert for a healthy run): the page knows it is there."""
+    """The real alerts (none for a healthy run): the page lists them."""
     client = client_for(dash)
     run_id = make_run(client, project, steps=500, fit=False)
     page = client.get(f"/runs/{run_id}").text
-    assert config_of(page)["alerts_api"] is True and config_of(page)["alerts_list_api"] is True
+    assert "Alerting is not enabled" not in page
     kpis = {k["id"]: k for k in client.get(f"/dashboards/api/runs/{run_id}/figures").json()["kpis"]}
     assert kpis["alerts"]["value"] == "0 firing"
 

@@ -9,16 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from curvecast.service.forecast import (
-    STATUSES,
-    Fit,
-    FitParams,
-    bin_series,
-    choose_burn_in,
-    fit_curve,
-    model,
-)
+from curvecast.service.forecast import STATUSES, Fit, FitParams, model
 from curvecast.service.forecast import calibration as cal
+from curvecast.service.forecast.binning import bin_series
+from curvecast.service.forecast.solver import choose_burn_in, fit_curve
 
 DATA = Path(__file__).parent / "data"
 

@@ -30,7 +30,7 @@ from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.store import tokens
-from tests._servers import ServerProcess, start_server_process
+from curvecast.service.testing import ServerProcess, start_server_process
 from tests.reliability._helpers import wait_for
 
 # --- what each route needs -------------------------------------------------------------------

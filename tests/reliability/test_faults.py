@@ -27,16 +27,11 @@ import pytest
 from curvecast.client import Monitor
 from curvecast.client._api import Backoff
 from curvecast.service.migrate import upgrade
-from tests._servers import REPO, free_port, start_server_process
-from tests.reliability._helpers import (
-    KeyCount,
-    db_counts,
-    db_points,
-    db_run_totals,
-    get_json,
-    wait_for,
-)
-from tests.reliability._pgcluster import PrivateCluster
+from curvecast.service.testing import free_port, start_server_process
+from curvecast.service.testing.pgcluster import PrivateCluster
+from curvecast.service.testing.tables import KeyCount, db_counts, db_points, db_run_totals
+from tests import REPO
+from tests.reliability._helpers import get_json, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,10 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
+from curvecast.contract import KEY_PATTERN, PROJECT_PATTERN
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
-from curvecast.service.schemas import KEY_PATTERN, MAX_CONFIG_DEPTH, PROJECT_PATTERN
+from curvecast.service.schemas import MAX_CONFIG_DEPTH
 
 LIMIT = Settings().max_body_bytes
 SMALL_TABLES = ("projects", "runs", "series", "webhooks", "alert_rules", "api_tokens")

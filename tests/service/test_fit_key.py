@@ -1,6 +1,7 @@
 """Which series a forecast fits (pure choice)."""
 
-from curvecast.service.store.forecasts import MIN_EVAL_POINTS, choose_fit_key
+from curvecast.contract import MIN_EVAL_POINTS
+from curvecast.contract import fit_key as choose_fit_key
 
 
 def test_eval_loss_preferred_once_it_has_enough_points() -> None:

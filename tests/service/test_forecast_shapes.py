@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from curvecast.service.api.forecast import forecast_out
+from curvecast.contract import RunConfig
+from curvecast.service.forecast.answer import forecast_answer
 from curvecast.service.forecast.cli import forecast_result
 
 
@@ -16,7 +17,9 @@ def test_api_and_cli_payloads_agree() -> None:
     cli, fit = forecast_result(
         steps.tolist(), losses.tolist(), cut=3000, horizon=20_000, target=2.2, confidence=0.9
     )
-    api = forecast_out(fit, horizon=20_000, confidence=0.9, target_loss=2.2).model_dump()
+    api = forecast_answer(
+        fit, config=RunConfig(), last_step=None, horizon=20_000, confidence=0.9, target_loss=2.2
+    ).model_dump()
     assert set(cli) <= set(api)
     for key, value in cli.items():
         assert api[key] == value, key
@@ -27,6 +30,8 @@ def test_shapes_agree_without_a_forecast() -> None:
         [1.0, 2.0], [3.0, 2.9], cut=10, horizon=100, target=None, confidence=0.9
     )
     assert fit.status == "insufficient_data"
-    api = forecast_out(fit, horizon=100, confidence=0.9).model_dump()
+    api = forecast_answer(
+        fit, config=RunConfig(), last_step=None, horizon=100, confidence=0.9
+    ).model_dump()
     for key, value in cli.items():
         assert api[key] == value, key

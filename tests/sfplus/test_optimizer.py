@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from curvecast import sfplus
+from curvecast import contract, sfplus
 from curvecast.sfplus import NORM_STATS_KEYS, STATS_KEYS, ScheduleFreePlus
 
 from .conftest import VOCAB, batches, loss_fn, make_model, params_of, train
@@ -353,6 +353,16 @@ def test_stats_keys_types_and_hook_contract() -> None:
     full = opt.stats(norms=True)
     assert set(full) == set(STATS_KEYS) | set(NORM_STATS_KEYS)
     assert all(type(v) is float and math.isfinite(v) for v in full.values())
+
+
+def test_stats_keys_are_the_contracts_in_the_order_stats_returns_them() -> None:
+    assert STATS_KEYS == contract.OPTIMIZER_STATS
+    assert NORM_STATS_KEYS == contract.NORM_STATS
+    model = make_model()
+    opt = ScheduleFreePlus(model.parameters())
+    train(model, opt, batches(2))
+    assert tuple(opt.stats()) == STATS_KEYS
+    assert tuple(opt.stats(norms=True)) == STATS_KEYS + NORM_STATS_KEYS
 
 
 def test_config_is_plain_json() -> None:

@@ -1,18 +1,27 @@
-"""Request and response models of the alerting API (pydantic v2)."""
+"""The alerting API's request and response models (pydantic v2), and the plain records the
+alert store reads and writes.
+
+The records are what the store hands the worker and what the worker hands back: the store
+returns them instead of ORM rows, and :mod:`curvecast.service.alerting.decisions` turns them
+into the writes the store then carries out. Nothing here imports the alerting code, so the
+store depends on schemas alone.
+"""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from curvecast.service.alerting.webhook import validate_webhook_url
 
 AlertState = Literal["pending", "firing", "resolved"]
 DeliveryStatus = Literal["pending", "delivered", "failed"]
 _PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
+
+
 
 
 class AlertOut(BaseModel):
@@ -103,6 +112,39 @@ class RuleOverrideIn(BaseModel):
     params: dict[str, Any] | None = None
 
 
+def validate_webhook_url(url: str) -> str:
+    """Check a webhook URL: ``http`` or ``https``, a host, no credentials, no fragment.
+
+    Returns:
+        The URL, stripped.
+
+    Raises:
+        ValueError: saying what is wrong.
+    """
+    url = url.strip()
+    if len(url) > 2000:
+        raise ValueError("is longer than 2000 characters")
+    if any(ord(c) < 33 or ord(c) == 127 for c in url):
+        raise ValueError("must not contain spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for a non-numeric or out-of-range port
+    except ValueError as exc:
+        raise ValueError(f"is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(
+            f"must start with http:// or https:// (got scheme {parts.scheme or 'none'!r})"
+        )
+    if not parts.hostname:
+        raise ValueError("must name a host, e.g. https://hooks.example.com/curvecast")
+    if parts.username or parts.password:
+        raise ValueError("must not embed credentials; set a secret to sign requests instead")
+    if parts.fragment:
+        raise ValueError("must not have a #fragment")
+    del port
+    return url
+
+
 class WebhookIn(BaseModel):
     """Body of ``POST /api/v1/projects/{project}/webhooks``."""
 
@@ -171,3 +213,83 @@ class DeliveryList(BaseModel):
     """Deliveries, newest first."""
 
     deliveries: list[DeliveryOut]
+
+
+# ---------------------------------------------------------------------------------------------
+# Records between the store and the worker (plain dataclasses, not API bodies)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """A run leased for alert evaluation."""
+
+    run_id: uuid.UUID
+    token: uuid.UUID
+    project_id: int
+    project: str
+    run_name: str
+    config: dict[str, Any]
+    status: str
+    last_step: int | None
+    n_points: int
+    last_ingest_at: datetime | None
+    evaluated_step: int | None
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AlertRow:
+    """One alert row: read as an open alert, or written as what it becomes.
+
+    Attributes:
+        id: the row's id; ``None`` for an alert this evaluation creates.
+        key, labels, since_step, started_at: set when the alert is created, never changed.
+        silenced_until: set through the API only (read, never written by an evaluation).
+    """
+
+    id: int | None
+    rule: str
+    state: AlertState
+    severity: str
+    summary: str
+    description: str
+    key: str | None
+    labels: dict[str, str]
+    since_step: int | None
+    step: int | None
+    value: float | None
+    started_at: datetime
+    fired_at: datetime | None
+    fired_step: int | None
+    resolved_at: datetime | None
+    silenced_until: datetime | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    """An enabled webhook of a project: where a notification goes."""
+
+    id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One outbox row: a webhook's notification of an alert's change, body already encoded."""
+
+    delivery_id: uuid.UUID
+    webhook_id: int
+    event: str
+    body: str
+
+
+@dataclass(frozen=True)
+class AlertWrite:
+    """What one evaluation does to one alert row: insert (``row.id`` is None), update, or
+    delete it, then queue ``notifications`` for it."""
+
+    row: AlertRow
+    delete: bool = False
+    notifications: tuple[Notification, ...] = field(default_factory=tuple)

@@ -1,4 +1,4 @@
-"""A private, throwaway PostgreSQL cluster that a test (or bench) may stop and start at will.
+"""A private, throwaway PostgreSQL cluster that a test or a bench may stop and start at will.
 
 The shared server on 127.0.0.1:5432 serves every other test and must never be stopped; outage
 tests create their own cluster in a temporary directory, on a free port, owned by the
@@ -18,7 +18,9 @@ from pathlib import Path
 
 import psycopg
 
-from tests._servers import free_port
+from curvecast.service.testing import free_port
+
+__all__ = ["PrivateCluster", "find_bindir"]
 
 
 def find_bindir() -> Path | None:
@@ -49,12 +51,15 @@ class PrivateCluster:
 
     @property
     def admin_url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        """The URL of the cluster's maintenance database."""
+        return self.url("postgres")
 
     def url(self, dbname: str) -> str:
+        """The URL of database ``dbname`` of this cluster."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     def _run(self, *args: str, timeout: float = 120) -> None:
+        # initdb and pg_ctl refuse to run as root: run them as the postgres OS user there.
         prefix = ["runuser", "-u", "postgres", "--"] if self._as_postgres else []
         proc = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
@@ -65,17 +70,23 @@ class PrivateCluster:
         """Initialise the cluster (trust auth, no fsync: a throwaway for tests) and start it."""
         if self._as_postgres:
             shutil.chown(self.root, "postgres", "postgres")
-        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust",
-                  "-U", "postgres", "--no-sync", "-E", "UTF8")
+        self._run(
+            str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+            "--no-sync", "-E", "UTF8",
+        )
         self.start()
         return self
 
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
-        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off")
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options,
-                  "-l", str(self.log), "-w", "-t", "60", "start")
+        options = (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off"
+        )
+        self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.log),
+            "-w", "-t", "60", "start",
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -88,10 +99,12 @@ class PrivateCluster:
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (``fast``: disconnect clients, clean shutdown)."""
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w",
-                  "-t", "60", "stop")
+        self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"
+        )
 
     def running(self) -> bool:
+        """Whether the server runs (its pid file exists)."""
         return (self.data / "postmaster.pid").exists()
 
     def create_database(self, name: str) -> str:

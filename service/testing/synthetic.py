@@ -1,19 +1,21 @@
 """A synthetic ScheduleFree+ run: the loss and every telemetry key the client hook streams,
-deterministic per step, in the REST API's columnar batch shape (shared by tests and the bench).
+deterministic per step, in the REST API's columnar batch shape (for the dashboards' tests and
+bench).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import numpy as np
 
+if TYPE_CHECKING:  # the caller brings its client (httpx is a test dependency, not a server one)
+    import httpx
+
+__all__ = ["batch", "create_run", "run_config", "stream"]
+
 A, B, C = 60.0, 300.0, 2.0  # loss(t) = A / sqrt(t + B) + C
-TELEMETRY = ("eta", "alpha", "loss", "inner", "numerator", "grad_l1", "denom_ema", "c",
-             "sf_beta", "warmup", "gamma_max")
-NORMS = ("x_l2", "y_l2", "z_l2", "grad_l2")
 
 
 def run_config(total_steps: int, warmup_steps: int = 200, weight_decay: float = 5.0

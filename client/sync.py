@@ -1,7 +1,9 @@
 """``curvecast sync [DIR]``: upload the points training runs left in their spools.
 
-Registered into the ``curvecast`` command by ``service.cli`` (``add_sync_parser``) and also
-runnable without the server extras as ``python -m client sync [DIR]``. Standard library only.
+The public entry point of the command: ``curvecast.service.cli`` registers it into the
+``curvecast`` command with :func:`add_sync_parser`; it also runs without the server extras as
+``python -m curvecast.client sync [DIR]`` (:func:`main`), and :func:`sync_run` uploads one run
+directory from Python. Standard library only.
 
 For each run directory: create the run (idempotent ``PUT``, from ``run.json``), send every
 spooled line (corrupted lines are skipped and reported), delete each segment once all of it was
@@ -37,8 +39,10 @@ from curvecast.client._spool import (
 from curvecast.client._transport import HTTPTransport, Transport
 from curvecast.client._validate import check_run_id
 
+__all__ = ["SyncResult", "add_sync_parser", "main", "run_sync", "sync_run"]
 
-class Progress:
+
+class _Progress:
     """A one-line progress bar on a terminal; one summary line per run otherwise."""
 
     def __init__(self, stream: TextIO, total_bytes: int, label: str) -> None:
@@ -169,7 +173,7 @@ class _RunSync:
         self.out = SyncResult(run_dir, True)
         self.segments = list(iter_segment_paths(run_dir))
         total = sum(p.stat().st_size for p in self.segments)
-        self.progress = Progress(stream, total, f"run {run_id[:8]}")
+        self.progress = _Progress(stream, total, f"run {run_id[:8]}")
 
     def create(self) -> Result | None:
         if "project" not in self.meta:
@@ -244,8 +248,9 @@ class _RunSync:
         return out
 
 
-def cmd_sync(args: argparse.Namespace) -> int:
-    """Entry point of ``curvecast sync``."""
+def run_sync(args: argparse.Namespace) -> int:
+    """Run ``curvecast sync`` with the arguments :func:`add_sync_parser` defines; returns the
+    exit status (0: every run uploaded, 1: some were not)."""
     root = Path(args.dir).expanduser() if args.dir else default_spool_dir()
     token = args.token or os.environ.get("CURVECAST_TOKEN") or None
     run_dirs = find_run_dirs(root)
@@ -289,12 +294,12 @@ def add_sync_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--token", help="bearer token (default: $CURVECAST_TOKEN)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
-    parser.set_defaults(func=cmd_sync)
+    parser.set_defaults(func=run_sync)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m client sync ...`` (works with the standard-library-only install)."""
-    parser = argparse.ArgumentParser(prog="python -m client")
+    """``python -m curvecast.client sync ...`` (works with the standard-library-only install)."""
+    parser = argparse.ArgumentParser(prog="python -m curvecast.client")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_sync_parser(sub)
     args = parser.parse_args(argv)

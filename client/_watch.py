@@ -1,0 +1,134 @@
+"""``Monitor.watch()``: the optimizer hook, and the run-config keys an optimizer contributes.
+
+The hook runs in the training thread after every ``optimizer.step()``: it only reads what the
+optimizer already has on the host and appends it (names are mapped and values checked later, in
+the batcher thread), so watching costs a few dict operations per step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from curvecast.client._batcher import KeyMap
+from curvecast.client._validate import check_key, check_value
+
+log = logging.getLogger("curvecast.client")
+
+#: How the hook hands a step's statistics to the monitor: ``(step, stats, key map or None)``.
+RecordFn = Callable[[int, dict[str, Any], KeyMap | None], None]
+
+
+def watch_optimizer(
+    optimizer: Any,
+    record: RecordFn,
+    *,
+    norms_every: int,
+    prefix: str,
+    step_fn: Callable[[], int] | None,
+) -> Any:
+    """Register the hook that records ``optimizer``'s telemetry after every step.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer``; ScheduleFree+ (anything with ``stats()``) logs
+            its statistics, any other its learning rate(s).
+        record: where each step's statistics go (``Monitor._record``).
+        norms_every: also log the weight and gradient norms every this many steps (0: never).
+        prefix: prefix of the metric names.
+        step_fn: returns the step to log at; default: the optimizer's own count.
+
+    Returns:
+        The hook handle; ``handle.remove()`` stops logging.
+
+    Raises:
+        TypeError: ``optimizer`` cannot take a step hook.
+        ValueError: a negative ``norms_every``, or a prefix that makes invalid names.
+    """
+    register = getattr(optimizer, "register_step_post_hook", None)
+    if not callable(register):
+        raise TypeError(f"watch() needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if norms_every < 0:
+        raise ValueError(f"norms_every must be >= 0, got {norms_every}")
+    check_key(prefix + "x")  # a bad prefix fails here, in the caller's thread
+    keymap = KeyMap(prefix, skip=("step",))
+    names: dict[str, str] = {}
+
+    def name(stat: str) -> str:
+        full = names.get(stat)
+        if full is None:
+            full = names[stat] = check_key(prefix + stat)
+        return full
+
+    # Mutable cells the closures share: the step count since watch(), and whether a failure
+    # was already reported (a broken hook logs once, not every step).
+    counter = [0]
+    failed = [False]
+
+    def sfplus_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
+        # Runs after every step: keep it to a few dict operations (names are mapped and
+        # values checked in the batcher thread).
+        try:
+            counter[0] += 1
+            stats = opt.stats()
+            if not stats:
+                return
+            step = step_fn() if step_fn else int(stats.get("step") or counter[0])
+            if norms_every and step % norms_every == 0:
+                stats = opt.stats(norms=True)
+            record(step, stats, keymap)
+        except Exception:
+            if not failed[0]:
+                failed[0] = True
+                log.exception("curvecast: reading the optimizer's stats failed (ignored)")
+
+    def lr_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
+        try:
+            counter[0] += 1
+            step = step_fn() if step_fn else counter[0]
+            groups = opt.param_groups
+            if len(groups) == 1:
+                lrs = {name("lr"): groups[0]["lr"]}
+            else:
+                lrs = {name(f"lr/{i}"): g["lr"] for i, g in enumerate(groups)}
+            for key, value in lrs.items():
+                if type(value) is not float:  # a tensor LR: checked like a logged value
+                    lrs[key] = check_value(key, value)
+            record(step, lrs, None)
+        except Exception:
+            if not failed[0]:
+                failed[0] = True
+                log.exception("curvecast: reading the learning rate failed (ignored)")
+
+    is_sfplus = callable(getattr(optimizer, "stats", None))
+    return register(sfplus_hook if is_sfplus else lr_hook)
+
+
+def optimizer_config(optimizer: Any) -> dict[str, Any]:
+    """The run-config keys describing an optimizer.
+
+    ScheduleFree+ (anything with a ``config()`` method) contributes its hyper-parameters under
+    ``"optimizer"`` and the keys the service reads (``weight_decay`` = AdamC lambda, ``c_warmup``,
+    ``warmup_steps``) at the top level. Other optimizers contribute their JSON-safe defaults
+    under ``"optimizer"`` only (their ``weight_decay`` is not on the AdamC scale).
+    """
+    config_fn = getattr(optimizer, "config", None)
+    if callable(config_fn):
+        cfg = dict(config_fn())
+        out: dict[str, Any] = {"optimizer": cfg}
+        for key in ("weight_decay", "c_warmup", "warmup_steps"):
+            if cfg.get(key) is not None:
+                out[key] = cfg[key]
+        return out
+    defaults = getattr(optimizer, "defaults", {}) or {}
+    safe: dict[str, Any] = {"name": type(optimizer).__name__}
+    for key, value in defaults.items():
+        if isinstance(value, bool | str | None):
+            safe[key] = value
+        elif isinstance(value, int | float) and value == value and abs(value) != float("inf"):
+            safe[key] = value
+        elif isinstance(value, tuple | list) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value
+        ):
+            safe[key] = list(value)
+    return {"optimizer": safe}

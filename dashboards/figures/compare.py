@@ -1,0 +1,200 @@
+"""Comparing runs: their losses overlaid with forecasts to a common horizon, and which the
+forecasts say will be best there."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from curvecast.dashboards import fmt, palette
+from curvecast.dashboards.data import FloatArray, ForecastData, Prediction, SeriesData, plottable
+from curvecast.dashboards.figures.base import (
+    CURVE_POINTS,
+    FigureBuilder,
+    band_traces,
+    base_layout,
+    focus_range,
+    gap,
+    log_menu,
+    trace_type,
+)
+
+
+@dataclass(frozen=True)
+class CompareEntry:
+    """One run on the compare page: its loss series and its forecast to the common horizon."""
+
+    run: Mapping[str, Any]
+    series: SeriesData
+    forecast: ForecastData | None
+    band: Sequence[Prediction]
+    at_horizon: Prediction | None
+
+    @property
+    def name(self) -> str:
+        """The run's name as typed (or its short id)."""
+        return str(self.run.get("name") or str(self.run.get("id", ""))[:8])
+
+    @property
+    def label(self) -> str:
+        """The run's name, escaped for Plotly."""
+        return fmt.esc(self.name)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Which run the forecasts say will be best at the horizon.
+
+    ``order`` lists entries' indices, best first (runs without a forecast last);
+    ``clear`` is true when the best run's interval does not overlap the runner-up's.
+    """
+
+    horizon: int | None
+    order: list[int]
+    best: int | None
+    clear: bool
+    message: str
+
+
+def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Ranking:
+    """Order runs by their forecast loss at ``horizon`` (lower is better)."""
+    ranked = sorted((i for i, e in enumerate(entries) if e.at_horizon is not None),
+                    key=lambda i: _pred(entries[i]).value)
+    without = [i for i, e in enumerate(entries) if e.at_horizon is None]
+    if not ranked:
+        return Ranking(horizon, without, None, False,
+                       "No run has a forecast yet: the first fit comes seconds after a run's "
+                       "first points.")
+    best = ranked[0]
+    best_pred = _pred(entries[best])
+    where = f"step {fmt.step(horizon)}" if horizon else "the horizon"
+    message = (f"At {where} the forecasts say {entries[best].name} will be best: "
+               f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}.")
+    clear = True
+    if len(ranked) > 1:
+        second = _pred(entries[ranked[1]])
+        clear = (math.isfinite(best_pred.hi) and math.isfinite(second.lo)
+                 and best_pred.hi < second.lo)
+        message += (f" Runner-up {entries[ranked[1]].name}: {fmt.loss(second.value)} "
+                    f"{fmt.interval(second.lo, second.hi)}")
+        message += (" — the intervals do not overlap." if clear
+                    else " — the intervals overlap: not yet a clear winner.")
+    if without:
+        message += f" {len(without)} run(s) have no forecast yet."
+    return Ranking(horizon, ranked + without, best, clear, message)
+
+
+def _pred(entry: CompareEntry) -> Prediction:
+    assert entry.at_horizon is not None
+    return entry.at_horizon
+
+
+def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
+                   *, x_range: Sequence[float] | None = None) -> go.Figure:
+    """Several runs' losses overlaid, each with its forecast (and band) to a common horizon."""
+    fig = FigureBuilder(base_layout(
+        "compare", "Loss of each run, with its forecast to a common horizon", 480,
+        sorted({e.series.key for e in entries}), y_title="loss"))
+    focus_arrays: list[FloatArray] = []
+    focus_extra: list[float] = []
+    for index, entry in enumerate(entries):
+        colour = palette.run_colour(index)
+        s = entry.series
+        group = f"run{index}"
+        kind = trace_type(len(s))
+        run_meta = {"run": index, "run_id": str(entry.run.get("id", ""))}
+        if s.downsampled and s.vmin is not None and s.vmax is not None:
+            common = {"type": kind, "x": s.steps, "mode": "lines", "line": {"width": 0},
+                      "showlegend": False, "hoverinfo": "skip", "legendgroup": group}
+            fig.add_trace({**common, "y": plottable(s.vmin), "name": f"{entry.label} min",
+                           "meta": {"key": s.key, "role": "min", **run_meta}})
+            fig.add_trace({**common, "y": plottable(s.vmax), "name": f"{entry.label} range",
+                           "fill": "tonexty", "fillcolor": palette.rgba(colour, 0.15),
+                           "meta": {"key": s.key, "role": "max", **run_meta}})
+        fig.add_trace({"type": kind, "x": s.steps, "y": plottable(s.values), "mode": "lines",
+                       "line": {"color": colour, "width": 1.6}, "name": entry.label,
+                       "legendgroup": group, "hovertemplate": "%{y:.4g}",
+                       "meta": {"key": s.key, "role": "last", **run_meta}})
+        last = s.last
+        skip = 0.05 * (last[0] if last else 0)
+        focus_arrays.append(s.values[s.steps >= skip])
+        fit = entry.forecast
+        if fit is None or horizon is None:
+            continue
+        upto = fit.fitted_upto_step if fit.fitted_upto_step is not None else (
+            last[0] if last else None)
+        if upto is None or horizon <= upto:
+            continue
+        points = sorted(entry.band, key=lambda p: p.step)
+        if points:
+            band_traces(fig, points, colour, f"{entry.label} interval", 0.12,
+                         legendgroup=group, showlegend=False, meta=run_meta)
+            focus_extra += [p.lo for p in points] + [p.hi for p in points]
+        t = np.linspace(upto, horizon, CURVE_POINTS // 2)
+        fig.add_trace({"type": "scatter", "x": t, "y": fit.curve(t), "mode": "lines",
+                       "showlegend": False, "legendgroup": group,
+                       "line": {"color": colour, "width": 2, "dash": "dash"},
+                       "name": f"{entry.label} forecast", "hovertemplate": "%{y:.4g}",
+                       "meta": {"role": "forecast", **run_meta}})
+        pred = entry.at_horizon
+        if pred is not None:
+            fig.add_trace({"type": "scatter", "x": [pred.step], "y": [pred.value],
+                           "mode": "markers", "showlegend": False, "legendgroup": group,
+                           "name": f"{entry.label} at the horizon",
+                           "marker": {"symbol": "diamond", "size": 10, "color": colour,
+                                      "line": {"color": "#ffffff", "width": 1}},
+                           "meta": {"role": "prediction", **run_meta},
+                           "hovertemplate": "%{y:.4g}"})
+    if horizon is not None:
+        fig.vline(horizon, {"color": palette.GREY, "width": 1, "dash": "dashdot"},
+                  f"common horizon: step {fmt.short_step(horizon)}")
+    layout = fig.layout
+    focus = focus_range(focus_arrays, focus_extra) if x_range is None else None
+    if focus is not None:
+        layout["yaxis"]["range"] = focus
+    if x_range is not None:
+        layout["xaxis"].update(range=list(x_range), autorange=False)
+    elif horizon is not None:
+        layout["xaxis"].update(range=[0, horizon * 1.02], autorange=False)
+    layout["hovermode"] = "closest"
+    layout["updatemenus"] = [log_menu(layout, ["yaxis"], linear_range=focus),
+                             log_menu(layout, ["xaxis"], x_axis=True)]
+    return fig.figure()
+
+
+def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> go.Figure:
+    """Each run's forecast loss at the common horizon with its interval, best at the top."""
+    ordered = [i for i in ranking.order if entries[i].at_horizon is not None]
+    where = f"step {fmt.short_step(ranking.horizon)}" if ranking.horizon else "the horizon"
+    layout = base_layout("ranking", f"Forecast loss at {where} (lower is better)",
+                     130 + 40 * max(1, len(ordered)), [], x_title="forecast loss")
+    layout["yaxis"].update(autorange="reversed", type="category")
+    layout["xaxis"].update(tickformat=".4g", hoverformat=".4g", rangemode="normal")
+    layout["hovermode"] = "closest"
+    layout["margin"] = {**layout["margin"], "l": 170, "t": 56}
+    fig = FigureBuilder(layout)
+    labels, values, plus, minus, colours, texts = [], [], [], [], [], []
+    for i in ordered:
+        pred = _pred(entries[i])
+        labels.append(("★ " if i == ranking.best else "") + entries[i].label)
+        values.append(pred.value)
+        plus.append(gap(pred.hi, pred.value))
+        minus.append(gap(pred.value, pred.lo))
+        colours.append(palette.run_colour(i))
+        texts.append(f"{fmt.loss(pred.value)} {fmt.interval(pred.lo, pred.hi)}")
+    fig.add_trace({
+        "type": "scatter", "x": values, "y": labels, "mode": "markers", "text": texts,
+        "showlegend": False,
+        "marker": {"size": 12, "color": colours, "symbol": "diamond"},
+        "error_x": {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus,
+                    "thickness": 2, "width": 6, "color": "#555555"},
+        "meta": {"role": "ranking"}, "hovertemplate": "%{text}<extra></extra>",
+    })
+    if not ordered:
+        fig.note("no forecasts yet")
+    return fig.figure()

@@ -1,0 +1,179 @@
+"""The optimizer-telemetry charts: a generic builder and the run page's four charts, each
+reading its series under the run's telemetry prefix."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from curvecast.contract import TELEMETRY_PREFIX, RunConfig
+from curvecast.dashboards import fmt, palette
+from curvecast.dashboards.data import AlertData, SeriesData, SeriesLike, as_series
+from curvecast.dashboards.figures.base import (
+    FigureBuilder,
+    add_alert_marks,
+    add_series,
+    as_alerts,
+    base_layout,
+    log_menu,
+    shade_burn_in,
+)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One metric line of a telemetry chart."""
+
+    series: SeriesData
+    name: str
+    colour: str
+    right: bool = False  # on the secondary (right) y-axis
+    band: bool = True
+    dash: str | None = None
+    role: str | None = None  # a derived line (not a stored key): its meta role
+
+
+def telemetry_figure(
+    chart: str,
+    title: str,
+    lines: Sequence[Line],
+    *,
+    y_title: str,
+    y2_title: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    alerts: Sequence[Mapping[str, Any] | AlertData] = (),
+    log_y: bool = False,
+    guide: tuple[float, str] | None = None,
+    x_range: Sequence[float] | None = None,
+    height: int = 320,
+) -> go.Figure:
+    """A step chart of a few telemetry series on one or two y-axes (generic builder).
+
+    Args:
+        chart: the chart's id (``layout.meta.chart``).
+        title: chart title.
+        lines: the series, with names, colours and axis.
+        y_title: left axis title (with units).
+        y2_title: right axis title, when some line is on the right.
+        config: the run's config (burn-in shading).
+        alerts: alert markers.
+        log_y: start with the left y axis log-scaled.
+        guide: a horizontal reference line (value, label) on the right axis when there is
+            one, e.g. √(2λ).
+        x_range: the visible step range after a zoom.
+        height: pixels.
+    """
+    keys = [line.series.key for line in lines if line.role is None]
+    layout = base_layout(chart, title, height, keys, y_title=y_title)
+    has_right = any(line.right for line in lines)
+    if has_right:
+        layout["yaxis2"] = {"title": {"text": y2_title or ""}, "overlaying": "y",
+                            "side": "right", "showgrid": False, "showline": True,
+                            "linecolor": "#9aa0a6", "exponentformat": "power",
+                            "zeroline": False, "tickmode": "auto"}
+        layout["margin"] = {**layout["margin"], "r": 76}
+    fig = FigureBuilder(layout)
+    for line in lines:
+        before = len(fig.data)
+        add_series(fig, line.series, name=line.name, colour=line.colour,
+                   yaxis="y2" if line.right else "y", band=line.band, dash=line.dash)
+        if line.role is not None:  # derived: live updates must not append raw points to it
+            for trace in fig.data[before:]:
+                trace["meta"] = {"role": line.role}
+    if guide is not None:
+        value, label = guide
+        fig.hline(value, {"color": palette.PURPLE, "width": 1.3, "dash": "dash"}, label,
+                  yref="y2" if has_right else "y")
+    if log_y:
+        layout["yaxis"]["type"] = "log"
+    shade_burn_in(fig, config or {})
+    add_alert_marks(fig, as_alerts(alerts))
+    if all(not len(line.series) for line in lines):
+        fig.note(fmt.esc("no data yet for " + ", ".join(keys)))
+    if x_range is not None:
+        layout["xaxis"].update(range=list(x_range), autorange=False)
+    menu = log_menu(layout, ["yaxis", "yaxis2"] if has_right else ["yaxis"])
+    if log_y:
+        menu["active"] = 1
+    layout["updatemenus"] = [menu]
+    return fig.figure()
+
+
+def _get(series: Mapping[str, SeriesLike], key: str) -> SeriesData:
+    return as_series(series.get(key), key)
+
+
+def step_size_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PREFIX,
+                     **kwargs: Any) -> go.Figure:
+    """Polyak step size η (left) and the effective step α = warmup · lr · η (right)."""
+    return telemetry_figure(
+        "step_size", "Step size: Polyak η and effective α",
+        [Line(_get(series, prefix + "eta"), "Polyak η", palette.BLUE),
+         Line(_get(series, prefix + "alpha"), "effective α = warmup·lr·η", palette.ORANGE,
+              right=True)],
+        y_title="η (Polyak step size)", y2_title="α (step applied)", **kwargs,
+    )
+
+
+def gradient_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PREFIX,
+                    **kwargs: Any) -> go.Figure:
+    """Gradient L1 norm with the Polyak denominator EMA (√(π/2)·‖g‖₁, bias-corrected)."""
+    return telemetry_figure(
+        "gradient", "Gradient L1 norm and the Polyak denominator",
+        [Line(_get(series, prefix + "grad_l1"), "‖g‖₁", palette.BLUE),
+         Line(_get(series, prefix + "denom_ema"), "denominator: EMA of √(π/2)·‖g‖₁",
+              palette.ORANGE, band=False, dash="dash")],
+        y_title="L1 norm (Σ|g|)", **kwargs,
+    )
+
+
+def norms_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PREFIX,
+                 config: Mapping[str, Any] | None = None, **kwargs: Any) -> go.Figure:
+    """Weight norms of x, y and z; with AdamC's λ (``weight_decay``) and both ‖g‖₂ and ‖z‖₂
+    logged, also the ratio ‖g‖₂/‖z‖₂ against its steady state √(2λ)."""
+    lines = [
+        Line(_get(series, prefix + "x_l2"), "‖x‖₂", palette.BLUE),
+        Line(_get(series, prefix + "y_l2"), "‖y‖₂", palette.ORANGE, dash="dot"),
+        Line(_get(series, prefix + "z_l2"), "‖z‖₂", palette.GREEN),
+    ]
+    guide = None
+    lam = RunConfig.read(config).weight_decay
+    grad, z = _get(series, prefix + "grad_l2"), _get(series, prefix + "z_l2")
+    if lam and len(grad) and len(z):  # λ = 0: no weight decay, no steady state to show
+        common, gi, zi = np.intersect1d(grad.steps, z.steps, return_indices=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = grad.values[gi] / z.values[zi]
+        derived = SeriesData(f"{prefix}grad_l2/z_l2", common, ratio, None, None, False,
+                             len(common))
+        lines.append(Line(derived, "‖g‖₂/‖z‖₂ (right)", palette.PURPLE, right=True,
+                          band=False, role="ratio"))
+        target = math.sqrt(2 * lam)
+        guide = (target, f"√(2λ) = {target:.3g}: AdamC steady state (λ = {lam:g})")
+    return telemetry_figure(
+        "norms", "Weight norms: x (averaged), y, z",
+        lines, y_title="L2 norm", y2_title="‖g‖₂/‖z‖₂" if guide else None, guide=guide,
+        config=config, **kwargs,
+    )
+
+
+def averaging_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PREFIX,
+                     **kwargs: Any) -> go.Figure:
+    """Averaging weight c (1 during burn-in, then ~1/t: log scale) and SF β (right)."""
+    fig = telemetry_figure(
+        "averaging", "Averaging weight c and SF β",
+        [Line(_get(series, prefix + "c"), "averaging weight c", palette.BLUE),
+         Line(_get(series, prefix + "sf_beta"), "SF β", palette.ORANGE, right=True)],
+        y_title="c (weight of the newest iterate)", y2_title="β (interpolation)",
+        log_y=True, **kwargs,
+    )
+    # c spans decades while β stays near 1: the buttons switch c's axis only.
+    menu = fig.layout.updatemenus[0]
+    menu.buttons[0].args = [{"yaxis.type": "linear", "yaxis.autorange": True}]
+    menu.buttons[1].args = [{"yaxis.type": "log", "yaxis.autorange": True}]
+    return fig
+

@@ -1,0 +1,258 @@
+"""Forecast answers: the ONE place a :class:`Fit` becomes what the product shows.
+
+The REST routes (``GET .../forecast``, ``/target``, ``/history``), the pages (the runs list, the
+run page's band) and the offline ``curvecast forecast`` command all build their answers here, so
+one fit gives one JSON shape and one set of statuses everywhere. The default horizon is the
+contract's :meth:`RunConfig.horizon <curvecast.contract.RunConfig.horizon>` (``total_steps``,
+else the last step logged) for all of them. numpy and pydantic only: no scipy, no FastAPI.
+
+Functions:
+
+* :func:`forecast_answer` -- a :class:`ForecastOut` for a fit (or the ``pending`` answer when
+  there is none yet) at a horizon, optionally with when a target loss is reached.
+* :func:`target_answer` -- a :class:`TargetAnswer`: when the loss reaches a target, with a
+  wall-clock ETA from the run's step rate.
+* :func:`history_answer` -- a :class:`ForecastHistory`: each stored fit's forecast at one horizon.
+* :func:`band` -- the forecast interval at many steps at once (the pages' band), as arrays.
+* :func:`offline_json` -- the subset of a :class:`ForecastOut` that ``curvecast forecast --json``
+  prints (:data:`~curvecast.service.schemas.forecast.OFFLINE_KEYS`).
+
+Every function takes a parsed :class:`Fit`: a stored fit is parsed once per request
+(``Fit.from_dict``, in the store) and passed along.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import numpy as np
+
+from curvecast.contract import RunConfig
+from curvecast.service.forecast.fit import Fit, FloatArray, finite_or_none
+from curvecast.service.schemas.forecast import (
+    OFFLINE_KEYS,
+    EtaOut,
+    ForecastHistory,
+    ForecastHistoryPoint,
+    ForecastOut,
+    IntervalOut,
+    PredictionOut,
+    TargetAnswer,
+    TargetOut,
+)
+
+__all__ = [
+    "PENDING",
+    "Band",
+    "DatedFit",
+    "band",
+    "forecast_answer",
+    "history_answer",
+    "offline_json",
+    "target_answer",
+]
+
+#: The status of a run the worker has not fitted yet (not a fit status: there is no fit).
+PENDING = "pending"
+_PENDING_MESSAGE = "no fit yet: the worker fits a run seconds after its first points arrive"
+
+
+class DatedFit(Protocol):
+    """A stored fit as the history needs it (the store's ``StoredFit`` is one)."""
+
+    @property
+    def fit(self) -> Fit:
+        """The parsed fit."""
+
+    @property
+    def created_at(self) -> datetime:
+        """When the worker made it."""
+
+
+def _prediction(fit: Fit, step: int | None, confidence: float) -> PredictionOut | None:
+    if step is None:
+        return None
+    p = fit.predict(step, confidence)
+    return PredictionOut(
+        step=step, value=finite_or_none(p.value), lo=finite_or_none(p.lo), hi=finite_or_none(p.hi)
+    )
+
+
+def _f_star(fit: Fit, confidence: float) -> IntervalOut:
+    s = fit.f_star(confidence)
+    return IntervalOut(
+        value=finite_or_none(s.value), lo=finite_or_none(s.lo), hi=finite_or_none(s.hi)
+    )
+
+
+def _target(fit: Fit, loss: float, confidence: float) -> TargetOut:
+    t = fit.steps_to(loss, confidence)
+    return TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable)
+
+
+def forecast_answer(
+    fit: Fit | None,
+    *,
+    config: RunConfig,
+    last_step: int | None,
+    horizon: int | None = None,
+    confidence: float = 0.9,
+    target_loss: float | None = None,
+    key: str | None = None,
+    fitted_at: datetime | None = None,
+) -> ForecastOut:
+    """The forecast of one fit: parameters, f*, the loss at a horizon, maybe a target.
+
+    Args:
+        fit: the fit, or None when the run has none yet (the answer is then ``pending``).
+        config: the run's config; gives the default horizon.
+        last_step: the run's last logged step (the horizon when the config plans none).
+        horizon: the step to forecast; None: ``config.horizon(last_step)``.
+        confidence: interval coverage in (0, 1).
+        target_loss: also say when the loss reaches this value.
+        key: the series that was fitted.
+        fitted_at: when the fit was made.
+
+    Returns:
+        The answer. Its objects are always present (with null numbers when the fit carries no
+        forecast); ``prediction`` is null only when there is no horizon at all.
+    """
+    if fit is None:
+        return ForecastOut(
+            status=PENDING, n_points=0, fitted_upto_step=None, a=None, b=None, c=None,
+            f_star=None, prediction=None, target=None, key=key, confidence=confidence,
+            message=_PENDING_MESSAGE,
+        )
+    if horizon is None:
+        horizon = config.horizon(last_step)
+    return ForecastOut(
+        status=fit.status,
+        n_points=fit.n_points,
+        fitted_upto_step=fit.fitted_upto_step,
+        a=finite_or_none(fit.a),
+        b=finite_or_none(fit.b),
+        c=finite_or_none(fit.c),
+        f_star=_f_star(fit, confidence),
+        prediction=_prediction(fit, horizon, confidence),
+        target=None if target_loss is None else _target(fit, target_loss, confidence),
+        key=key,
+        fitted_at=fitted_at,
+        confidence=confidence,
+        off_model=fit.off_model,
+        message=fit.message,
+    )
+
+
+def target_answer(
+    fit: Fit | None,
+    *,
+    loss: float,
+    confidence: float,
+    key: str | None,
+    last_step: int | None,
+    steps_per_second: float | None,
+    now: datetime,
+) -> TargetAnswer:
+    """When the loss reaches ``loss``, with a wall-clock ETA.
+
+    Args:
+        fit: the run's latest fit, or None (the answer is then ``pending``).
+        loss: the target loss.
+        confidence: interval coverage in (0, 1).
+        key: the series that was fitted.
+        last_step: the run's last logged step (where the ETA counts from).
+        steps_per_second: the run's recent step rate, if known.
+        now: the current time (the ETA's ``at`` is relative to it).
+
+    Returns:
+        The answer; ``eta`` is null when the target is never reached, and its ``seconds`` null
+        without a positive step rate.
+    """
+    if fit is None:
+        return TargetAnswer(status=PENDING, key=None, target=None, eta=None)
+    target = _target(fit, loss, confidence)
+    eta = None
+    if target.step is not None:
+        seconds = None
+        if steps_per_second and steps_per_second > 0 and last_step is not None:
+            seconds = max(0.0, (target.step - last_step) / steps_per_second)
+        eta = EtaOut(
+            steps_per_second=steps_per_second,
+            seconds=seconds,
+            at=now + timedelta(seconds=seconds) if seconds is not None else None,
+        )
+    return TargetAnswer(status=fit.status, key=key, target=target, eta=eta)
+
+
+def history_answer(
+    run_id: uuid.UUID,
+    fits: Iterable[DatedFit],
+    *,
+    config: RunConfig,
+    last_step: int | None,
+    horizon: int | None = None,
+    confidence: float = 0.9,
+) -> ForecastHistory:
+    """Each fit's forecast of the loss at one horizon, in the order given (oldest first), so
+    one can watch the forecast settle.
+
+    Args:
+        run_id: the run.
+        fits: its stored fits.
+        config: the run's config; gives the default horizon.
+        last_step: the run's last logged step (the horizon when the config plans none).
+        horizon: the step to forecast; None: ``config.horizon(last_step)``.
+        confidence: interval coverage in (0, 1).
+    """
+    if horizon is None:
+        horizon = config.horizon(last_step)
+    points = [
+        ForecastHistoryPoint(
+            fitted_upto_step=stored.fit.fitted_upto_step,
+            n_points=stored.fit.n_points,
+            status=stored.fit.status,
+            created_at=stored.created_at,
+            final=_prediction(stored.fit, horizon, confidence),
+            f_star=_f_star(stored.fit, confidence),
+        )
+        for stored in fits
+    ]
+    return ForecastHistory(run_id=run_id, horizon=horizon, points=points)
+
+
+@dataclass(frozen=True)
+class Band:
+    """The forecast at many steps: the central value and the interval's ends (NaN where there
+    is no forecast), one entry per step."""
+
+    steps: FloatArray
+    lo: FloatArray
+    mid: FloatArray
+    hi: FloatArray
+
+
+def band(fit: Fit | None, steps: Sequence[float] | FloatArray, confidence: float = 0.9) -> Band:
+    """The forecast interval at each of ``steps`` (one call per page, no REST round trips).
+
+    Args:
+        fit: the fit, or None (all NaN).
+        steps: where to evaluate it.
+        confidence: interval coverage in (0, 1).
+    """
+    at = np.asarray(steps, dtype=np.float64)
+    values = np.full((3, at.size), math.nan)
+    if fit is not None and fit.has_forecast:
+        for i, step in enumerate(at):
+            p = fit.predict(float(step), confidence)
+            values[:, i] = (p.lo, p.value, p.hi)
+    return Band(steps=at, lo=values[0], mid=values[1], hi=values[2])
+
+
+def offline_json(answer: ForecastOut) -> dict[str, Any]:
+    """The keys of ``answer`` that ``curvecast forecast --json`` prints, JSON-ready."""
+    return answer.model_dump(mode="json", include=set(OFFLINE_KEYS))

@@ -1,0 +1,574 @@
+"""The solver: ``f(t) = a / sqrt(t + b) + c`` fitted to a training-loss curve.
+
+Arrays in, a :class:`~curvecast.service.forecast.fit.Fit` out; no I/O, no service imports, numpy
+and scipy only (the value type and its intervals need no scipy: :mod:`.fit`). Nothing in this
+module raises on bad data: odd inputs (too few points, NaN, a flat or rising curve, a huge spike)
+come back as a :class:`Fit` whose ``status`` says what happened.
+
+The method, in short (docs/forecast.md has the long form):
+
+1. *Clean*: keep finite (step, loss) pairs, sort by step.
+2. *Burn-in*: drop the steps before averaging starts -- the explicit ``burn_in``, else the run's
+   config (``RunConfig.averaging_start`` of :mod:`curvecast.contract`: ``c_warmup``, else the
+   paper's heuristic ``2 * warmup_steps``), else chosen from the data (5% of the latest step,
+   moved later when a later start extrapolates better on the run's own recent past).
+3. *Bin* long series (``bin_series``: equal-count bins, median loss per bin) so a refit costs the
+   same for 10^3 or 10^6 raw points.
+4. *Variable projection*: for a fixed ``b`` the model is linear in ``(a, c)``, solved in closed
+   form with ``a >= 0`` (and ``c >= 0`` when every loss is positive). The 1-D profile over
+   ``q = log(t0 + b)`` is scanned on a grid (vectorised), then polished with a bounded scalar
+   search. A weak Gaussian prior on ``q`` keeps short prefixes from running off to the linear
+   (``b -> inf``) or singular (``b -> -t0``) ends.
+5. *Robustness*: Huber iteratively reweighted least squares (scale from the MAD of residuals), so
+   spikes and outliers lose their pull.
+6. *Uncertainty* (what the :class:`Fit` answers with): delta-method standard errors (inflated
+   for residual autocorrelation) combined with the residual scale and a term proportional to the
+   predicted remaining decay; the interval multipliers for that combined scale are empirical
+   quantiles fitted offline on the curve corpus (``service/forecast/calibration.py``, written by
+   ``bench/forecast_calibrate.py``), as a function of the extrapolation ratio.
+7. *Off-model*: the recent part of the window is compared with a fit on the data before it; a
+   sustained departure (the median of the latest points, several standard errors away and well
+   beyond the predicted decay: an LR decay began, or a divergence) sets ``off_model``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.optimize import minimize_scalar
+
+from curvecast.contract import RunConfig
+from curvecast.service.forecast.binning import DEFAULT_MAX_BINS, bin_sorted, clean_series
+from curvecast.service.forecast.fit import (
+    FLAT,
+    INSUFFICIENT,
+    NO_CONVERGENCE,
+    OFF_MODEL,
+    OK,
+    Fit,
+    FitParams,
+    FloatArray,
+    as_float,
+    curve_gradient,
+    finite_or_none,
+    model,
+    valid_confidence,
+)
+
+__all__ = ["MIN_POINTS", "choose_burn_in", "fit_curve"]
+
+# --- tuning constants (why each value: docs/forecast.md, "Method") -----------------------------
+MIN_POINTS: Final = 4  # three parameters need at least one residual degree of freedom
+_GROSS_OUTLIER: Final = 1e6  # losses this many robust scales from the median are dropped
+_Q_SPAN_LO: Final = -7.0  # grid for q = log(t0 + b), relative to log of the reference scale
+_Q_SPAN_HI: Final = 9.0
+_GRID: Final = 65
+_WARM_HALF_WIDTH: Final = 1.5  # a warm start scans q within +-1.5 of the previous fit
+_WARM_GRID: Final = 13
+_PRIOR_MU: Final = -0.5  # prior mean of log((t0 + b) / t0): b ~ -0.4 t0 on the corpus
+_PRIOR_TAU: Final = 1.5  # weak: moves q only where the data cannot tell
+_HUBER_K: Final = 1.5  # Huber threshold in robust standard deviations
+_IRLS_ITERS: Final = 3
+_DATA_BURN_IN_FRACTION: Final = 0.05  # the paper drops the first 5% of the run
+_BURN_IN_CANDIDATES: Final = (0.05, 0.1, 0.2, 0.3)  # fractions of the latest step
+_BURN_IN_TOLERANCE: Final = 1.5  # a later start must extrapolate 1.5x better to be chosen
+_RECENT_FRACTION: Final = 0.3  # off-model test: the last 30% of the fitted step range ...
+# ... sits, as a block (median), below the older fit by >= 3 standard errors and >= 10% more
+# decay than it predicted, or by >= 2 standard errors and twice the predicted decay (an LR decay
+# began); or above it by >= 3 standard errors, having given back more than the whole predicted
+# decay (a rise). Thresholds chosen on the corpus: <= 5% of anytime fits flagged at any cut.
+_OFF_RULES_BELOW: Final = ((3.0, 0.1), (2.0, 1.0))
+_OFF_RULE_ABOVE: Final = (3.0, 1.0)
+_OFF_Z: Final = 3.0  # a flat fit's upward trend, in standard errors, that counts as a rise
+
+
+# --- burn-in -------------------------------------------------------------------------------------
+def choose_burn_in(
+    config: RunConfig | Mapping[str, Any] | None,
+) -> tuple[float | None, str | None]:
+    """Burn-in step from a run's config and where it came from, or ``(None, None)``.
+
+    The contract's :attr:`~curvecast.contract.RunConfig.averaging_start` (``c_warmup``, else the
+    paper's ``2 * warmup_steps``): the step where ScheduleFree+ starts averaging.
+    """
+    cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
+    start = cfg.averaging_start
+    return (None, None) if start is None else (float(start), cfg.averaging_start_source)
+
+
+# --- the optimiser -------------------------------------------------------------------------------
+@dataclass
+class _Raw:
+    """Internal result of one robust variable-projection fit."""
+
+    a: float
+    b: float
+    c: float
+    q: float
+    t0: float
+    residuals: FloatArray
+    weights: FloatArray
+    sigma: float
+
+
+def _solve_ac(x: FloatArray, y: FloatArray, w: FloatArray, cmin: float
+              ) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Weighted least squares ``y ~ a x + c`` for every row of ``x`` at once, ``a >= 0``,
+    ``c >= cmin``. Returns ``(a, c, sse)`` per row."""
+    wsum = float(w.sum())
+    mx = (x @ w) / wsum
+    my = float(w @ y) / wsum
+    dx = x - mx[:, None]
+    sxx = (dx * dx) @ w
+    sxy = dx @ (w * (y - my))
+    safe = np.where(sxx > 0, sxx, 1.0)
+    a = np.maximum(np.where(sxx > 0, sxy / safe, 0.0), 0.0)
+    c = my - a * mx
+    low = c < cmin
+    if np.any(low):
+        # The asymptote hit its bound: re-solve a with c fixed at the bound.
+        sx2 = (x * x) @ w
+        sxy2 = x @ (w * (y - cmin))
+        a2 = np.maximum(np.where(sx2 > 0, sxy2 / np.where(sx2 > 0, sx2, 1.0), 0.0), 0.0)
+        a = np.where(low, a2, a)
+        c = np.where(low, cmin, c)
+    r = y[None, :] - (a[:, None] * x + c[:, None])
+    sse = (r * r) @ w
+    return a, c, sse
+
+
+def _design(t: FloatArray, qs: FloatArray) -> FloatArray:
+    u = np.exp(qs)[:, None] + (t[None, :] - t[0])
+    out: FloatArray = 1.0 / np.sqrt(u)
+    return out
+
+
+def _robust_sigma(r: FloatArray) -> float:
+    mad = float(np.median(np.abs(r - np.median(r)))) * 1.4826
+    if mad > 0:
+        return mad
+    return float(np.sqrt(np.mean(r * r))) if r.size else 0.0
+
+
+def _fit_vp(t: FloatArray, y: FloatArray, w0: FloatArray, cmin: float,
+            q_center: float | None = None, half_width: float = _WARM_HALF_WIDTH,
+            iters: int = _IRLS_ITERS) -> _Raw | None:
+    """Robust variable-projection fit on sorted data (``t[0]`` is the first fitted step).
+
+    ``q = log(t0 + b)``; with ``q_center`` (a warm start) only a narrow grid around it is scanned.
+    """
+    t0 = float(t[0])
+    span = float(t[-1] - t0)
+    ref = max(t0, 0.02 * float(t[-1]), 1e-9 * max(span, 1.0), 1e-12)
+    log_ref = math.log(ref)
+    mu = log_ref + _PRIOR_MU if t0 > 0 else log_ref
+    if q_center is not None and math.isfinite(q_center):
+        n_grid = max(_WARM_GRID, int(round(_WARM_GRID * half_width / _WARM_HALF_WIDTH)))
+        qs = np.linspace(q_center - half_width, q_center + half_width, n_grid)
+    else:
+        qs = np.linspace(log_ref + _Q_SPAN_LO, log_ref + _Q_SPAN_HI, _GRID)
+    tr = t - t0  # the design only needs t - t0, which keeps precision at large steps
+    w = w0.copy()
+    scale_y = max(float(np.max(np.abs(y))), 1.0)  # data are normalised: O(1)
+    best: _Raw | None = None
+    for it in range(iters):
+        x = _design(t, qs)
+        _, _, sse_g = _solve_ac(x, y, w, cmin)
+        dof = max(float(w.sum() / w.max()) - 3.0, 1.0)
+        s2 = max(float(sse_g.min()) / dof, (1e-12 * scale_y) ** 2)
+        obj = sse_g / (2.0 * s2) + (qs - mu) ** 2 / (2.0 * _PRIOR_TAU**2)
+        if not np.any(np.isfinite(obj)):
+            return None
+        i = int(np.nanargmin(obj))
+        q = float(qs[i])
+        lo, hi = float(qs[max(i - 1, 0)]), float(qs[min(i + 1, qs.size - 1)])
+        if it == iters - 1 and hi > lo:
+            # Polish the last pass only: earlier passes just need weights.
+            def objective(q: float, w: FloatArray = w, s2: float = s2) -> float:
+                return (_sse_one(1.0 / np.sqrt(math.exp(q) + tr), y, w, cmin) / (2.0 * s2)
+                        + (q - mu) ** 2 / (2.0 * _PRIOR_TAU**2))
+
+            res = minimize_scalar(objective, bounds=(lo, hi), method="bounded",
+                                  options={"xatol": 1e-4})
+            if res.success and float(res.fun) <= float(obj[i]):
+                q = float(res.x)
+        xq = 1.0 / np.sqrt(math.exp(q) + tr)
+        a_arr, c_arr, _ = _solve_ac(xq[None, :], y, w, cmin)
+        a, c = float(a_arr[0]), float(c_arr[0])
+        r = y - (a * xq + c)
+        sigma = _robust_sigma(r)
+        b = math.exp(q) - t0
+        best = _Raw(a=a, b=b, c=c, q=q, t0=t0, residuals=r, weights=w.copy(), sigma=sigma)
+        if sigma <= 0:
+            break
+        if it < iters - 1:
+            k = _HUBER_K * sigma
+            w = w0 * np.minimum(1.0, k / np.maximum(np.abs(r), 1e-300))
+            if q_center is None:
+                # After the first pass, scan a finer grid around the optimum only.
+                qs = np.linspace(q - 2.0, q + 2.0, 33)
+    return best
+
+
+def _sse_one(x: FloatArray, y: FloatArray, w: FloatArray, cmin: float) -> float:
+    """Weighted SSE of the constrained linear fit ``y ~ a x + c`` for one design vector."""
+    wsum = float(w.sum())
+    mx = float(w @ x) / wsum
+    my = float(w @ y) / wsum
+    dx = x - mx
+    dy = y - my
+    sxx = float(w @ (dx * dx))
+    a = max(float(w @ (dx * dy)) / sxx, 0.0) if sxx > 0 else 0.0
+    c = my - a * mx
+    if c < cmin:
+        c = cmin
+        sx2 = float(w @ (x * x))
+        a = max(float(w @ (x * (y - cmin))) / sx2, 0.0) if sx2 > 0 else 0.0
+    r = y - (a * x + c)
+    return float(w @ (r * r))
+
+
+def _n_eff(r: FloatArray) -> float:
+    """Effective sample size under AR(1) residuals: n (1 - rho) / (1 + rho)."""
+    n = r.size
+    if n < 3:
+        return float(n)
+    den = float(r @ r)
+    if den <= 0:
+        return float(n)
+    rho = float(r[1:] @ r[:-1]) / den
+    rho = min(max(rho, 0.0), 0.95)
+    return max(n * (1.0 - rho) / (1.0 + rho), 2.0)
+
+
+def _covariance(raw: _Raw, t: FloatArray, n_eff: float) -> FloatArray | None:
+    """Delta-method covariance of (a, q, c), inflated by n / n_eff, with the prior on q."""
+    u = np.exp(raw.q) + (t - raw.t0)
+    inv = 1.0 / np.sqrt(u)
+    jac = np.column_stack([inv, -0.5 * raw.a * inv / u * np.exp(raw.q), np.ones_like(t)])
+    w = raw.weights
+    s2 = max(float(w @ raw.residuals**2) / max(float(w.sum()) - 3.0, 1.0), raw.sigma**2)
+    if s2 <= 0:
+        s2 = 1e-30
+    info = (jac * w[:, None]).T @ jac / s2
+    info[1, 1] += 1.0 / _PRIOR_TAU**2
+    try:
+        cov = np.linalg.pinv(info) * (t.size / max(n_eff, 1.0))
+    except np.linalg.LinAlgError:
+        return None
+    if not np.all(np.isfinite(cov)):
+        return None
+    out: FloatArray = 0.5 * (cov + cov.T)
+    return out
+
+
+def _location_scale(y: FloatArray) -> tuple[float, float]:
+    """Median and a robust, strictly positive scale (IQR, else MAD, else the level)."""
+    mid = float(np.median(y))
+    q25, q75 = np.percentile(y, [25.0, 75.0])
+    scale = float(q75 - q25) / 1.349
+    if not scale > 0:
+        scale = 1.4826 * float(np.median(np.abs(y - mid)))
+    if not scale > 0:
+        scale = abs(mid) if mid != 0 else 1.0
+    return mid, scale
+
+
+def _cmin_for(y: FloatArray) -> float:
+    # Cross-entropy, CTC, MSE...: a loss that is positive everywhere has a non-negative floor.
+    return 0.0 if y.size and float(np.min(y)) > 0 else -math.inf
+
+
+# --- public entry point -------------------------------------------------------------------------
+def fit_curve(
+    steps: ArrayLike,
+    values: ArrayLike,
+    *,
+    burn_in: float | None = None,
+    config: RunConfig | Mapping[str, Any] | None = None,
+    warm_start: FitParams | None = None,
+    confidence: float = 0.9,
+    max_bins: int = DEFAULT_MAX_BINS,
+    check_off_model: bool = True,
+) -> Fit:
+    """Fit ``f(t) = a / sqrt(t + b) + c`` robustly to a loss curve. Pure; never raises.
+
+    Args:
+        steps: training steps (any order; non-finite pairs are dropped).
+        values: losses at those steps.
+        burn_in: first step allowed into the fit. When ``None``: the run's ``config`` decides
+            (:func:`choose_burn_in`), else a warm start's burn-in, else the data.
+        config: the run's config (a stored dict or a read :class:`~curvecast.contract.RunConfig`);
+            only its averaging start matters here, forecasts take the horizon as an argument.
+        warm_start: parameters of a previous fit of the same run; narrows the search (faster)
+            and reuses its burn-in.
+        confidence: default confidence of the returned fit's interval queries.
+        max_bins: series longer than this are binned (``binning.bin_series``) first.
+        check_off_model: run the off-model test (one extra fit on the older part of the data).
+
+    Returns:
+        A :class:`Fit`. ``status`` is ``insufficient_data`` with fewer than 4 usable points,
+        ``flat`` when the data show no significant decay, ``off_model`` when the recent data left
+        the model, ``no_convergence`` if the optimiser failed, else ``ok``.
+    """
+    conf = valid_confidence(confidence, 0.9)
+    try:
+        # Odd data (1e300 spikes, 1e-300 losses) overflow intermediate sums: that is handled by
+        # the finiteness checks, so numpy's warnings would only be noise.
+        with np.errstate(all="ignore"):
+            return _fit_curve(steps, values, burn_in, config, warm_start, conf, max_bins,
+                              check_off_model)
+    except (ValueError, FloatingPointError, ArithmeticError, np.linalg.LinAlgError) as exc:
+        # Defensive: numerical corner cases must come back as a status, not an exception.
+        return Fit(status=NO_CONVERGENCE, confidence=conf, message=f"fit failed: {exc}")
+
+
+def _fit_curve(steps: ArrayLike, values: ArrayLike, burn_in: float | None,
+               config: RunConfig | Mapping[str, Any] | None, warm_start: FitParams | None,
+               conf: float, max_bins: int, check_off_model: bool) -> Fit:
+    t_all, y_all = clean_series(steps, values)
+    if t_all.size == 0:
+        return Fit(status=INSUFFICIENT, confidence=conf, message="no finite (step, loss) pairs")
+
+    # 1. burn-in
+    source: str | None
+    b_in = as_float(burn_in)
+    if math.isfinite(b_in):
+        source = "argument"
+    else:
+        cfg_b, source = choose_burn_in(config)
+        if cfg_b is not None:
+            b_in = cfg_b
+        elif warm_start is not None and warm_start.burn_in is not None:
+            b_in, source = float(warm_start.burn_in), "warm_start"
+        else:
+            b_in, source = math.nan, "data"
+    q_center = None
+    if warm_start is not None and math.isfinite(warm_start.b):
+        q_center = warm_start.b  # converted once t0 is known
+
+    if source == "data":
+        # The paper's rule first (drop the first 5% of the steps seen so far); the data may move
+        # it later (below), on the binned series.
+        b_in = max(float(t_all[0]), _DATA_BURN_IN_FRACTION * float(t_all[-1]))
+    first = int(np.searchsorted(t_all, b_in, side="left")) if math.isfinite(b_in) else 0
+    t_raw, y_raw = t_all[first:], y_all[first:]  # sorted: a slice (a view, no copy)
+
+    # 2. binning (and the data-driven burn-in, on the bins)
+    binned = bin_sorted(t_raw, y_raw, max_bins)
+    t, y, counts = binned.steps, binned.values, binned.counts
+    if np.unique(t).size < MIN_POINTS:
+        n_raw = int(t_raw.size)
+        return Fit(status=INSUFFICIENT, n_points=n_raw, burn_in=finite_or_none(b_in),
+                   burn_in_source=source, confidence=conf,
+                   fitted_from_step=float(t_raw[0]) if n_raw else None,
+                   fitted_upto_step=float(t_raw[-1]) if n_raw else None,
+                   message=f"{n_raw} usable points after burn-in; at least {MIN_POINTS} "
+                   "distinct steps are needed")
+    # Robust normalisation: the optimiser works on (y - median) / scale, so losses of 1e-300 or
+    # 1e300 neither underflow nor overflow its sums, and gross outliers (a 1e300 spike: more than
+    # 1e6 scales from the median) are dropped outright -- Huber weights handle the rest.
+    y_mid, y_scale = _location_scale(y)
+    sane = np.abs(y - y_mid) <= _GROSS_OUTLIER * y_scale
+    if not sane.all():
+        t, y, counts = t[sane], y[sane], counts[sane]
+        if np.unique(t).size < MIN_POINTS:
+            return Fit(status=INSUFFICIENT, n_points=int(counts.sum()),
+                       burn_in=finite_or_none(b_in), burn_in_source=source, confidence=conf,
+                       message="too few points left after removing gross outliers")
+    cmin = (_cmin_for(y) - y_mid) / y_scale
+    y = (y - y_mid) / y_scale
+    if source == "data":
+        start = _data_burn_in(t, y, counts.astype(np.float64), cmin)
+        if start > b_in:
+            sel = t >= start
+            t, y, counts = t[sel], y[sel], counts[sel]
+            b_in = start
+    n_raw = int(counts.sum())
+    w0 = counts.astype(np.float64)
+    w0 /= w0.mean()
+    qc = None
+    if q_center is not None and q_center + t[0] > 0:
+        qc = math.log(q_center + float(t[0]))
+
+    raw = _fit_vp(t, y, w0, cmin, qc)
+    if raw is None or not all(math.isfinite(v) for v in (raw.a, raw.b, raw.c)):
+        return Fit(status=NO_CONVERGENCE, n_points=n_raw, n_fitted=int(t.size),
+                   burn_in=finite_or_none(b_in), burn_in_source=source, confidence=conf,
+                   message="the optimiser did not find finite parameters")
+
+    n_eff = _n_eff(raw.residuals)
+    sigma = raw.sigma * y_scale
+    base: dict[str, Any] = {
+        "n_points": n_raw, "n_fitted": int(t.size), "fitted_from_step": float(t[0]),
+        "fitted_upto_step": float(t[-1]), "residual_scale": sigma, "burn_in": finite_or_none(b_in),
+        "burn_in_source": source, "n_eff": n_eff, "confidence": conf,
+    }
+
+    # 3. flat (or rising) curves: no significant decay over the window
+    u0 = math.exp(raw.q)  # t0 + b
+    drop = raw.a * (1.0 / math.sqrt(u0) - 1.0 / math.sqrt(u0 + float(t[-1] - t[0])))
+    if raw.a <= 0.0 or drop < 3.0 * raw.sigma / math.sqrt(n_eff):
+        return _flat_fit(t, y, base, y_mid, y_scale)
+
+    cov = _covariance(raw, t, n_eff)
+    cov_t = None
+    if cov is not None:
+        d = np.array([y_scale, 1.0, y_scale])  # back to loss units for a and c
+        cov = cov * np.outer(d, d)
+        cov_t = tuple((float(r[0]), float(r[1]), float(r[2])) for r in cov)
+    a, c = raw.a * y_scale, raw.c * y_scale + y_mid
+    if not (math.isfinite(a) and math.isfinite(c)):
+        return Fit(status=NO_CONVERGENCE, n_points=n_raw, n_fitted=int(t.size),
+                   burn_in=finite_or_none(b_in), burn_in_source=source, confidence=conf,
+                   message="the parameters overflow in loss units")
+    fit = Fit(status=OK, a=a, b=raw.b, c=c, cov=cov_t, **base)
+
+    # 4. off-model test on the recent part of the window
+    if check_off_model:
+        stats = _off_model_stats(t, y, raw.weights, cmin, raw.q)
+        if stats is not None:
+            z, excess = stats
+            below = any(z < -zt and excess < -et for zt, et in _OFF_RULES_BELOW)
+            above = z > _OFF_RULE_ABOVE[0] and excess > _OFF_RULE_ABOVE[1]
+            off = below or above
+            msg = ""
+            if off:
+                where = "below" if below else "above"
+                msg = (f"the recent data left the model: {abs(z):.1f} standard errors {where} "
+                       f"a fit on the older data ({excess:+.0%} of its predicted decay)")
+            fit = replace(fit, off_model=off, off_model_score=z, off_model_excess=excess,
+                          status=OFF_MODEL if off else OK, message=msg)
+    return fit
+
+
+def _flat_fit(t: FloatArray, y: FloatArray, base: dict[str, Any], y_mid: float, y_scale: float
+              ) -> Fit:
+    """Constant fit for a curve without significant decay; flags a significant rise.
+
+    ``y`` is normalised (``(loss - y_mid) / y_scale``); the level and scale are reported in loss
+    units.
+    """
+    level_n = float(np.median(y))
+    level = level_n * y_scale + y_mid
+    base = dict(base, residual_scale=_robust_sigma(y - level_n) * y_scale)
+    # A significant upward trend (divergence) is a departure from the model, not just "flat".
+    tt = t - t.mean()
+    den = float(tt @ tt)
+    off = False
+    score: float | None = None
+    if den > 0 and t.size >= MIN_POINTS:
+        slope = float(tt @ (y - y.mean())) / den
+        resid = y - y.mean() - slope * tt
+        n_eff = _n_eff(resid)
+        s = _robust_sigma(resid)
+        se = s / math.sqrt(den) * math.sqrt(t.size / max(n_eff, 1.0)) if s > 0 else 0.0
+        if se > 0:
+            score = slope / se  # the trend in standard errors
+        elif slope > 0:
+            score = math.inf
+        off = bool(score is not None and score > _OFF_Z)
+    if off:
+        return Fit(status=OFF_MODEL, a=0.0, b=None, c=level, off_model=True,
+                   off_model_score=finite_or_none(score),
+                   message="the loss is rising: no decay to extrapolate", **base)
+    return Fit(status=FLAT, a=0.0, b=None, c=level, off_model=False,
+               off_model_score=finite_or_none(score),
+               message="no significant decay: the forecast is the current level", **base)
+
+
+def _off_model_stats(t: FloatArray, y: FloatArray, w: FloatArray, cmin: float, q_main: float
+                     ) -> tuple[float, float] | None:
+    """``(z, excess)``: departure of the recent window from a fit on the data before it.
+
+    The recent window is the last 30% of the fitted step range (at least 3 points); the older
+    data (at least 5 points) are fitted alone. ``z`` is the median over recent points of the
+    residual from that older fit divided by ``sqrt(se^2 + sigma^2)`` (its delta-method forecast
+    error and noise); ``excess`` is the median residual divided by the decay the older fit
+    predicted across the recent window. Medians, so a single spike cannot move them; both signs,
+    so a divergence shows as well as an LR decay. Returns ``None`` when there is too little data
+    or the older part shows no decay to extrapolate.
+    """
+    t_split = float(t[-1] - _RECENT_FRACTION * (t[-1] - t[0]))
+    recent = t > t_split
+    if int(recent.sum()) < 3:
+        recent = np.zeros(t.size, dtype=bool)
+        recent[-3:] = True
+    hist = ~recent
+    if int(hist.sum()) < MIN_POINTS + 1:
+        return None
+    th, yh, wh = t[hist], y[hist], w[hist]
+    # The main fit's robust weights already mark the outliers: one pass (plus polish) suffices.
+    raw = _fit_vp(th, yh, wh, cmin, q_main, half_width=2.5, iters=1)
+    if raw is None or raw.a <= 0:
+        return None
+    t_split = float(th[-1])
+    cov = _covariance(raw, th, _n_eff(raw.residuals))
+    tr = t[recent]
+    pred = model(tr, raw.a, raw.b, raw.c)
+    resid = y[recent] - pred
+    if cov is not None:
+        grads = np.array([curve_gradient(float(x), raw.a, raw.b, raw.t0) for x in tr])
+        se2 = np.maximum(np.einsum("ij,jk,ik->i", grads, cov, grads), 0.0)
+    else:
+        se2 = np.zeros(tr.size)
+    decay = float(model(np.array([t_split]), raw.a, raw.b, raw.c)[0] - pred[-1])
+    if not decay > 0 or not np.all(np.isfinite(resid)):
+        return None
+    # Noise averages down over a block of m recent points (variance of a median: pi/2 s^2/m,
+    # fewer effective points when residuals are autocorrelated); the older fit's own forecast
+    # error (se^2) does not, it is shared by the whole block.
+    phi = _n_eff(raw.residuals) / max(raw.residuals.size, 1)
+    noise2 = raw.sigma**2 * (0.5 * math.pi) / phi
+    # Scan the suffixes (the last 3, 4, ... recent points): a change that began inside the
+    # window shows in the suffix after it even when it is not yet the window's majority.
+    best: tuple[float, float] = (0.0, 0.0)
+    lengths = sorted({min(int(round(3 * 1.25**i)), resid.size) for i in range(40)})
+    for m in lengths:
+        med = float(np.median(resid[-m:]))
+        var = float(np.mean(se2[-m:])) + noise2 / m
+        if var <= 0:
+            continue
+        z = med / math.sqrt(var)
+        if abs(z) > abs(best[0]):
+            best = (z, med / decay)
+    return best
+
+
+def _data_burn_in(t: FloatArray, y: FloatArray, w: FloatArray, cmin: float) -> float:
+    """Burn-in chosen from the (binned) data when neither the caller nor the config gives one.
+
+    The data start at the paper's rule (5% of the latest step). A later start (10%, 20%, 30% of
+    the latest step) is taken only when a fit from it extrapolates the most recent quarter of the
+    data clearly (by a factor ``_BURN_IN_TOLERANCE`` in median absolute error) better than the
+    start chosen so far: early transients (the fast initial drop, the pre-averaging phase) bend
+    the fit and show up as a worse extrapolation of the run's own recent past.
+    """
+    base = float(t[0])
+    if t.size < 2 * MIN_POINTS + 2:
+        return base
+    t_last = float(t[-1])
+    split = t_last - 0.25 * (t_last - base)
+    held = t > split
+    if int(held.sum()) < 2:
+        return base
+    chosen, best_err = base, math.inf
+    for frac in _BURN_IN_CANDIDATES:
+        start = max(base, frac * t_last)
+        m = (t >= start) & ~held
+        if int(m.sum()) < MIN_POINTS + 1:
+            continue
+        raw = _fit_vp(t[m], y[m], w[m], cmin, None)
+        if raw is None:
+            continue
+        err = float(np.median(np.abs(model(t[held], raw.a, raw.b, raw.c) - y[held])))
+        if not math.isfinite(err):
+            continue
+        if not math.isfinite(best_err) or err * _BURN_IN_TOLERANCE < best_err:
+            chosen, best_err = start, err
+    return chosen

@@ -1,0 +1,113 @@
+"""Forecast answers: the JSON shapes of ``GET .../forecast*``, the pages and ``curvecast forecast``.
+
+Built only by :mod:`curvecast.service.forecast.answer`; pydantic only (no FastAPI), so the
+offline CLI prints the very same objects the REST API returns. Numbers that do not exist (no
+forecast, an unreachable target) are ``null``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "OFFLINE_KEYS",
+    "EtaOut",
+    "ForecastHistory",
+    "ForecastHistoryPoint",
+    "ForecastOut",
+    "IntervalOut",
+    "PredictionOut",
+    "TargetAnswer",
+    "TargetOut",
+]
+
+
+class IntervalOut(BaseModel):
+    """A value with a two-sided interval (``null`` when there is no forecast)."""
+
+    value: float | None
+    lo: float | None
+    hi: float | None
+
+
+class PredictionOut(IntervalOut):
+    """The forecast loss at ``step``."""
+
+    step: int
+
+
+class TargetOut(BaseModel):
+    """When the run reaches ``loss``: central ``step`` and interval [``lo``, ``hi``];
+    ``reachable`` is false when the target is at or below the fitted asymptote."""
+
+    loss: float
+    step: float | None
+    lo: float | None
+    hi: float | None
+    reachable: bool
+
+
+class ForecastOut(BaseModel):
+    """A forecast: the keys of ``curvecast forecast --json`` (:data:`OFFLINE_KEYS`), plus where
+    it came from."""
+
+    status: str
+    n_points: int
+    fitted_upto_step: float | None
+    a: float | None
+    b: float | None
+    c: float | None
+    f_star: IntervalOut | None
+    prediction: PredictionOut | None
+    target: TargetOut | None
+    key: str | None = Field(default=None, description="The series that was fitted.")
+    fitted_at: datetime | None = None
+    confidence: float = 0.9
+    off_model: bool = False
+    message: str = ""
+
+
+#: The keys of :class:`ForecastOut` that ``curvecast forecast --json`` prints: an offline fit has
+#: no stored series or fit time, and its text summary carries the rest.
+OFFLINE_KEYS = frozenset(
+    {"status", "n_points", "fitted_upto_step", "a", "b", "c", "f_star", "prediction", "target"}
+)
+
+
+class EtaOut(BaseModel):
+    """Wall-clock estimate from the run's recent step rate."""
+
+    steps_per_second: float | None
+    seconds: float | None
+    at: datetime | None
+
+
+class TargetAnswer(BaseModel):
+    """Answer of ``GET .../forecast/target``."""
+
+    status: str
+    key: str | None
+    target: TargetOut | None
+    eta: EtaOut | None
+
+
+class ForecastHistoryPoint(BaseModel):
+    """One fit of the history: the final-loss forecast made with data up to a step."""
+
+    fitted_upto_step: float | None
+    n_points: int
+    status: str
+    created_at: datetime
+    final: PredictionOut | None
+    f_star: IntervalOut | None
+
+
+class ForecastHistory(BaseModel):
+    """How the forecast of the loss at ``horizon`` evolved as the run streamed."""
+
+    run_id: uuid.UUID
+    horizon: int | None
+    points: list[ForecastHistoryPoint]

@@ -1,0 +1,137 @@
+"""The HTML pages: the runs list (and its table's rows, refreshed in place), a run, a
+comparison.
+
+Each page is rendered on the server with what it shows first; its charts arrive as chart data
+(:mod:`.charts`) and its script keeps them live through the REST API. An error (no token, a
+run of another project, a malformed run list) answers as a page that says what went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Annotated, Any, cast
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, Response
+
+from curvecast.contract import MAX_STEP
+from curvecast.dashboards import views
+from curvecast.service.deps import SessionDep, SettingsDep
+from curvecast.service.errors import ServiceError
+from curvecast.service.schemas import PROJECT_FILTER_PATTERN, Principal, RunStatus
+from curvecast.service.web import reads
+from curvecast.service.web.login import page_principal, token_login
+from curvecast.service.web.responses import PAGE_HEADERS, error_page, fragment, page
+
+router = APIRouter()
+
+#: Where the pages' scripts reach the REST API: directly, or with auth on through the proxy
+#: that adds the login cookie's token (:mod:`.proxy`).
+_API = "/api/v1"
+_API_VIA_COOKIE = "/dashboards/api/v1"
+#: Poll interval of the live pages.
+POLL_MS = 2000
+_STATUSES = ["running", "finished", "failed", "crashed"]
+
+#: A run status, or "" for any (what the filter form sends).
+StatusFilter = Annotated[str | None, Query(pattern=r"^(|running|finished|failed|crashed)$")]
+ProjectFilter = Annotated[str | None, Query(pattern=PROJECT_FILTER_PATTERN)]
+PageToken = Annotated[str | None, Query(max_length=500)]
+
+
+def _serve(request: Request, settings: SettingsDep,
+           render: Callable[[Principal], Response]) -> Response:
+    """A page: the ``?token=`` login when asked, else ``render`` for the caller, with any
+    error (no token, no such run, bad input) as an error page."""
+    if (login := token_login(request, settings)) is not None:
+        return login
+    try:
+        return render(page_principal(request, settings))
+    except ServiceError as exc:
+        return error_page(settings, exc)
+
+
+def _config(settings: SettingsDep, page_id: str, **extra: Any) -> dict[str, Any]:
+    """What a page's script needs to know (JSON in the page, ``cc-config``)."""
+    return {"page": page_id, "api": _API_VIA_COOKIE if settings.auth_enabled else _API,
+            "data": "/dashboards/api", "poll_ms": POLL_MS, **extra}
+
+
+def _rows(session: SessionDep, principal: Principal, project: str | None, status: str | None,
+          page_token: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    # The filter form sends "" for "all projects" and "any status".
+    run_status = cast("RunStatus | None", status or None)  # the pattern admits only these
+    return reads.runs_rows(session, principal, project or None, run_status, page_token or None)
+
+
+@router.get("/", response_class=HTMLResponse)
+def runs_page(request: Request, settings: SettingsDep, session: SessionDep,
+              project: ProjectFilter = None, status: StatusFilter = None,
+              page_token: PageToken = None) -> Response:
+    """The runs list: status, progress, last loss, forecast, f*, firing alerts, trend."""
+
+    def render(principal: Principal) -> Response:
+        rows, next_token = _rows(session, principal, project, status, page_token)
+        return page("runs.html", title="Runs", rows=rows, project=project or "",
+                    status=status or "", next_token=next_token, statuses=_STATUSES,
+                    config=_config(settings, "runs", project=project, status=status))
+
+    return _serve(request, settings, render)
+
+
+@router.get("/dashboards/api/runs-table", response_class=HTMLResponse)
+def runs_table(request: Request, settings: SettingsDep, session: SessionDep,
+               project: ProjectFilter = None, status: StatusFilter = None,
+               page_token: PageToken = None) -> Response:
+    """The runs list's table rows alone (the page refreshes them in place)."""
+    try:
+        principal = page_principal(request, settings)
+        rows, _next = _rows(session, principal, project, status, page_token)
+    except ServiceError as exc:
+        return Response(exc.message, status_code=exc.status_code, headers=PAGE_HEADERS)
+    return fragment("_runs_rows.html", rows=rows)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
+             session: SessionDep) -> Response:
+    """One run: headline numbers, loss and forecast, optimizer telemetry, alerts, forecast
+    evolution, live."""
+
+    def render(principal: Principal) -> Response:
+        run = reads.get_run(session, principal, run_id)
+        config_rows = [(k, v if isinstance(v, str) else json.dumps(v))
+                       for k, v in sorted(run.config.items())]
+        config = _config(settings, "run", run_id=str(run_id), run_status=run.status,
+                         charts=list(views.RUN_CHARTS))
+        return page("run.html", title=run.name or str(run_id), run=run.model_dump(mode="json"),
+                    config_rows=config_rows, config=config,
+                    first_data=f"/dashboards/api/runs/{run_id}/figures")
+
+    return _serve(request, settings, render)
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(
+    request: Request,
+    settings: SettingsDep,
+    session: SessionDep,
+    runs: Annotated[str, Query(max_length=2000, description="Comma-separated run ids")] = "",
+    horizon: Annotated[int | None, Query(ge=1, le=MAX_STEP)] = None,
+) -> Response:
+    """Several runs overlaid with their forecasts to a common horizon, and which will be best."""
+
+    def render(principal: Principal) -> Response:
+        ids = reads.parse_run_ids(runs)
+        found = [reads.get_run(session, principal, i).model_dump(mode="json") for i in ids]
+        listed = ",".join(str(i) for i in ids)
+        first = "/dashboards/api/compare?" + urlencode(
+            {"runs": listed, **({"horizon": horizon} if horizon else {})})
+        config = _config(settings, "compare", run_ids=[str(i) for i in ids], horizon=horizon)
+        return page("compare.html", title="Compare runs", runs=found, horizon=horizon or "",
+                    run_ids=listed, config=config, first_data=first)
+
+    return _serve(request, settings, render)

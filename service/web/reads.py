@@ -1,0 +1,183 @@
+"""What the pages show, read one way: the store for data, the forecast answer builder for
+forecasts, in the REST API's shapes (:mod:`curvecast.dashboards.views` composes the figures).
+
+Nothing here goes through the app's own routes. A page's stored fit is parsed once (by the
+store) and its forecast band computed in one call (:func:`~curvecast.service.forecast.answer.band`).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from curvecast.contract import RunConfig
+from curvecast.dashboards import views
+from curvecast.dashboards.data import Prediction, chart_horizon
+from curvecast.service.errors import InvalidInput
+from curvecast.service.forecast.answer import band, forecast_answer, history_answer
+from curvecast.service.schemas import Principal, RunOut, RunStatus
+from curvecast.service.schemas.forecast import ForecastOut
+from curvecast.service.store import alerts as alert_store
+from curvecast.service.store import dashboard as dashboard_store
+from curvecast.service.store import forecasts as forecast_store
+from curvecast.service.store import metrics as metric_store
+from curvecast.service.store import runs as run_store
+from curvecast.service.store.forecasts import StoredFit
+
+#: Runs on one compare page at most.
+MAX_COMPARE = 8
+#: Runs on one page of the runs list.
+RUNS_PER_PAGE = 200
+#: Band samples per run on the compare page (several runs share the chart).
+COMPARE_BAND_SAMPLES = 6
+#: Fits drawn in the forecast evolution (the newest).
+HISTORY_FITS = 200
+#: Alerts listed on the run page (the newest).
+RUN_ALERTS = 100
+
+
+def parse_run_ids(text: str) -> list[uuid.UUID]:
+    """The run ids of ``?runs=ID1,ID2`` (deduplicated, in order); InvalidInput says what is
+    wrong with the list."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise InvalidInput("runs: give the run ids to compare, e.g. /compare?runs=ID1,ID2")
+    if len(parts) > MAX_COMPARE:
+        raise InvalidInput(f"runs: at most {MAX_COMPARE} runs per comparison")
+    ids = []
+    for index, part in enumerate(parts):
+        try:
+            ids.append(uuid.UUID(part))
+        except ValueError:
+            raise InvalidInput(f"runs[{index}]: {part[:40]!r} is not a run id") from None
+    return list(dict.fromkeys(ids))
+
+
+def get_run(session: Session, principal: Principal, run_id: uuid.UUID) -> RunOut:
+    """One run the caller may see (RunNotFound otherwise)."""
+    return run_store.get_run(session, run_id=run_id, allowed_project=principal.project)
+
+
+def _forecast(stored: StoredFit | None, run: RunOut, horizon: int | None = None) -> ForecastOut:
+    """The forecast answer for a run's stored fit, as ``GET .../forecast`` gives it."""
+    return forecast_answer(
+        stored.fit if stored else None,
+        config=RunConfig.read(run.config),
+        last_step=run.last_step,
+        horizon=horizon,
+        key=stored.key if stored else None,
+        fitted_at=stored.created_at if stored else None,
+    )
+
+
+def _band(stored: StoredFit | None, end: int | None, confidence: float,
+          samples: int = views.BAND_SAMPLES) -> list[Prediction]:
+    """The forecast interval at a few steps from the last fitted step to ``end``: one
+    evaluation of the (already parsed) fit, no round trips."""
+    if stored is None:
+        return []
+    steps = views.band_steps(stored.fit.fitted_upto_step, end, samples)
+    edges = band(stored.fit, steps, confidence)
+    return [Prediction(float(s), float(mid), float(lo), float(hi))
+            for s, lo, mid, hi in zip(edges.steps, edges.lo, edges.mid, edges.hi, strict=True)
+            if math.isfinite(mid)]
+
+
+def _series(session: Session, principal: Principal, run_id: uuid.UUID, keys: Sequence[str],
+            span: tuple[int | None, int | None], max_points: int) -> list[dict[str, Any]]:
+    """Metric series in ``span`` (``GET .../metrics`` items), at most ``max_points`` buckets."""
+    if not keys:
+        return []
+    answer = metric_store.read_series(
+        session, run_id=run_id, keys=list(keys), start=span[0], end=span[1],
+        max_points=max_points, allowed_project=principal.project)
+    return [s.model_dump() for s in answer.series]
+
+
+def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: Sequence[str],
+             span: tuple[int | None, int | None]) -> views.RunPage:
+    """Everything the run page's ``charts`` need, for steps in ``span`` (``(None, None)``: all).
+
+    The forecast is for the contract's horizon (the number the page prints); its band reaches
+    the loss chart's horizon (further ahead when the run plans no ``total_steps``).
+    """
+    run = get_run(session, principal, run_id)
+    telemetry = [key for chart in charts if chart != "loss" for key in views.chart_keys(chart)]
+    metrics = [
+        *_series(session, principal, run_id, views.chart_keys("loss") if "loss" in charts else [],
+                 span, views.MAX_POINTS["loss"]),
+        *_series(session, principal, run_id, telemetry, span, views.DEFAULT_MAX_POINTS),
+    ]
+    history = None
+    latest = None
+    if "evolution" in charts:
+        fits, _run = forecast_store.fit_history(session, run_id=run_id,
+                                                allowed_project=principal.project,
+                                                limit=HISTORY_FITS)
+        history = history_answer(run_id, fits, config=RunConfig.read(run.config),
+                                 last_step=run.last_step).model_dump(mode="json")
+        latest = fits[-1] if fits else None  # oldest first: the newest is the latest fit
+    elif "loss" in charts:
+        latest, _run = forecast_store.latest_fit(session, run_id=run_id,
+                                                 allowed_project=principal.project)
+    forecast = _forecast(latest, run) if "loss" in charts or "evolution" in charts else None
+    end, _planned = chart_horizon(run.config, run.last_step)
+    alerts = alert_store.run_alerts(session, run_id=run_id, state=None, limit=RUN_ALERTS,
+                                    allowed_project=principal.project)
+    return views.RunPage(
+        run=run.model_dump(mode="json"),
+        metrics=metrics,
+        forecast=forecast.model_dump(mode="json") if forecast else None,
+        band=_band(latest, end, forecast.confidence) if forecast and "loss" in charts else [],
+        history=history,
+        alerts=[a.model_dump(mode="json") for a in alerts.alerts],
+    )
+
+
+def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.UUID],
+                 horizon: int | None, span: tuple[int | None, int | None]
+                 ) -> tuple[list[views.CompareRun], int | None]:
+    """Each run's loss and its forecast to a common horizon (as asked, else
+    :func:`views.common_horizon`), and that horizon."""
+    runs = [get_run(session, principal, i) for i in run_ids]
+    common = views.common_horizon([r.model_dump(mode="json") for r in runs], horizon)
+    out = []
+    for run in runs:
+        stored, _run = forecast_store.latest_fit(session, run_id=run.id,
+                                                 allowed_project=principal.project)
+        keys = views.chart_keys("loss")
+        if stored is not None and stored.key not in keys:  # the run's own fit_key
+            keys.append(stored.key)
+        forecast = _forecast(stored, run, common)
+        out.append(views.CompareRun(
+            run=run.model_dump(mode="json"),
+            metrics=_series(session, principal, run.id, keys, span, views.MAX_POINTS["compare"]),
+            forecast=forecast.model_dump(mode="json"),
+            band=_band(stored, common, forecast.confidence, COMPARE_BAND_SAMPLES),
+            at_horizon=forecast.prediction.model_dump(mode="json") if forecast.prediction
+            else None,
+        ))
+    return out, common
+
+
+def runs_rows(session: Session, principal: Principal, project: str | None,
+              status: RunStatus | None, page_token: str | None
+              ) -> tuple[list[dict[str, Any]], str | None]:
+    """The runs list's rows (newest runs first) and the next page's token."""
+    summaries, next_token = dashboard_store.run_summaries(
+        session, project=project, status=status, limit=RUNS_PER_PAGE, page_token=page_token,
+        allowed_project=principal.project)
+    items = [{
+        "run": s.run.model_dump(mode="json"),
+        "last_loss": s.last_loss,
+        "spark_steps": s.spark_steps,
+        "spark_values": s.spark_values,
+        "forecast": _forecast(s.latest_fit, s.run).model_dump(mode="json")
+        if s.latest_fit is not None else None,
+        "firing": s.firing_alerts,
+    } for s in summaries]
+    return views.runs_rows(items), next_token

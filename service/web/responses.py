@@ -1,0 +1,54 @@
+"""The answers every page route gives: HTML with the pages' security headers, error pages, and
+chart data as uncached JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import HTMLResponse, Response
+
+from curvecast.dashboards import html
+from curvecast.service.config import Settings
+from curvecast.service.errors import ServiceError
+from curvecast.service.web.static import plotly_url
+
+# plotly.js compiles shader code with new Function (WebGL traces): 'unsafe-eval' is needed;
+# inline scripts stay forbidden, which is what stops injected markup from running.
+_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; worker-src 'self' "
+    "blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+#: Headers of every HTML answer (pages, error pages, the runs table's rows).
+PAGE_HEADERS = {
+    "Content-Security-Policy": _CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+def page(template: str, **context: Any) -> HTMLResponse:
+    """A full page: ``template`` rendered with ``context`` (and plotly.js's URL)."""
+    return HTMLResponse(html.render(template, plotly_url=plotly_url(), **context),
+                        headers=PAGE_HEADERS)
+
+
+def fragment(template: str, **context: Any) -> HTMLResponse:
+    """Part of a page (the runs table's rows), for a script to swap in."""
+    return HTMLResponse(html.render(template, **context), headers=PAGE_HEADERS)
+
+
+def error_page(settings: Settings, error: ServiceError) -> HTMLResponse:
+    """An error as a page; a 401 or 403 with auth on says how to open the page with a token."""
+    status = error.status_code
+    body = html.render("error.html", title=str(status), status=status, message=error.message,
+                       auth=settings.auth_enabled and status in (401, 403),
+                       config={"page": "error"})
+    return HTMLResponse(body, status_code=status, headers=PAGE_HEADERS)
+
+
+def chart_json(body: str) -> Response:
+    """Chart data (already JSON): never cached, it changes with every new point."""
+    return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
