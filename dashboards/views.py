@@ -290,6 +290,8 @@ def run_payload(page: RunPage, charts: Sequence[str], x_range: Sequence[float] |
     if page.forecast is not None:  # only when this answer carries the forecast
         state["fitted_at"] = page.forecast.get("fitted_at")
         state["fit_status"] = page.forecast.get("status", "pending")
+        state["fit_key"] = page.forecast.get("key")
+        state["burn_in"] = page.forecast.get("burn_in")
     if "loss" not in charts:  # headline numbers need the loss and the forecast
         return charts_payload(figs, state=state)
     return charts_payload(figs, kpis=[asdict(k) for k in run_kpis(page)], state=state)

@@ -141,6 +141,8 @@ def forecast_answer(
         prediction=_prediction(fit, horizon, confidence),
         target=None if target_loss is None else _target(fit, target_loss, confidence),
         key=key,
+        burn_in=finite_or_none(fit.burn_in),
+        burn_in_source=fit.burn_in_source,
         fitted_at=fitted_at,
         confidence=confidence,
         off_model=fit.off_model,

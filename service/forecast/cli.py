@@ -2,12 +2,16 @@
 
 Usage::
 
-    curvecast forecast FILE (--upto FRACTION | --upto-step N) [--horizon N] [--target LOSS]
-                            [--confidence 0.9] [--burn-in N] [--config JSON] [--json]
+    curvecast forecast FILE (--upto FRACTION | --upto-step N) [--key KEY] [--horizon N]
+                            [--target LOSS] [--confidence 0.9] [--burn-in N] [--config JSON]
+                            [--json]
 
 ``FILE`` is a CSV whose header names a ``step`` and a ``loss`` column (other columns are ignored),
-or JSON ``{"step": [...], "loss": [...]}``. Only points with ``step <= cut`` are fitted, where the
-cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in the file.
+JSON ``{"step": [...], "loss": [...]}``, or the service's own export ``metrics.csv``
+(``key,step,value,wall_time``; see :mod:`curvecast.service.forecast.files`). From an export the
+series is ``--key``, else the one the server would fit (:func:`curvecast.contract.fit_key`: an
+evaluation loss with enough points, else ``loss``). Only points with ``step <= cut`` are fitted,
+where the cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in the file.
 
 ``--config`` takes the run's config (a JSON object, or the path of a file holding one), read
 through :class:`curvecast.contract.RunConfig` exactly as the server reads a stored run's: its
@@ -32,7 +36,6 @@ stderr names the problem).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
@@ -42,6 +45,12 @@ from typing import Any
 
 from curvecast.contract import RunConfig
 from curvecast.service.forecast.answer import forecast_answer, offline_json
+from curvecast.service.forecast.files import (
+    ForecastInputError,
+    load_curves,
+    load_series,
+    pick_curve,
+)
 from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.solver import fit_curve
 
@@ -49,117 +58,14 @@ __all__ = ["ForecastInputError", "add_forecast_parser", "forecast_result", "load
            "run_forecast"]
 
 
-class ForecastInputError(ValueError):
-    """A file or argument the forecast command cannot use; the message says why."""
-
-
-# --- input ---------------------------------------------------------------------------------------
-def _number(text: object, where: str) -> float:
-    if isinstance(text, bool):
-        raise ForecastInputError(f"{where}: {text!r} is not a number")
-    if text is None:
-        return math.nan
-    if isinstance(text, int | float):
-        return float(text)
-    s = str(text).strip()
-    if s == "" or s.lower() in ("nan", "null", "none", "na"):
-        return math.nan
-    try:
-        return float(s)
-    except ValueError:
-        raise ForecastInputError(f"{where}: {s!r} is not a number") from None
-
-
-def load_series(path: str | Path) -> tuple[list[float], list[float]]:
-    """Read ``(steps, losses)`` from a CSV or JSON file.
-
-    Blank or ``nan`` cells are kept as NaN (the fit drops them); anything else that is not a
-    number is an error naming the line.
-
-    Raises:
-        ForecastInputError: the file is missing, unreadable, empty, or not in either format.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ForecastInputError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise ForecastInputError(f"{p}: is a directory, not a file") from None
-    except UnicodeDecodeError:
-        raise ForecastInputError(f"{p}: not a text file (CSV or JSON expected)") from None
-    except OSError as exc:
-        raise ForecastInputError(f"{p}: cannot read ({exc.strerror})") from None
-    stripped = text.lstrip()
-    if not stripped:
-        raise ForecastInputError(f"{p}: the file is empty")
-    if p.suffix.lower() == ".json" or stripped[0] in "{[":
-        steps, losses = _from_json(stripped, p)
-    else:
-        steps, losses = _from_csv(text, p)
-    if not steps:
-        raise ForecastInputError(f"{p}: no data rows")
-    return steps, losses
-
-
-def _from_json(text: str, p: Path) -> tuple[list[float], list[float]]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ForecastInputError(f"{p}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict):
-        raise ForecastInputError(f'{p}: JSON must be an object {{"step": [...], "loss": [...]}}')
-    missing = [k for k in ("step", "loss") if k not in data]
-    if missing:
-        raise ForecastInputError(f"{p}: JSON has no {' or '.join(repr(m) for m in missing)} key")
-    raw_s, raw_l = data["step"], data["loss"]
-    if not isinstance(raw_s, list) or not isinstance(raw_l, list):
-        raise ForecastInputError(f'{p}: "step" and "loss" must be arrays')
-    if len(raw_s) != len(raw_l):
-        raise ForecastInputError(
-            f'{p}: "step" has {len(raw_s)} values but "loss" has {len(raw_l)}')
-    steps = [_number(v, f"{p}: step[{i}]") for i, v in enumerate(raw_s)]
-    losses = [_number(v, f"{p}: loss[{i}]") for i, v in enumerate(raw_l)]
-    return steps, losses
-
-
-def _from_csv(text: str, p: Path) -> tuple[list[float], list[float]]:
-    try:
-        dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
-    except csv.Error:
-        dialect = csv.excel
-    reader = csv.reader(text.splitlines(), dialect)
-    try:
-        header = next(reader)
-    except (StopIteration, csv.Error):
-        raise ForecastInputError(f"{p}: no CSV header") from None
-    names = [h.strip().lower() for h in header]
-    missing = [k for k in ("step", "loss") if k not in names]
-    if missing:
-        raise ForecastInputError(
-            f"{p}: the CSV header has no {' or '.join(repr(m) for m in missing)} column "
-            f"(found: {', '.join(h.strip() for h in header) or 'nothing'})")
-    i_s, i_l = names.index("step"), names.index("loss")
-    steps: list[float] = []
-    losses: list[float] = []
-    try:
-        for line_no, row in enumerate(reader, start=2):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) <= max(i_s, i_l):
-                raise ForecastInputError(f"{p}: line {line_no} has {len(row)} fields, "
-                                         f"expected at least {max(i_s, i_l) + 1}")
-            steps.append(_number(row[i_s], f"{p}: line {line_no}, step"))
-            losses.append(_number(row[i_l], f"{p}: line {line_no}, loss"))
-    except csv.Error as exc:
-        raise ForecastInputError(f"{p}: malformed CSV ({exc})") from None
-    return steps, losses
-
-
 # --- the command ---------------------------------------------------------------------------------
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE",
-                        help='CSV with "step" and "loss" columns, or JSON {"step": [], "loss": []}')
+                        help='CSV with "step" and "loss" columns, JSON {"step": [], "loss": []}, '
+                        "or the service's metrics.csv export (key,step,value,wall_time)")
+    parser.add_argument("--key", metavar="KEY",
+                        help="the series to fit from a metrics.csv export (default: the one the "
+                        "server fits: an evaluation loss, else loss)")
     cut = parser.add_mutually_exclusive_group(required=True)
     cut.add_argument("--upto", type=float, metavar="FRACTION",
                      help="fit the points up to this fraction (0-1] of the last step in FILE")
@@ -226,8 +132,8 @@ def _read_config(text: str | None) -> RunConfig:
 
 def forecast_result(steps: Sequence[float], losses: Sequence[float], *, cut: float,
                     horizon: int | None, target: float | None, confidence: float,
-                    burn_in: float | None = None, config: RunConfig | None = None
-                    ) -> tuple[dict[str, Any], Fit]:
+                    burn_in: float | None = None, config: RunConfig | None = None,
+                    key: str | None = None) -> tuple[dict[str, Any], Fit]:
     """The JSON object of the command (and the fit), for points with ``step <= cut``.
 
     ``horizon`` None: the config's horizon (``total_steps``, else the last step given).
@@ -244,6 +150,7 @@ def forecast_result(steps: Sequence[float], losses: Sequence[float], *, cut: flo
         horizon=horizon,
         confidence=confidence,
         target_loss=target,
+        key=key,
     )
     return offline_json(answer), fit
 
@@ -256,9 +163,12 @@ def _fmt_step(x: float | None) -> str:
     return "never" if x is None else f"{x:,.0f}"
 
 
-def _summary(out: dict[str, Any], fit: Fit, confidence: float) -> str:
+def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str) -> str:
     pct = f"{confidence:.0%}"
-    lines = [f"status: {out['status']}" + (f" ({fit.message})" if fit.message else "")]
+    lines = [f"status: {out['status']}" + (f" ({fit.message})" if fit.message else ""),
+             f"series: {key}"]
+    if fit.burn_in is not None:
+        lines.append(f"burn-in: step {_fmt_step(fit.burn_in)} ({fit.burn_in_source or 'given'})")
     if out["c"] is None:
         lines.append(f"{out['n_points']} usable points: no forecast")
         return "\n".join(lines)
@@ -293,8 +203,8 @@ def run_forecast(args: argparse.Namespace) -> int:
     """Execute the command; prints to stdout, errors to stderr. Returns the exit status."""
     try:
         _check_args(args)
-        steps, losses = load_series(args.file)
         config = _read_config(args.config)
+        key, (steps, losses) = pick_curve(load_curves(args.file), args.key, config, args.file)
         finite_steps = [s for s in steps if math.isfinite(s)]
         if not finite_steps:
             raise ForecastInputError(f"{args.file}: no finite step values")
@@ -302,14 +212,14 @@ def run_forecast(args: argparse.Namespace) -> int:
         horizon = None if args.horizon is None else round(args.horizon)
         out, fit = forecast_result(steps, losses, cut=cut, horizon=horizon, target=args.target,
                                    confidence=args.confidence, burn_in=args.burn_in,
-                                   config=config)
+                                   config=config, key=key)
     except ForecastInputError as exc:
         print(f"curvecast forecast: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(out, allow_nan=False))
     else:
-        print(_summary(out, fit, args.confidence))
+        print(_summary(out, fit, args.confidence, key))
     return 0
 
 

@@ -64,6 +64,13 @@ class ForecastOut(BaseModel):
     prediction: PredictionOut | None
     target: TargetOut | None
     key: str | None = Field(default=None, description="The series that was fitted.")
+    burn_in: float | None = Field(
+        default=None, description="The first step the fit used (the burn-in before it is skipped)."
+    )
+    burn_in_source: str | None = Field(
+        default=None, description="Where the burn-in came from: config:c_warmup, "
+        "config:warmup_steps, data, or given.",
+    )
     fitted_at: datetime | None = None
     confidence: float = 0.9
     off_model: bool = False

@@ -1,0 +1,184 @@
+"""Reading the loss curves ``curvecast forecast`` fits from files.
+
+Three layouts are read:
+
+* a CSV whose header names a ``step`` and a ``loss`` column (other columns are ignored);
+* JSON ``{"step": [...], "loss": [...]}``;
+* the service's own export, ``GET /api/v1/runs/{id}/metrics.csv``: long format, one point per row,
+  ``key,step,value[,wall_time]``, any number of series.
+
+:func:`load_curves` returns every series a file holds by name (``loss`` for the first two);
+:func:`pick_curve` chooses the one to fit exactly as the server does
+(:func:`curvecast.contract.fit_key`), unless the caller names one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from curvecast.contract import RunConfig, fit_key
+
+__all__ = ["Curve", "ForecastInputError", "load_curves", "load_series", "pick_curve"]
+
+#: A series as read: steps and values, NaN where a cell was empty or ``nan``.
+Curve = tuple[list[float], list[float]]
+
+class ForecastInputError(ValueError):
+    """A file or argument the forecast command cannot use; the message says why."""
+
+
+def _number(text: object, where: str) -> float:
+    if isinstance(text, bool):
+        raise ForecastInputError(f"{where}: {text!r} is not a number")
+    if text is None:
+        return math.nan
+    if isinstance(text, int | float):
+        return float(text)
+    s = str(text).strip()
+    if s == "" or s.lower() in ("nan", "null", "none", "na"):
+        return math.nan
+    try:
+        return float(s)
+    except ValueError:
+        raise ForecastInputError(f"{where}: {s!r} is not a number") from None
+
+
+def load_curves(path: str | Path) -> dict[str, Curve]:
+    """Read every series of a CSV or JSON file, by name (``loss`` for step/loss files).
+
+    Blank or ``nan`` cells are kept as NaN (the fit drops them); anything else that is not a
+    number is an error naming the line.
+
+    Raises:
+        ForecastInputError: the file is missing, unreadable, empty, or not in either format.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ForecastInputError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise ForecastInputError(f"{p}: is a directory, not a file") from None
+    except UnicodeDecodeError:
+        raise ForecastInputError(f"{p}: not a text file (CSV or JSON expected)") from None
+    except OSError as exc:
+        raise ForecastInputError(f"{p}: cannot read ({exc.strerror})") from None
+    stripped = text.lstrip()
+    if not stripped:
+        raise ForecastInputError(f"{p}: the file is empty")
+    if p.suffix.lower() == ".json" or stripped[0] in "{[":
+        curves = {"loss": _from_json(stripped, p)}
+    else:
+        curves = _from_csv(text, p)
+    if not any(steps for steps, _ in curves.values()):
+        raise ForecastInputError(f"{p}: no data rows")
+    return curves
+
+
+def load_series(path: str | Path) -> Curve:
+    """Read ``(steps, losses)`` from a step/loss CSV or JSON file (the ``loss`` series, or the
+    only series of a long-format export)."""
+    curves = load_curves(path)
+    if "loss" in curves or len(curves) == 1:
+        return curves.get("loss") or next(iter(curves.values()))
+    raise ForecastInputError(f"{path}: holds several series ({', '.join(sorted(curves))}): "
+                             "say which with --key")
+
+
+def pick_curve(curves: Mapping[str, Curve], key: str | None, config: RunConfig,
+               where: str) -> tuple[str, Curve]:
+    """The series to fit: ``key`` when given, else the server's choice for this config.
+
+    Raises:
+        ForecastInputError: ``key`` is not in the file, or no series is loss-like.
+    """
+    if key is not None:
+        if key not in curves:
+            raise ForecastInputError(f"{where}: no series {key!r} (found: "
+                                     f"{', '.join(sorted(curves))})")
+        return key, curves[key]
+    counts = {k: sum(1 for v in values if math.isfinite(v)) for k, (_, values) in curves.items()}
+    chosen = fit_key(counts, config)
+    if chosen is None or chosen not in curves:
+        raise ForecastInputError(f"{where}: no loss series among {', '.join(sorted(curves))}: "
+                                 "name one with --key")
+    return chosen, curves[chosen]
+
+
+def _from_json(text: str, p: Path) -> tuple[list[float], list[float]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ForecastInputError(f"{p}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise ForecastInputError(f'{p}: JSON must be an object {{"step": [...], "loss": [...]}}')
+    missing = [k for k in ("step", "loss") if k not in data]
+    if missing:
+        raise ForecastInputError(f"{p}: JSON has no {' or '.join(repr(m) for m in missing)} key")
+    raw_s, raw_l = data["step"], data["loss"]
+    if not isinstance(raw_s, list) or not isinstance(raw_l, list):
+        raise ForecastInputError(f'{p}: "step" and "loss" must be arrays')
+    if len(raw_s) != len(raw_l):
+        raise ForecastInputError(
+            f'{p}: "step" has {len(raw_s)} values but "loss" has {len(raw_l)}')
+    steps = [_number(v, f"{p}: step[{i}]") for i, v in enumerate(raw_s)]
+    losses = [_number(v, f"{p}: loss[{i}]") for i, v in enumerate(raw_l)]
+    return steps, losses
+
+
+def _from_csv(text: str, p: Path) -> dict[str, Curve]:
+    try:
+        dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
+    except csv.Error:
+        dialect = csv.excel
+    reader = csv.reader(text.splitlines(), dialect)
+    try:
+        header = next(reader)
+    except (StopIteration, csv.Error):
+        raise ForecastInputError(f"{p}: no CSV header") from None
+    names = [h.strip().lower() for h in header]
+    if {"key", "step", "value"} <= set(names):
+        return _from_long_csv(reader, names, p)
+    missing = [k for k in ("step", "loss") if k not in names]
+    if missing:
+        raise ForecastInputError(
+            f"{p}: the CSV header has no {' or '.join(repr(m) for m in missing)} column "
+            f"(found: {', '.join(h.strip() for h in header) or 'nothing'})")
+    i_s, i_l = names.index("step"), names.index("loss")
+    steps: list[float] = []
+    losses: list[float] = []
+    try:
+        for line_no, row in enumerate(reader, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) <= max(i_s, i_l):
+                raise ForecastInputError(f"{p}: line {line_no} has {len(row)} fields, "
+                                         f"expected at least {max(i_s, i_l) + 1}")
+            steps.append(_number(row[i_s], f"{p}: line {line_no}, step"))
+            losses.append(_number(row[i_l], f"{p}: line {line_no}, loss"))
+    except csv.Error as exc:
+        raise ForecastInputError(f"{p}: malformed CSV ({exc})") from None
+    return {"loss": (steps, losses)}
+
+
+def _from_long_csv(reader: Iterator[list[str]], names: list[str], p: Path) -> dict[str, Curve]:
+    """The service's export: ``key,step,value[,wall_time]`` rows, grouped by key."""
+    i_k, i_s, i_v = names.index("key"), names.index("step"), names.index("value")
+    curves: dict[str, Curve] = {}
+    try:
+        for line_no, row in enumerate(reader, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) <= max(i_k, i_s, i_v):
+                raise ForecastInputError(f"{p}: line {line_no} has {len(row)} fields, "
+                                         f"expected at least {max(i_k, i_s, i_v) + 1}")
+            steps, values = curves.setdefault(row[i_k].strip(), ([], []))
+            steps.append(_number(row[i_s], f"{p}: line {line_no}, step"))
+            values.append(_number(row[i_v], f"{p}: line {line_no}, value"))
+    except csv.Error as exc:
+        raise ForecastInputError(f"{p}: malformed CSV ({exc})") from None
+    return curves

@@ -1,0 +1,109 @@
+"""One run, one answer: the REST API, the offline CLI (on the service's own export) and the pages
+give the same fitted key, horizon, burn-in and status, and the runs list forecasts for the
+horizon ``GET /forecast`` answers for (all from :mod:`curvecast.contract`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from curvecast.dashboards import fmt
+from curvecast.service.config import Settings
+from curvecast.service.testing import thread_server, wait_for
+from tests import REPO
+
+CONFIG = {"total_steps": 4_000, "warmup_steps": 50, "c_warmup": 100}
+EVAL_EVERY = 25
+
+
+@pytest.fixture(scope="module")
+def worker_server(database_url: str) -> Iterator[str]:
+    settings = Settings(database_url=database_url, worker_interval_s=0.1)
+    with thread_server(settings) as url:
+        yield url
+
+
+def _stream_run(url: str, project: str) -> uuid.UUID:
+    """A run that logs the training loss every step and the eval loss every 25, in one batch."""
+    run_id = uuid.uuid4()
+    httpx.put(f"{url}/api/v1/runs/{run_id}", json={"project": project, "name": "agree",
+                                                    "config": CONFIG}, timeout=30
+              ).raise_for_status()
+    rng = np.random.default_rng(3)
+    steps = np.arange(1, 1_501)
+    clean = 20.3 / np.sqrt(steps + 377.0) + 2.07
+    loss = clean + rng.normal(0, 0.02, steps.size)
+    evals = clean + rng.normal(0, 0.003, steps.size)
+    every = steps % EVAL_EVERY == 0
+    for batch in ({"steps": steps.tolist(), "values": {"loss": loss.tolist()}},
+                  {"steps": steps[every].tolist(), "values": {"eval_loss": evals[every].tolist()}}):
+        httpx.post(f"{url}/api/v1/runs/{run_id}/metrics", json=batch, timeout=30
+                   ).raise_for_status()
+    return run_id
+
+
+def _api_forecast(url: str, run_id: uuid.UUID, last_step: int) -> dict[str, Any]:
+    def fitted_on_everything() -> dict[str, Any] | None:
+        # The final fit: of the eval loss, on every point of it.
+        answer = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast", timeout=30).json()
+        done = answer["key"] == "eval_loss" and answer["fitted_upto_step"] == last_step
+        return answer if done else None
+
+    result: dict[str, Any] = wait_for(fitted_on_everything, timeout=60, what="the final fit")
+    return result
+
+
+def _cli(export: Path, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "curvecast.service.forecast.cli", str(export), "--upto", "1",
+         "--config", json.dumps(CONFIG), *args],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_api_cli_and_pages_agree(worker_server: str, project: str, tmp_path: Path) -> None:
+    url = worker_server
+    run_id = _stream_run(url, project)
+    api = _api_forecast(url, run_id, last_step=1_500)
+    horizon = CONFIG["total_steps"]
+    assert api["prediction"]["step"] == horizon
+    assert api["burn_in"] == CONFIG["c_warmup"] and api["burn_in_source"] == "config:c_warmup"
+    assert api["status"] == "ok"
+
+    # The offline CLI on the service's own export, with the run's config.
+    export = tmp_path / "metrics.csv"
+    export.write_bytes(httpx.get(f"{url}/api/v1/runs/{run_id}/metrics.csv", timeout=30).content)
+    text = _cli(export)
+    assert re.search(r"^status: (\w+)", text, re.M)[1] == api["status"]  # type: ignore[index]
+    assert re.search(r"^series: (\S+)", text, re.M)[1] == api["key"]  # type: ignore[index]
+    burn = re.search(r"^burn-in: step ([\d,]+) \((\S+)\)", text, re.M)
+    assert burn is not None
+    assert float(burn[1].replace(",", "")) == api["burn_in"] and burn[2] == api["burn_in_source"]
+    cli = json.loads(_cli(export, "--json"))
+    for field in ("status", "n_points", "fitted_upto_step", "prediction", "f_star"):
+        assert cli[field] == api[field], field
+
+    # The run page's headline state.
+    page = httpx.get(f"{url}/dashboards/api/runs/{run_id}/figures", params={"charts": "loss"},
+                     timeout=30).json()["state"]
+    assert page["horizon"] == horizon
+    assert page["fit_key"] == api["key"]
+    assert page["fit_status"] == api["status"]
+    assert page["burn_in"] == api["burn_in"]
+
+    # The runs list forecasts the same value for the same step.
+    rows = httpx.get(f"{url}/dashboards/api/runs-table", params={"project": project},
+                     timeout=30).text
+    assert fmt.loss(api["prediction"]["value"]) in rows
+    assert f"@ {fmt.short_step(horizon)}" in rows

@@ -1,0 +1,119 @@
+"""The layout docs/architecture.md promises: no import cycle between packages, and each room
+entered through one door (the store imports no rules, web or worker code; the pure cores import
+no store; the client and the contract import only the standard library and each other)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests import REPO
+
+FOLDERS = ("client", "service", "sfplus", "dashboards")
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    yield "curvecast", REPO / "curvecast" / "__init__.py"
+    yield "curvecast.contract", REPO / "curvecast" / "contract.py"
+    for folder in FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield "curvecast." + ".".join(parts), path
+
+
+def _unit(module: str) -> str | None:
+    """The package a module belongs to: ``service.<sub>`` for the service's subpackages and
+    top-level modules, the first component elsewhere."""
+    parts = module.split(".")
+    if parts[0] != "curvecast":
+        return None
+    if len(parts) == 1:
+        return "curvecast"
+    if parts[1] == "service" and len(parts) > 2:
+        return "service." + parts[2]
+    return parts[1]
+
+
+def _imports(path: Path) -> Iterator[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from curvecast.service import web` imports the subpackage web.
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                yield candidate if _is_module(candidate) else node.module
+
+
+def _is_module(name: str) -> bool:
+    parts = name.split(".")[1:]
+    base = REPO.joinpath(*parts) if parts else REPO / "curvecast"
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for module, path in _modules():
+        source = _unit(module)
+        assert source is not None
+        for name in _imports(path):
+            target = _unit(name)
+            if target is not None and target != source:
+                edges.setdefault(source, set()).add(target)
+    return edges
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_packages() -> None:
+    assert _cycle(_graph()) is None
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def test_each_room_has_one_door() -> None:
+    edges = _graph()
+    # The store talks SQL and returns schemas: it never runs rules, pages or the worker.
+    assert not edges["service.store"] & {"service.alerting", "service.web", "service.worker",
+                                         "service.api", "dashboards"}
+    # The pure cores take data and return results: no store, no HTTP layer.
+    for core in ("service.alerting", "service.forecast", "dashboards"):
+        assert not edges.get(core, set()) & {"service.store", "service.api", "service.web",
+                                             "service.worker", "service.db"}, core
+    # The client is what `pip install curvecast` gets: the contract and the standard library.
+    assert edges["client"] <= {"contract"}
+    assert "contract" not in edges
+
+
+def test_the_contract_imports_only_the_standard_library() -> None:
+    tree = ast.parse((REPO / "curvecast" / "contract.py").read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
