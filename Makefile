@@ -7,10 +7,16 @@ STAMP  := $(VENV)/.installed
 .PHONY: install lint typecheck test demo serve bench clean
 
 # One virtualenv with the server, torch (pinned in constraints.txt) and the dev tools.
+# pip is not --quiet: the first install downloads torch and about 100 other packages (about 2 GB
+# installed; minutes), and pip's own lines are the progress a newcomer sees meanwhile.
 $(STAMP): pyproject.toml constraints.txt
+	@echo "[install 1/2] creating the virtualenv $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[server,torch,dev]'
+	@echo "[install 2/2] installing curvecast with the server, torch and the dev tools into $(VENV):"
+	@echo "              the first time this downloads about 2 GB (mostly torch) and takes minutes"
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar on -c constraints.txt -e '.[server,torch,dev]'
 	touch $(STAMP)
+	@echo "[install] done: $(VENV) is ready"
 
 install: $(STAMP)
 
@@ -23,6 +29,8 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(BIN)/pytest
 
+# Serves on http://127.0.0.1:8000 (a free port if 8000 is taken) and trains a small model for
+# 1000 steps, printing its progress; its database and log go to curvecast-demo/ (git-ignored).
 demo: $(STAMP)
 	$(BIN)/curvecast demo
 

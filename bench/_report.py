@@ -10,6 +10,9 @@ import platform
 import re
 import shlex
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -70,3 +73,28 @@ def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
+
+
+@contextmanager
+def phase(bench: str, what: str, step: int | None = None, of: int | None = None) -> Iterator[None]:
+    """Print what a benchmark is doing as it starts a phase, and how long it took at the end.
+
+    Benchmarks run for minutes; these lines (on stderr, flushed, so they show up at once under
+    ``make bench`` and in CI logs) say which phase is running and how far along the run is.
+
+    Args:
+        bench: the benchmark's name, e.g. ``"load"``.
+        what: the phase, e.g. ``"ingesting 10^6 steps"``.
+        step: this phase's number (1-based), when the number of phases is known.
+        of: the number of phases.
+    """
+    progress(bench, f"{what} ...", step, of)
+    started = time.perf_counter()
+    yield
+    progress(bench, f"{what}: done in {time.perf_counter() - started:.1f} s", step, of)
+
+
+def progress(bench: str, what: str, step: int | None = None, of: int | None = None) -> None:
+    """One progress line, ``[bench step/of] what``, on stderr (see :func:`phase`)."""
+    counter = f" {step}/{of}" if step is not None and of is not None else ""
+    print(f"[{bench}{counter}] {what}", file=sys.stderr, flush=True)

@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             med, p99, mon = bench_log(url, tmp / f"spool-log-{label}", n_calls, 8)
             mon.finish(timeout=120 if label == "up" else 0.5)
             c = mon.stats()
-            lost = c["points_logged"] - c["points_sent"] - c["points_spooled"]
+            lost = c["points_encoded"] - c["points_sent"] - c["points_spooled"]
             if label == "up":
                 fate = f"{lost:,} ({c['points_sent']:,} sent)"
             else:  # nothing sent: everything must be in the spool

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import psycopg
 from sqlalchemy import text
 
 from bench._report import markdown_table, write_section
@@ -35,9 +34,12 @@ from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.migrate import upgrade
 from curvecast.service.store import forecasts
 from curvecast.service.store._common import utcnow
-from curvecast.service.testing import start_server_process
-
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+from curvecast.service.testing import (
+    create_pg_database,
+    drop_pg_database,
+    start_server_process,
+    wait_for,
+)
 
 
 def stream_run(url: str, n: int, project: str = "bench") -> uuid.UUID:
@@ -57,13 +59,12 @@ def stream_run(url: str, n: int, project: str = "bench") -> uuid.UUID:
 
 
 def wait_for_fit(url: str, run_id: uuid.UUID, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()
-        if body["status"] != "pending":
-            return
-        time.sleep(0.2)
-    raise TimeoutError("no fit appeared")
+    wait_for(
+        lambda: httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()["status"] != "pending",
+        timeout,
+        "a fit",
+        every=0.2,
+    )
 
 
 def open_loop(url: str, path: str, rate: float, seconds: float) -> tuple[list[float], int]:
@@ -143,11 +144,8 @@ def main() -> int:
     seconds = 5 if args.quick else 30
     big = 100_000 if args.quick else 1_000_000
     tmp = Path(tempfile.mkdtemp(prefix="curvecast-bench-"))
-    pg_name = f"curvecast_bench_{uuid.uuid4().hex[:8]}"
     if args.backend == "postgres":
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{pg_name}"')
-        url = Settings(database_url=PG_ADMIN.rsplit("/", 1)[0] + "/" + pg_name).database_url
+        url = Settings(database_url=create_pg_database()).database_url
     else:
         url = f"sqlite:///{tmp / 'bench.db'}"
     try:
@@ -186,8 +184,7 @@ def main() -> int:
         phases = refit_time(url, big_run, 5 if args.quick else 11)
     finally:
         if args.backend == "postgres":
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+            drop_pg_database(url)
     total = [sum(v) for v in zip(*phases.values(), strict=True)]
     refit_rows = [
         [k, f"{statistics.median(v):.1f}", f"{pct(v, 95):.1f}"] for k, v in phases.items()

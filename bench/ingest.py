@@ -29,9 +29,12 @@ from bench._report import markdown_table, write_section
 from curvecast.service.config import Settings
 from curvecast.service.migrate import upgrade
 from curvecast.service.store._pgcopy import encode_rows
-from curvecast.service.testing import start_server_process
+from curvecast.service.testing import (
+    create_pg_database,
+    drop_pg_database,
+    start_server_process,
+)
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 KEYS = ("loss", "polyak_lr", "grad_l1", "alpha")
 
 
@@ -175,10 +178,7 @@ def main() -> int:
     repeats = 3 if args.quick else 7
 
     tmp = Path(tempfile.mkdtemp(prefix="curvecast-bench-"))
-    pg_name = f"curvecast_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{pg_name}"')
-    pg_url = Settings(database_url=PG_ADMIN.rsplit("/", 1)[0] + "/" + pg_name).database_url
+    pg_url = Settings(database_url=create_pg_database()).database_url
     sqlite_path = tmp / "bench.db"
     backends = {"sqlite": f"sqlite:///{sqlite_path}", "postgres": pg_url}
     rows, read_rows, storage = [], [], {}
@@ -206,8 +206,7 @@ def main() -> int:
         storage["postgres"] = bytes_per_point_pg(pg_url)
         storage["sqlite"] = bytes_per_point_sqlite(sqlite_path)
     finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
+        drop_pg_database(pg_url)
 
     body = (
         f"Baselines, same run, one connection, binary `COPY` into the same `metric_points` "

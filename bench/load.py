@@ -399,7 +399,11 @@ def main() -> None:
     if args.quick:
         args.clients, args.duration, args.processes = 8, 10.0, 2
     load_before = os.getloadavg()
-    out = run(args)
+    from bench._report import phase
+
+    with phase("load", f"{args.clients} clients at {args.rate:,} points/s each for "
+                       f"{args.duration:.0f} s, with readers (then draining)"):
+        out = run(args)
     body, ok = summarise(args, out)
     body += (f"\n\nLoad average before the run: {load_before[0]:.1f} (1 min), "
              f"{load_before[1]:.1f} (5 min).")

@@ -75,7 +75,7 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 def main() -> None:
-    from bench._report import markdown_table, write_section
+    from bench._report import markdown_table, progress, write_section
     from curvecast.client import Monitor
     from curvecast.service.migrate import upgrade
     from curvecast.service.testing import start_server_process
@@ -124,7 +124,9 @@ def main() -> None:
         phases: dict[str, list[float]] = {"up": [], "down": [], "recovering": []}
         per_cycle = []
         spooled = 0
-        for _cycle in range(args.cycles):
+        for cycle in range(args.cycles):
+            progress("outage", f"cycle: {args.phase_seconds:.0f} s up, {args.phase_seconds:.0f} s "
+                     "database down, then recovering", cycle + 1, args.cycles)
             up = timed_phase(step_fn, args.phase_seconds, log)  # steady state: spool empty
             cluster.stop("fast")
             down = timed_phase(step_fn, args.phase_seconds, log)

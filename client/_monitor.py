@@ -1,18 +1,11 @@
 """``Monitor``: the training-loop hook.
 
-Threads and data flow::
-
-    training thread          batcher thread                    sender thread
-    ---------------          --------------                    -------------
-    log() -> deque  ------>  drain, read tensors, encode  -->  outbox (memory, bounded) --> HTTP
-      (validate names                     |  offline or full                    ^
-       once, no I/O)                      v                                     |
-                                       spool (disk, per run, capped) --- replay-+
+The background threads and the data flow are in ``_pipeline.py``.
 
 ``log()`` only validates and appends; both threads are daemons that catch and log every
 exception and keep going, so neither can take the training loop down nor block interpreter
 exit. ``finish()`` (also run by ``atexit``) flushes for up to ``flush_timeout`` seconds, then
-spools what is left and says where.
+spools what is left and says where. SIGTERM is an exit too (``_sigterm.py``).
 """
 
 from __future__ import annotations
@@ -33,8 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from curvecast.client._api import Api, Backoff
-from curvecast.client._batcher import Batch, KeyMap, Outbox, Record, encode_records
-from curvecast.client._sender import Counters, Sender, report_leftovers, spool_batch
+from curvecast.client._batcher import KeyMap, Outbox, Record
+from curvecast.client._pipeline import Pipeline
+from curvecast.client._sender import (
+    HEARTBEAT_INTERVAL,
+    Counters,
+    Sender,
+    report_leftovers,
+    spool_batch,
+)
+from curvecast.client._sigterm import SigtermExit
 from curvecast.client._spool import Spool, default_spool_dir
 from curvecast.client._transport import HTTPTransport, Transport
 from curvecast.client._validate import (
@@ -97,6 +98,11 @@ class Monitor:
         on_alert: called from the background thread with each newly firing alert of the run
             (a dict as the service returns it). Keep it short: sending waits while it runs.
         alert_interval: seconds between alert polls when ``on_alert`` is set.
+        heartbeat_interval: seconds of silence after which a heartbeat tells the service the
+            client is alive (it marks runs whose client went silent ``crashed``).
+        handle_sigterm: on SIGTERM, finish the run ``failed`` (reason "SIGTERM"), then exit
+            with status 143 or call the previous Python handler (main thread only; see
+            ``curvecast.client._sigterm``; ``finish()`` restores the previous handler).
         flush_interval: seconds between batches (a batch also leaves when enough is logged).
         flush_timeout: at ``finish()``/exit, how long to keep trying before spooling the rest.
         timeout: seconds per HTTP request.
@@ -128,6 +134,8 @@ class Monitor:
         norms_every: int = 100,
         on_alert: Callable[[dict[str, Any]], None] | None = None,
         alert_interval: float = 10.0,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL,
+        handle_sigterm: bool = True,
         flush_interval: float = 1.0,
         flush_timeout: float = 10.0,
         timeout: float = 15.0,
@@ -167,7 +175,6 @@ class Monitor:
             clock=clock,
         )
         self._wall = wall_clock
-        self._max_batch_points = max_batch_points
 
         # Hot-path state: the buffer, and each metric name's last step (its presence means the
         # name was validated).
@@ -176,7 +183,6 @@ class Monitor:
         self._backwards_warned: set[str] = set()
         self._max_buffer = max_buffer
         self._wake_at = min(max_buffer, 1024)
-        self._batcher_stalled = False
         self._dropped_calls = 0
 
         self._counters = Counters()
@@ -195,27 +201,35 @@ class Monitor:
             clock=clock,
             on_alert=on_alert,
             alert_interval=alert_interval,
+            heartbeat_interval=heartbeat_interval,
         )
 
         self._closing = False
-        self._stop = False
         self._forked = False
         self._finished: bool | None = None
-        self._finish_lock = threading.Lock()
-        self._batching = False
-        self._progress = threading.Condition()
-        self._batch_wake = threading.Event()
-        self._send_wake = threading.Event()
-        self._batcher = threading.Thread(
-            target=self._batcher_loop, name=f"curvecast-batcher-{self.run_id[:8]}", daemon=True
+        self._finish_complete = False
+        self._finish_thread: threading.Thread | None = None
+        # Reentrant: a SIGTERM may interrupt the main thread while it holds the lock, and the
+        # handler calls finish() in that same thread.
+        self._finish_lock = threading.RLock()
+        self._pipe = Pipeline(
+            buffer=self._buffer,
+            outbox=self._outbox,
+            spool=self._spool,
+            sender=self._sender,
+            counters=self._counters,
+            max_batch_points=max_batch_points,
+            flush_interval=flush_interval,
+            name=self.run_id[:8],
         )
-        self._sender_thread = threading.Thread(
-            target=self._sender_loop, name=f"curvecast-sender-{self.run_id[:8]}", daemon=True
-        )
-        self._batcher.start()
-        self._sender_thread.start()
+        self._pipe.start()
         _LIVE.add(self)
         atexit.register(self._atexit)
+        self._sigterm = (
+            SigtermExit(self._finish_on_sigterm, self._finishing_here)
+            if handle_sigterm
+            else None
+        )
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -251,6 +265,8 @@ class Monitor:
             if kind is not float and kind is not int:
                 kwargs[key] = check_value(key, value)
             last[key] = step
+        # Counted here, not when batched, so stats() agrees with what the caller did.
+        self._counters.points_logged += len(kwargs)
         buf = self._buffer
         buf.append((step, self._wall(), kwargs, None))
         if len(buf) >= self._wake_at:
@@ -261,6 +277,8 @@ class Monitor:
         background, so the training thread only appends."""
         if self._closing:
             return
+        # The key map drops the optimizer's own "step" entry (see _watch.watch_optimizer).
+        self._counters.points_logged += len(metrics) - (keymap is not None and "step" in metrics)
         buf = self._buffer
         buf.append((step, self._wall(), metrics, keymap))
         if len(buf) >= self._wake_at:
@@ -279,19 +297,17 @@ class Monitor:
         )
 
     def _buffer_filling(self) -> None:
-        self._batch_wake.set()
+        self._pipe.wake_batcher()
         if len(self._buffer) < self._max_buffer:
             return
         # The batcher never waits on the network, so it only falls this far behind when
         # starved of CPU: give it a moment (bounded), then drop rather than grow without bound.
-        if not self._batcher_stalled:
-            deadline = time.monotonic() + 5.0
-            with self._progress:
-                while len(self._buffer) >= self._max_buffer and time.monotonic() < deadline:
-                    self._progress.wait(0.05)
-            if len(self._buffer) < self._max_buffer:
+        if not self._pipe.stalled:
+            room = self._pipe.wait_for(lambda: len(self._buffer) < self._max_buffer,
+                                       time.monotonic() + 5.0)
+            if room:
                 return
-            self._batcher_stalled = True
+            self._pipe.stalled = True
         _, _, metrics, _ = self._buffer.pop()
         self._dropped_calls += 1
         self._counters.points_dropped += len(metrics)
@@ -357,7 +373,7 @@ class Monitor:
             return
         self._config = check_config({**self._config, **fresh})
         self._sender.update_config(fresh)
-        self._send_wake.set()
+        self._pipe.wake_sender()
         if self._spool.path.exists():
             try:
                 self._spool.update_meta()
@@ -377,6 +393,7 @@ class Monitor:
             "url": self.url,
             **self._run_payload(),
             "status": self._sender.final_status if self._sender.finishing else None,
+            "status_reason": self._sender.final_reason if self._sender.finishing else None,
         }
 
     # -- alerts ----------------------------------------------------------------------------
@@ -392,79 +409,10 @@ class Monitor:
             return list(self._sender.record_alerts(result.body))
         return list(self._sender.last_alerts)
 
-    # -- background threads ----------------------------------------------------------------
-
-    def _batcher_loop(self) -> None:
-        while True:
-            self._batch_wake.wait(self.flush_interval)
-            self._batch_wake.clear()
-            try:
-                self._drain()
-                self._spool.sync_if_due()
-            except Exception:
-                log.exception("curvecast: batcher error (continuing)")
-            finally:
-                self._batching = False
-                with self._progress:
-                    self._progress.notify_all()
-            if self._stop:
-                return
-
-    def _drain(self) -> None:
-        buf = self._buffer
-        while buf:
-            self._batching = True
-            records = [buf.popleft() for _ in range(min(len(buf), 16_384))]
-            with self._progress:
-                self._progress.notify_all()  # room in the buffer for a waiting log()
-            self._batcher_stalled = False
-            for batch in self._encode(records):
-                self._dispatch(batch)
-
-    def _encode(self, records: list[Record]) -> list[Batch]:
-        """Batches of ``records``; their points count as logged (unreadable values: dropped)."""
-        batches, unreadable = encode_records(records, max_points=self._max_batch_points)
-        self._counters.points_dropped += unreadable
-        self._counters.points_logged += sum(batch.points for batch in batches)
-        return batches
-
-    def _dispatch(self, batch: Batch) -> None:
-        if self._outbox.offer(batch):
-            self._send_wake.set()
-        else:
-            spool_batch(self._spool, batch, self._counters)
-            if self._sender.online:
-                self._send_wake.set()  # the outbox was full: the sender replays the spool
-
-    def _sender_loop(self) -> None:
-        while not self._stop:
-            self._send_wake.clear()
-            try:
-                delay = self._sender.tick()
-            except Exception:
-                log.exception("curvecast: sender error (continuing)")
-                delay = 1.0
-            with self._progress:
-                self._progress.notify_all()
-            if delay > 0 and not self._stop:
-                self._send_wake.wait(delay)
-
     # -- flushing and finishing ------------------------------------------------------------
 
-    def _wait_for(self, condition: Callable[[], bool], deadline: float) -> bool:
-        with self._progress:
-            while not condition():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._progress.wait(min(left, 0.1))
-        return True
-
-    def _idle_batcher(self) -> bool:
-        return not self._buffer and not self._batching
-
     def _all_sent(self) -> bool:
-        return self._idle_batcher() and self._sender.caught_up
+        return self._pipe.idle_batcher() and self._sender.caught_up
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything logged so far is stored by the service.
@@ -477,13 +425,16 @@ class Monitor:
             sent yet stays queued or spooled).
         """
         deadline = time.monotonic() + (self.flush_timeout if timeout is None else timeout)
-        self._batch_wake.set()
-        if not self._wait_for(self._idle_batcher, deadline):
+        self._pipe.wake_batcher()
+        if not self._pipe.wait_for(self._pipe.idle_batcher, deadline):
             return False
-        self._send_wake.set()
-        return self._wait_for(self._all_sent, deadline)
+        self._pipe.wake_sender()
+        return self._pipe.wait_for(self._all_sent, deadline)
 
-    def finish(self, status: RunStatus = "finished", *, timeout: float | None = None) -> bool:
+    def finish(
+        self, status: RunStatus = "finished", *, timeout: float | None = None,
+        reason: str | None = None,
+    ) -> bool:
         """Send everything, mark the run ``status``, and stop the background threads.
 
         Keeps trying for up to ``timeout`` seconds (default ``flush_timeout``); whatever is
@@ -493,37 +444,42 @@ class Monitor:
         Args:
             status: ``"finished"``, ``"failed"`` or ``"crashed"``.
             timeout: seconds to keep trying.
+            reason: why the run ends so (at most 200 characters; shown with the status).
 
         Returns:
             True if everything, the status included, reached the service.
         """
         if status not in FINAL_RUN_STATUSES:
             raise ValueError(f"status must be one of {FINAL_RUN_STATUSES}, got {status!r}")
+        if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
+            raise ValueError(f"reason must be a string of at most 200 characters, got {reason!r}")
         with self._finish_lock:
             if self._finished is not None:
                 return self._finished
             self._finished = False
+            self._finish_thread = threading.current_thread()
+        try:
+            return self._finish(status, timeout, reason)
+        finally:
+            self._finish_complete = True
+            if self._sigterm is not None:
+                self._sigterm.finished()  # exits if SIGTERM arrived while finishing
+
+    def _finish(self, status: str, timeout: float | None, reason: str | None) -> bool:
         atexit.unregister(self._atexit)
         _LIVE.discard(self)
         if self._forked:
             return False
         deadline = time.monotonic() + (self.flush_timeout if timeout is None else timeout)
         self._closing = True
-        self._batch_wake.set()
-        self._wait_for(self._idle_batcher, deadline)
-        self._sender.begin_finish(status)
-        self._send_wake.set()
-        done = self._wait_for(lambda: self._idle_batcher() and self._sender.done, deadline)
-
-        self._stop = True
+        self._pipe.wake_batcher()
+        self._pipe.wait_for(self._pipe.idle_batcher, deadline)
+        self._sender.begin_finish(status, reason)
+        self._pipe.wake_sender()
+        done = self._pipe.wait_for(lambda: self._pipe.idle_batcher() and self._sender.done,
+                                   deadline)
         self._sender.stopped = True
-        self._batch_wake.set()
-        self._send_wake.set()
-        current = threading.current_thread()  # finish() may be called from on_alert
-        if current is not self._batcher:
-            self._batcher.join(timeout=2.0)
-        if current is not self._sender_thread:
-            self._sender_thread.join(timeout=0.5)
+        self._pipe.stop()
         try:
             self._spool_leftovers(status, done)
         except Exception:
@@ -534,7 +490,7 @@ class Monitor:
 
     def _spool_leftovers(self, status: str, done: bool) -> None:
         records = [self._buffer.popleft() for _ in range(len(self._buffer))]
-        for batch in [*self._encode(records), *self._outbox.take_all()]:
+        for batch in [*self._pipe.encode(records), *self._outbox.take_all()]:
             spool_batch(self._spool, batch, self._counters)
         if done:
             self._spool.cleanup()
@@ -551,6 +507,18 @@ class Monitor:
         except Exception:
             log.exception("curvecast: finishing run %s at exit failed", self.run_id)
 
+    def _finishing_here(self) -> bool:
+        """Whether this thread is inside finish() (a signal interrupted it)."""
+        return not self._finish_complete and self._finish_thread is threading.current_thread()
+
+    def _finish_on_sigterm(self) -> None:
+        if self._finished is None:
+            log.warning("curvecast: SIGTERM: finishing run %s as failed", self.run_id)
+        self.finish("failed", reason="SIGTERM")
+        # finish() may be running in another thread (called from on_alert): let it complete.
+        self._pipe.wait_for(lambda: self._finish_complete,
+                            time.monotonic() + self.flush_timeout + 5)
+
     def __enter__(self) -> Monitor:
         return self
 
@@ -562,11 +530,13 @@ class Monitor:
     def stats(self) -> dict[str, Any]:
         """Counters and state, for dashboards, tests and benchmarks.
 
-        Keys: ``points_logged`` (encoded so far), ``points_sent``, ``points_spooled``,
-        ``points_dropped``, ``points_rejected``, ``batches_sent``, ``corrupt_lines``,
-        ``failures``, ``online``, ``run_created``, ``buffered`` (``log()`` calls not yet
-        batched), ``pending_bytes`` (in memory), ``spool_bytes``, ``rtt_ms_median`` and
-        ``rtt_ms_max`` (of the last 512 batches).
+        Keys: ``points_logged`` (every point handed to ``log()`` or logged by ``watch()``,
+        counted at once, buffered ones included), ``points_encoded`` (of those, the ones
+        already batched: ``points_logged`` minus what is still buffered), ``points_sent``
+        (stored by the service), ``points_spooled``, ``points_dropped``, ``points_rejected``,
+        ``batches_sent``, ``corrupt_lines``, ``failures``, ``online``, ``run_created``,
+        ``buffered`` (``log()`` calls not yet batched), ``pending_bytes`` (in memory),
+        ``spool_bytes``, ``rtt_ms_median`` and ``rtt_ms_max`` (of the last 512 batches).
         """
         c = self._counters
         rtts = [r * 1000 for r in self._sender.rtts]

@@ -6,7 +6,10 @@ background thread calls it in a loop; tests call it directly with a fake transpo
 clock, so retry, backoff and ``Retry-After`` are checked without sockets or sleeps.
 
 Order of work: create the run (idempotent ``PUT``), merge config updates (``PATCH``), replay the
-spool (oldest first), send in-memory batches, and when finishing, ``PATCH`` the final status.
+spool (oldest first), send in-memory batches, and when finishing, ``PATCH`` the final status
+(with its reason, e.g. "SIGTERM"). With nothing else to say for ``heartbeat_interval`` seconds,
+it sends a heartbeat (an empty ``PATCH``): the service marks a run whose client went silent
+``crashed`` (``service/worker/liveness.py``), and this is how it knows the client is alive.
 On any failure that may heal (no answer, 5xx, 429, 401/403) the in-memory batches move to the
 spool, the outbox goes offline (new batches are spooled directly) and the next try waits for the
 backoff delay; the first success puts everything back online.
@@ -32,13 +35,20 @@ log = logging.getLogger("curvecast.client")
 IDLE_WAIT = 5.0
 #: The shortest wait after an authentication failure or a refused run: a human must act.
 HUMAN_WAIT = 60.0
+#: Default seconds between heartbeats while nothing else reaches the service (far below the
+#: service's ``client_gone_after_s``, 30 min by default).
+HEARTBEAT_INTERVAL = 60.0
 
 
 @dataclass
 class Counters:
     """What happened so far (read by ``Monitor.stats()``)."""
 
+    #: Points handed to ``log()`` (and the optimizer hook), counted when logged.
     points_logged: int = 0
+    #: Points encoded into request bodies so far (``points_logged`` minus what is still
+    #: buffered, minus unreadable values).
+    points_encoded: int = 0
     points_sent: int = 0
     points_spooled: int = 0
     points_dropped: int = 0
@@ -62,6 +72,7 @@ class Sender:
         clock: monotonic clock.
         on_alert: called with each newly firing alert (from this thread).
         alert_interval: seconds between alert polls (only when ``on_alert`` is set).
+        heartbeat_interval: seconds of silence after which an idle sender says it is alive.
     """
 
     def __init__(
@@ -77,6 +88,7 @@ class Sender:
         clock: Callable[[], float],
         on_alert: Callable[[dict[str, Any]], None] | None = None,
         alert_interval: float = 10.0,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL,
     ) -> None:
         self.api = api
         self.run_id = run_id
@@ -88,6 +100,7 @@ class Sender:
         self.clock = clock
         self.on_alert = on_alert
         self.alert_interval = alert_interval
+        self.heartbeat_interval = heartbeat_interval
 
         # Public state, read by the monitor: whether the run exists on the service, whether the
         # last request got an answer, and how finishing goes.
@@ -95,6 +108,7 @@ class Sender:
         self.online: bool = True
         self.finishing: bool = False
         self.final_status: str | None = None
+        self.final_reason: str | None = None
         self.status_sent: bool = False
         #: Set by the monitor when it stops: later ticks only idle.
         self.stopped: bool = False
@@ -114,6 +128,9 @@ class Sender:
         self._told: set[str] = set()
         self._next_alert_poll = 0.0
         self._seen_alerts: set[Any] = set()
+        # When the service last recorded a request of ours (alert polls are reads: they don't).
+        self._last_heard = clock()
+        self._heartbeats = True
 
     # -- inputs from the monitor -----------------------------------------------------------
 
@@ -122,10 +139,11 @@ class Sender:
         with self._config_lock:
             self._config_patch = {**(self._config_patch or {}), **changes}
 
-    def begin_finish(self, status: str) -> None:
-        """Send what is left, then the final status; retry now rather than after the backoff
-        (but never before a server's ``Retry-After``)."""
+    def begin_finish(self, status: str, reason: str | None = None) -> None:
+        """Send what is left, then the final status (and why, if ``reason``); retry now rather
+        than after the backoff (but never before a server's ``Retry-After``)."""
         self.final_status = status
+        self.final_reason = reason
         self.finishing = True
         self.next_try = max(self.clock(), self._retry_after_until)
 
@@ -172,13 +190,40 @@ class Sender:
             if not self.status_sent:
                 return self._send_status()
             return IDLE_WAIT
-        return self._poll_alerts(now)
+        if self._heartbeats and now - self._last_heard >= self.heartbeat_interval:
+            return self._heartbeat(now)
+        return min(self._poll_alerts(now), self._until_heartbeat(now))
+
+    def _until_heartbeat(self, now: float) -> float:
+        if not self._heartbeats:
+            return IDLE_WAIT
+        return max(0.0, self._last_heard + self.heartbeat_interval - now)
+
+    def _heartbeat(self, now: float) -> float:
+        result = self.api.patch_run(self.run_id, {})
+        if result.outcome is Outcome.RUN_MISSING:
+            return self._run_missing(result)
+        if result.outcome is Outcome.REJECTED:
+            # A service that refuses an empty PATCH has no liveness check to feed.
+            self._heartbeats = False
+            self._tell("heartbeat", f"curvecast: heartbeats refused ({result.message}); "
+                       "not sending them")
+            return 0.0
+        if not result.ok:
+            return self._fail(result, "sending a heartbeat")
+        self._heard()
+        self._success()
+        return 0.0
+
+    def _heard(self) -> None:
+        self._last_heard = self.clock()
 
     def _create(self) -> float:
         result = self.api.put_run(self.run_id, self._run_payload())
         if not result.ok:
             return self._fail(result, "creating the run")
         self.created = True
+        self._heard()
         self._success()
         return 0.0
 
@@ -193,12 +238,20 @@ class Sender:
         with self._config_lock:
             if self._config_patch is patch:
                 self._config_patch = None
+        self._heard()
         self._success()
         return 0.0
 
     def _send_status(self) -> float:
         assert self.final_status is not None
-        result = self.api.patch_run(self.run_id, {"status": self.final_status})
+        payload = {"status": self.final_status}
+        if self.final_reason is not None:
+            payload["status_reason"] = self.final_reason
+        result = self.api.patch_run(self.run_id, payload)
+        if result.outcome is Outcome.REJECTED and self.final_reason is not None:
+            # An older service without status reasons: the status itself matters more.
+            self.final_reason = None
+            return 0.0
         if result.outcome is Outcome.RUN_MISSING:
             return self._run_missing(result)
         if not result.ok and result.outcome is not Outcome.REJECTED:
@@ -312,6 +365,7 @@ class Sender:
         self.counters.points_sent += points
         self.counters.batches_sent += 1
         self.rtts.append(result.elapsed)
+        self._heard()
         self._missing_in_a_row = 0
         self._success()
 
@@ -440,7 +494,7 @@ def report_leftovers(counters: Counters, spool_path: Path, *, run_id: str, url: 
                 c.points_rejected,
             )
         return
-    left = max(0, c.points_logged - c.points_sent - c.points_dropped - c.points_rejected)
+    left = max(0, c.points_encoded - c.points_sent - c.points_dropped - c.points_rejected)
     what = f"{left} points of run {run_id} and its final status" if left else (
         f"the final status of run {run_id}"
     )

@@ -94,10 +94,14 @@ def check_value(key: str, value: object) -> Any:
         )
     if _is_tensor(value):
         tensor: Any = value
-        if tensor.numel() != 1:
+        # ndim, not numel(): a (1,)-shaped tensor is refused as well, as the docs say (a
+        # metadata read, no device sync). One spelling of "a scalar" keeps the stored series
+        # unambiguous and catches a batch of size 1 logged by mistake.
+        if tensor.ndim != 0:
+            hint = "t.squeeze()" if tensor.numel() == 1 else "t.mean()"
             raise ValueError(
-                f"metric {key!r}: a tensor of shape {tuple(tensor.shape)} is not a scalar; "
-                "log a 0-d tensor (e.g. loss, or t.mean())"
+                f"metric {key!r}: a tensor of shape {tuple(tensor.shape)} is not a scalar "
+                f"(0-d) tensor; log a 0-d tensor (e.g. loss, or {hint})"
             )
         if tensor.dtype in _NOT_REAL_DTYPES:
             raise TypeError(f"metric {key!r}: a {tensor.dtype} tensor is not a real number")
@@ -106,8 +110,13 @@ def check_value(key: str, value: object) -> Any:
         return tensor.detach() if tensor.requires_grad else tensor
     if isinstance(value, numbers.Real):
         return float(value)
-    if hasattr(value, "item") and getattr(value, "size", None) == 1:  # numpy 0-d array
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy 0-d array
         return check_value(key, value.item())
+    if hasattr(value, "item") and getattr(value, "size", None) == 1:  # numpy (1,) array
+        raise ValueError(
+            f"metric {key!r}: an array of shape {tuple(getattr(value, 'shape', ()))} is not a "
+            "scalar (0-d); log a.item()"
+        )
     raise TypeError(
         f"metric {key!r}: {type(value).__name__} {str(value)[:50]!r} is not a number; log ints, "
         "floats or 0-d tensors"

@@ -107,14 +107,18 @@ def watch_optimizer(
 def optimizer_config(optimizer: Any) -> dict[str, Any]:
     """The run-config keys describing an optimizer.
 
-    ScheduleFree+ (anything with a ``config()`` method) contributes its hyper-parameters under
-    ``"optimizer"`` and the keys the service reads (``weight_decay`` = AdamC lambda, ``c_warmup``,
-    ``warmup_steps``) at the top level. Other optimizers contribute their JSON-safe defaults
-    under ``"optimizer"`` only (their ``weight_decay`` is not on the AdamC scale).
+    Every optimizer is described the same way: ``"optimizer": {"name": <class name>, <its
+    hyper-parameters>}``. ScheduleFree+ (anything with a ``config()`` method) contributes
+    ``config()`` there (its ``"optimizer"`` entry becomes ``"name"``) and the keys the service
+    reads (``weight_decay`` = AdamC lambda, ``c_warmup``, ``warmup_steps``) at the top level.
+    Other optimizers contribute their JSON-safe defaults under ``"optimizer"`` only (their
+    ``weight_decay`` is not on the AdamC scale).
     """
     config_fn = getattr(optimizer, "config", None)
     if callable(config_fn):
         cfg = dict(config_fn())
+        name = cfg.pop("optimizer", None)
+        cfg = {"name": name if isinstance(name, str) else type(optimizer).__name__, **cfg}
         out: dict[str, Any] = {"optimizer": cfg}
         for key in ("weight_decay", "c_warmup", "warmup_steps"):
             if cfg.get(key) is not None:

@@ -42,27 +42,52 @@ from curvecast.client._validate import check_run_id
 __all__ = ["SyncResult", "add_sync_parser", "main", "run_sync", "sync_run"]
 
 
-class _Progress:
-    """A one-line progress bar on a terminal; one summary line per run otherwise."""
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
 
-    def __init__(self, stream: TextIO, total_bytes: int, label: str) -> None:
+
+class _Progress:
+    """How far one run's upload is: a redrawn bar on a terminal; otherwise a line when the run
+    starts, one every ``every`` seconds while it goes on (a log shows a long sync is moving), and
+    a summary line at the end.
+
+    The fraction is of the spooled bytes (known up front from the segment sizes, where the point
+    total would take a second pass over the files); the points are counted as they are sent.
+    """
+
+    def __init__(self, stream: TextIO, total_bytes: int, label: str, every: float = 5.0) -> None:
         self.stream = stream
+        self.total_bytes = total_bytes
         self.total = max(1, total_bytes)
         self.label = label
         self.points = 0
+        self.every = every
         self.tty = stream.isatty()
-        self._last_draw = 0.0
+        self._last_draw = time.monotonic()
+
+    def start(self, target: str) -> None:
+        """Say what is about to be uploaded, and where."""
+        if not self.tty:
+            self.stream.write(
+                f"{self.label}: uploading {_size(self.total_bytes)} of spooled points to {target}\n"
+            )
+            self.stream.flush()
 
     def update(self, done_bytes: int, points: int) -> None:
-        """Record progress; redraws at most 10 times a second."""
+        """Record progress; redraws at most 10 times a second (every ``every`` s off a tty)."""
         self.points += points
         now = time.monotonic()
+        frac = min(1.0, done_bytes / self.total)
         if self.tty and (now - self._last_draw > 0.1 or done_bytes >= self.total):
             self._last_draw = now
-            frac = min(1.0, done_bytes / self.total)
             bar = "#" * int(frac * 30)
+            self.stream.write(f"\r{self.label} [{bar:<30}] {frac:4.0%}  {self.points:,} points")
+            self.stream.flush()
+        elif not self.tty and now - self._last_draw >= self.every and done_bytes < self.total:
+            self._last_draw = now
             self.stream.write(
-                f"\r{self.label} [{bar:<30}] {frac:4.0%}  {self.points:,} points"
+                f"{self.label}: {frac:.0%} of {_size(self.total_bytes)}, "
+                f"{self.points:,} points uploaded so far\n"
             )
             self.stream.flush()
 
@@ -113,6 +138,7 @@ def sync_run(
     stream: TextIO = sys.stderr,
     sleep: Callable[[float], None] = time.sleep,
     backoff: Backoff | None = None,
+    label: str | None = None,
 ) -> SyncResult:
     """Upload one run directory's spool; see the module docstring.
 
@@ -126,6 +152,7 @@ def sync_run(
         stream: where progress goes.
         sleep: how to wait between attempts (tests inject a fake).
         backoff: retry delays.
+        label: how progress lines name the run (default ``run <first 8 of its id>``).
     """
     meta = read_meta(run_dir) or {}
     try:
@@ -143,6 +170,7 @@ def sync_run(
         lambda call: _with_retries(
             call, attempts=attempts, backoff=backoff or Backoff(base=1.0, cap=10.0), sleep=sleep
         ),
+        label or f"run {run_id[:8]}",
     )
     try:
         return job.run()
@@ -162,6 +190,7 @@ class _RunSync:
         target: str,
         stream: TextIO,
         retried: Callable[[Callable[[], Result]], Result],
+        label: str,
     ) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
@@ -173,7 +202,7 @@ class _RunSync:
         self.out = SyncResult(run_dir, True)
         self.segments = list(iter_segment_paths(run_dir))
         total = sum(p.stat().st_size for p in self.segments)
-        self.progress = _Progress(stream, total, f"run {run_id[:8]}")
+        self.progress = _Progress(stream, total, label)
 
     def create(self) -> Result | None:
         if "project" not in self.meta:
@@ -203,6 +232,7 @@ class _RunSync:
 
     def run(self) -> SyncResult:
         out, meta = self.out, self.meta
+        self.progress.start(self.target)
         created = self.create()
         if created is not None and not created.ok:
             return self.fail(created, f"creating the run at {self.target}")
@@ -229,7 +259,7 @@ class _RunSync:
                 reader.close()
             done_bytes += segment.stat().st_size
             segment.unlink()
-        final = {k: meta[k] for k in ("config", "status") if meta.get(k)}
+        final = {k: meta[k] for k in ("config", "status", "status_reason") if meta.get(k)}
         if final:
             result = self.retried(lambda: self.api.patch_run(self.run_id, final))
             if not result.ok and result.outcome is not Outcome.REJECTED:
@@ -257,8 +287,9 @@ def run_sync(args: argparse.Namespace) -> int:
     if not run_dirs:
         print(f"curvecast sync: nothing to upload in {root}", file=sys.stderr)
         return 0
+    print(f"curvecast sync: {len(run_dirs)} spooled run(s) in {root}", file=sys.stderr)
     failed = 0
-    for run_dir in run_dirs:
+    for number, run_dir in enumerate(run_dirs, start=1):
         if is_locked(run_dir):
             print(
                 f"curvecast sync: skipping {run_dir}: a running process is still writing it "
@@ -267,7 +298,13 @@ def run_sync(args: argparse.Namespace) -> int:
             )
             failed += 1
             continue
-        result = sync_run(run_dir, url=args.url, token=token, timeout=args.timeout)
+        result = sync_run(
+            run_dir,
+            url=args.url,
+            token=token,
+            timeout=args.timeout,
+            label=f"run {number}/{len(run_dirs)} {run_dir.name[:8]}",
+        )
         failed += not result.ok
     if failed:
         print(f"curvecast sync: {failed} of {len(run_dirs)} runs not uploaded", file=sys.stderr)

@@ -22,6 +22,7 @@ import plotly.io as pio
 from curvecast.contract import (
     EVAL_LOSS_KEYS,
     TRAIN_LOSS_KEY,
+    TRAIN_LOSS_KEYS,
     RunConfig,
     telemetry_keys,
     telemetry_prefix,
@@ -212,14 +213,19 @@ def run_kpis(page: RunPage) -> list[Kpi]:
     last = train.last if train is not None else None
     ev = page.eval_series()
     ev_last = ev.last if ev is not None else None
+    # Named for what it is: the runs list shows the training loss, the compare page both.
     if last is not None:
-        detail = f"training loss at step {fmt.step(last[0])}"
+        detail = f"at step {fmt.step(last[0])}"
         if ev_last is not None:
-            detail += f"; eval {fmt.loss(ev_last[1])} at {fmt.step(ev_last[0])}"
-        kpis.append(Kpi("last_loss", "Last loss", fmt.loss(last[1]), detail,
+            detail += f"; last eval loss {fmt.loss(ev_last[1])} at step {fmt.step(ev_last[0])}"
+        kpis.append(Kpi("last_loss", "Last train loss", fmt.loss(last[1]), detail,
                         "bad" if not math.isfinite(last[1]) else "neutral"))
+    elif ev_last is not None:
+        kpis.append(Kpi("last_loss", "Last eval loss", fmt.loss(ev_last[1]),
+                        f"at step {fmt.step(ev_last[0])}; no training loss logged",
+                        "bad" if not math.isfinite(ev_last[1]) else "neutral"))
     else:
-        kpis.append(Kpi("last_loss", "Last loss", "—", "no loss logged yet"))
+        kpis.append(Kpi("last_loss", "Last train loss", "—", "no loss logged yet"))
 
     fit = ForecastData.from_api(page.forecast)
     status = (page.forecast or {}).get("status", "pending")
@@ -347,6 +353,7 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
     """The compare page's figures answer: overlay, ranking and the verdict sentence."""
     entries = compare_entries(runs)
     ranking = figures.rank_forecasts(entries, horizon_step)
+    lasts = [_last_losses(series_by_key(item.metrics)) for item in runs]
     figs = {
         "compare": figures.compare_figure(entries, horizon_step, x_range=x_range),
         "ranking": figures.ranking_figure(entries, ranking),
@@ -355,13 +362,14 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
     for index in ranking.order:
         entry = entries[index]
         pred = entry.at_horizon
-        last = entry.series.last
+        train_last, eval_last = lasts[index]
         rows.append({
             "run_id": str(entry.run.get("id")),
             "name": str(entry.run.get("name") or ""),
             "status": str(entry.run.get("status") or ""),
             "last_step": fmt.step(entry.run.get("last_step")),
-            "last_loss": fmt.loss(last[1]) if last else "—",
+            "last_train_loss": fmt.loss(train_last[1]) if train_last else "—",
+            "last_eval_loss": fmt.loss(eval_last[1]) if eval_last else "—",
             "forecast": fmt.loss(pred.value) if pred else "—",
             "interval": fmt.interval(pred.lo, pred.hi) if pred else "",
             "f_star": fmt.loss(entry.forecast.f_star.value)
@@ -373,6 +381,17 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
                "best": str(entries[ranking.best].run.get("id")) if ranking.best is not None
                else None, "horizon": horizon_step}
     return charts_payload(figs, verdict=verdict, rows=rows)
+
+
+def _last_losses(series: Mapping[str, SeriesData]
+                 ) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """The last (step, value) of the training loss and of the evaluation loss, each None
+    when the run does not log it (the pages name which one they show)."""
+    train = series.get(TRAIN_LOSS_KEY)
+    key = eval_key(k for k, s in series.items() if len(s))
+    evaluation = series.get(key) if key else None
+    return (train.last if train is not None else None,
+            evaluation.last if evaluation is not None else None)
 
 
 # --- runs list ----------------------------------------------------------------------------------
@@ -387,9 +406,11 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows of the runs list.
 
     Args:
-        items: per run ``{"run": RunOut dict, "last_loss": float | None, "last_loss_step":
-            int | None, "spark_steps": [...], "spark_values": [...], "forecast": ForecastOut
-            dict | None, "firing": int | None}`` (``firing`` None: no alerts API).
+        items: per run ``{"run": RunOut dict, "last_loss": float | None, "loss_key": str |
+            None, "last_loss_step": int | None, "spark_steps": [...], "spark_values": [...],
+            "forecast": ForecastOut dict | None, "firing": int | None}`` (``last_loss`` is the
+            training loss, else the eval loss ``loss_key`` names; ``firing`` None: no alerts
+            API).
 
     Returns:
         Display strings and sort keys per row (the template escapes every string).
@@ -403,6 +424,7 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         pred = fit.prediction if fit else None
         star = fit.f_star if fit else None
         last_loss = item.get("last_loss")
+        loss_key = item.get("loss_key")
         firing = item.get("firing")
         status = (item.get("forecast") or {}).get("status")
         rows.append({
@@ -414,6 +436,8 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "last_step_sort": _sort_value(run.get("last_step")),
             "last_loss": fmt.loss(last_loss) if last_loss is not None else "—",
             "last_loss_sort": _sort_value(last_loss),
+            # The column is the training loss; a run that logs only an eval loss says so.
+            "last_loss_key": "" if loss_key in (None, *TRAIN_LOSS_KEYS) else str(loss_key),
             "forecast": fmt.loss(pred.value) if pred else ("pending" if status in (None, "pending")
                                                            else "—"),
             "forecast_interval": fmt.interval(pred.lo, pred.hi) if pred else "",

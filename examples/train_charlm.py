@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         url=args.url,
         project=args.project,
         run_name=args.run_name,  # curvecast
+        # watch() below adds the optimizer's hyper-parameters ("optimizer": {"name": ...},
+        # weight_decay, c_warmup, warmup_steps): the config here describes the rest.
         config={
-            **opt.config(),
             "model": "CharTransformer",
             "d_model": args.d_model,
             "layers": args.layers,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,7 +21,14 @@ from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
 from curvecast.service.errors import ERROR_CODE_TO_HTTP_STATUS, ERROR_RESPONSES, install_handlers
 from curvecast.service.migrate import check_schema, upgrade
-from curvecast.service.worker import Worker, deliver_webhooks, evaluate_alerts, refit_due_runs
+from curvecast.service.web import docs, static
+from curvecast.service.worker import (
+    LivenessTask,
+    Worker,
+    deliver_webhooks,
+    evaluate_alerts,
+    refit_due_runs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +183,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     sessions = make_sessionmaker(engine)
     worker = (
-        Worker(sessions, settings, tasks=(refit_due_runs, evaluate_alerts, deliver_webhooks))
+        Worker(
+            sessions,
+            settings,
+            tasks=(refit_due_runs, evaluate_alerts, deliver_webhooks, LivenessTask()),
+        )
         if settings.worker_enabled
         else None
     )
@@ -183,6 +195,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         prepare_database(settings)
+        # Read and gzip the static files (plotly.js: 4.8 MB) now, not in the first browser's
+        # request; in a thread, so readiness does not wait for it.
+        threading.Thread(target=static.warm, name="static-warm", daemon=True).start()
         if worker is not None:
             worker.start()
         yield
@@ -195,6 +210,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         summary="Watch and forecast neural-network training runs.",
         lifespan=lifespan,
+        # /docs and /redoc are served from installed files (web/docs.py): FastAPI's own pages
+        # load Swagger UI and ReDoc from a CDN and are blank offline.
+        docs_url=None,
+        redoc_url=None,
     )
     install_log_redaction()
     app.state.settings = settings
@@ -206,6 +225,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # API routes document the standard error answers (health probes have their own).
         app.include_router(module.router, responses=None if module is health else ERROR_RESPONSES)
     app.include_router(web.router)
+    app.include_router(docs.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
 

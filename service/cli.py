@@ -36,6 +36,7 @@ SERVER_MODULES = (
     "pandas",
     "plotly",
     "jinja2",
+    "fastapi_offline",
 )
 #: Commands that run without the ``[server]`` extra.
 CLIENT_COMMANDS = frozenset({"sync"})
@@ -117,12 +118,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from curvecast.service import migrate
 
     settings = _settings(args)
+    target = _redact(settings.database_url)
     if args.downgrade:
+        print(f"downgrading {target} to {args.downgrade} ...", flush=True)
         migrate.downgrade(settings.database_url, args.downgrade)
-        print(f"downgraded {_redact(settings.database_url)} to {args.downgrade}")
+        print(f"downgraded {target} to {args.downgrade}")
     else:
-        migrate.upgrade(settings.database_url, args.revision)
-        print(f"{_redact(settings.database_url)} is at revision {args.revision}")
+        print(f"migrating {target} to revision {args.revision}", flush=True)
+        # One line per revision as it starts and ends: on a large database a revision can take
+        # minutes, and the line says which one is running.
+        migrate.upgrade(
+            settings.database_url, args.revision, progress=lambda line: print(line, flush=True)
+        )
+        print(f"{target} is at revision {args.revision}")
     return 0
 
 

@@ -90,6 +90,12 @@ class Settings(BaseSettings):
     stalled_after_s: float = Field(
         default=900.0, gt=0, description="A running run silent this long raises 'stalled'."
     )
+    client_gone_after_s: float = Field(
+        default=1800.0, gt=0,
+        description="A running run that sent no points for stalled_after_s and whose client "
+        "made no request (the client sends a heartbeat every minute) for this long is marked "
+        "'crashed' (worker/liveness).",
+    )
     alert_eval_lease_s: float = Field(
         default=60.0, gt=0, description="How long a worker holds a run while evaluating it."
     )

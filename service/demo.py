@@ -4,17 +4,26 @@ into it, with the live forecast in the terminal.
 It starts the service (SQLite file, loopback) in this process, runs
 ``examples/train_charlm.py`` (ScheduleFreePlus on a small character-level transformer, with the
 client hook) as a child process, and polls the REST API once a second to draw a progress line:
-step, loss, the forecast of the final loss with its interval, f*, and the ETA to a target loss.
-At the end it compares the forecast made at 20% of the run with the loss actually reached, then
-keeps serving the dashboard until Ctrl-C.
+step, loss, elapsed and remaining time, the forecast of the final loss with its interval, f*, and
+the ETA to a target loss. At the end it compares the forecast made at 20% of the run with the
+loss actually reached, then keeps serving the dashboard until Ctrl-C.
+
+The demo binds its listening socket itself before anything else and hands that socket to
+uvicorn, so the server the training run and the progress line talk to is necessarily this
+process's: when the port is taken (another demo, another server) it takes a free port and says
+so, rather than finding the other program's ``/healthz`` and streaming into its database. Its
+files (the SQLite database and the training log) go to one directory, ``curvecast-demo/`` by
+default, which ``.gitignore`` covers.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,14 +42,30 @@ from curvecast.service.config import Settings
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_charlm.py"
 SIZES = {"tiny": ("32", "1"), "small": ("128", "4")}
+DEFAULT_DIR = "curvecast-demo"
+# The progress polls go straight to the loopback server, never through a proxy from the
+# environment (which would be another server than ours).
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``curvecast demo``."""
     demo = sub.add_parser("demo", help="serve and train a real model, forecasting live")
     demo.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
-    demo.add_argument("--port", type=int, default=8000)
-    demo.add_argument("--database-url", default="sqlite:///curvecast-demo.db")
+    demo.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="port on 127.0.0.1 (default 8000); if it is taken, a free port is used instead",
+    )
+    demo.add_argument(
+        "--dir",
+        default=DEFAULT_DIR,
+        help=f"where the demo's database and training log go (default ./{DEFAULT_DIR}/)",
+    )
+    demo.add_argument(
+        "--database-url", help="database (default: SQLite file curvecast.db in --dir)"
+    )
     demo.add_argument("--project", default="demo")
     demo.add_argument("--target", type=float, help="target loss for the ETA (default: chosen)")
     demo.add_argument("--size", choices=sorted(SIZES), default="small", help="model size")
@@ -52,30 +77,64 @@ def add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.set_defaults(func=run_demo)
 
 
+def bind_loopback(port: int) -> tuple[socket.socket, str | None]:
+    """A listening-ready socket on 127.0.0.1: ``port`` if it is free, else a free port.
+
+    Returns:
+        The bound socket and, when ``port`` was taken, a sentence saying which port was used
+        instead (None otherwise).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    # Lets a demo restart on the port its previous run just left (TIME_WAIT); on Linux it does
+    # not let two sockets listen on one port, so a live server there still makes bind() fail.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+        return sock, None
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            sock.close()
+            raise
+    sock.bind(("127.0.0.1", 0))
+    used = sock.getsockname()[1]
+    return sock, (
+        f"port {port} is in use by another program (another demo or server?); "
+        f"this demo serves on port {used} instead and talks only to its own server"
+    )
+
+
 class _Server:
-    """uvicorn serving the app in a background thread of this process."""
+    """uvicorn serving the app in a background thread of this process, on a socket this
+    process bound (so nothing else can be answering on it)."""
 
-    def __init__(self, settings: Settings, port: int) -> None:
-        config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=port, log_level="warning"
-        )
+    def __init__(self, settings: Settings, sock: socket.socket) -> None:
+        config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.sock = sock
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
 
-    def start(self, url: str, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 60.0) -> None:
+        """Start serving; returns once uvicorn has run the app's start-up (database ready).
+
+        Raises:
+            RuntimeError: the server stopped during start-up or did not start in time.
+        """
         self.thread.start()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        # uvicorn sets `started` after the lifespan start-up (migrations) has completed.
+        while not self.server.started:
             if not self.thread.is_alive():
-                raise RuntimeError("the server stopped during start-up (is the port free?)")
-            if _Api(url).get("/healthz") is not None:
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"the server did not answer on {url} within {timeout:.0f}s")
+                raise RuntimeError("the server stopped during start-up (see the error above)")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start within {timeout:.0f}s")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)
+        self.sock.close()
 
 
 class _Api:
@@ -88,7 +147,7 @@ class _Api:
         """The decoded body of a 200 answer, else None (errors mean "not yet")."""
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
         try:
-            with urllib.request.urlopen(self.base_url + path + query, timeout=10) as resp:
+            with _DIRECT.open(self.base_url + path + query, timeout=10) as resp:
                 body: dict[str, Any] = json.load(resp)
                 return body
         except (urllib.error.URLError, OSError, ValueError):
@@ -113,6 +172,7 @@ class _Progress:
         self.client, self.run_id, self.steps, self.target = client, run_id, steps, target
         self.tty = sys.stdout.isatty()
         self.last_print = 0.0
+        self.started = time.monotonic()
 
     def line(self) -> str | None:
         base = f"/api/v1/runs/{self.run_id}"
@@ -129,7 +189,14 @@ class _Progress:
         loss = sum(losses) / len(losses) if losses else None
         width = 24
         done = min(width, int(width * step / max(1, self.steps)))
-        text = f"step {step:>5}/{self.steps} [{'#' * done}{'.' * (width - done)}] loss {_fmt(loss)}"
+        elapsed = time.monotonic() - self.started
+        # Remaining training time at the average pace so far (the first steps include start-up,
+        # so it errs long).
+        left = elapsed * (self.steps - step) / step if step else None
+        text = (
+            f"step {step:>5}/{self.steps} [{'#' * done}{'.' * (width - done)}] "
+            f"{_duration(elapsed)} elapsed, ~{_duration(left)} left | loss {_fmt(loss)}"
+        )
         forecast = self.client.get(f"{base}/forecast", horizon=self.steps)
         if forecast and (forecast.get("prediction") or {}).get("value") is not None:
             p, fs = forecast["prediction"], forecast.get("f_star") or {}
@@ -203,16 +270,27 @@ def run_demo(args: argparse.Namespace) -> int:
             f"curvecast demo needs a source checkout ({TRAIN_SCRIPT} is missing)", file=sys.stderr
         )
         return 2
-    url = f"http://127.0.0.1:{args.port}"
-    settings = Settings(database_url=args.database_url, public_url=url, auth_enabled=False)
-    server = _Server(settings, args.port)
+    out_dir = Path(args.dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        server.start(url)
+        sock, moved = bind_loopback(args.port)
+    except OSError as exc:
+        print(f"curvecast demo: cannot listen on 127.0.0.1:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    if moved:
+        print(f"curvecast demo: {moved}", flush=True)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    database_url = args.database_url or f"sqlite:///{out_dir / 'curvecast.db'}"
+    settings = Settings(database_url=database_url, public_url=url, auth_enabled=False)
+    server = _Server(settings, sock)
+    try:
+        server.start()
     except RuntimeError as exc:
         print(f"curvecast demo: {exc}", file=sys.stderr)
+        server.stop()
         return 2
     run_id = str(uuid.uuid4())
-    log_path = Path("curvecast-demo-train.log").resolve()
+    log_path = out_dir / f"train-{run_id[:8]}.log"
     print(f"curvecast is serving at {url} (database: {settings.database_url})")
     print(f"dashboard of this run: {url}/runs/{run_id}")
     print(

@@ -60,6 +60,11 @@ class Run(Base):
     last_step: Mapped[int | None] = mapped_column(BigInteger)
     n_points: Mapped[int] = mapped_column(BigInteger, default=0)
     last_ingest_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: The last request of the run's client other than points (create, PATCH, heartbeat): with
+    #: ``last_ingest_at`` it tells a quiet run from one whose client is gone (worker/liveness).
+    last_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: Why the run has its status (the client's reason, or the service's when it marked it).
+    status_reason: Mapped[str | None] = mapped_column(String(200))
 
 
 class Series(Base):

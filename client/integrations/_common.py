@@ -28,6 +28,10 @@ def scalar_metrics(
     out: dict[str, Any] = {}
     for key, value in items:
         if is_scalar(value):
+            # Frameworks hand over (1,)-shaped tensors too; Monitor.log takes 0-d ones only
+            # (reshape is a view: no copy, no device sync).
+            if getattr(value, "ndim", 0):
+                value = value.reshape(())
             out[sanitize_key((rename or {}).get(key, key))] = value
     return out
 

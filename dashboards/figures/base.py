@@ -52,24 +52,45 @@ _BURN_IN_FILL = "rgba(110,110,110,0.13)"
 # --- shared pieces -------------------------------------------------------------------------------
 
 
+#: The figure's top margin holds two rows: the title (left) beside Plotly's toolbar (the
+#: modebar, drawn over the figure's top-right corner on hover), then the linear/log buttons
+#: just above the plot. Nothing of ours sits in the toolbar's row at the right.
+TOP_MARGIN = 66
+#: Pixels between the buttons' row and the top of the plot.
+MENU_GAP = 6
+#: Where the x-axis buttons start, right of the y-axis ones (pixels from the plot's left).
+X_MENU_OFFSET = 124
+
+
 def base_layout(chart: str, title: str, height: int, keys: Sequence[str], *, x_title: str = "step",
            y_title: str = "") -> dict[str, Any]:
-    """The layout every chart starts from (``chart`` names it in ``meta`` and ``uirevision``)."""
+    """The layout every chart starts from (``chart`` names it in ``meta`` and ``uirevision``).
+
+    The title sits at the figure's top-left, the legend (when there is one) below the x axis:
+    inside or above the plot it covered the newest points and the forecast, and beside the
+    title it met the toolbar.
+    """
     return {
         "template": TEMPLATE,
-        "title": {"text": title, "x": 0.0, "xanchor": "left", "xref": "paper", "y": 1.0,
-                  "yref": "container", "yanchor": "top", "pad": {"t": 8},
+        "title": {"text": title, "x": 0.0, "xanchor": "left", "xref": "container", "y": 1.0,
+                  "yref": "container", "yanchor": "top", "pad": {"t": 8, "l": 12},
                   "font": {"size": 15}},
         "height": height,
-        "margin": {"l": 70, "r": 24, "t": 64, "b": 50},
+        "margin": {"l": 70, "r": 24, "t": TOP_MARGIN, "b": 50},
         "font": {"family": _FONT, "size": 12, "color": "#1f2328"},
-        "legend": {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.0, "yanchor": "bottom",
+        # Anchored to the figure's bottom edge (container), so Plotly reserves room for it
+        # under the x axis however many rows it wraps into.
+        "legend": {"orientation": "h", "x": 0.0, "xanchor": "left", "xref": "paper",
+                   "y": 0.0, "yanchor": "bottom", "yref": "container",
                    "bgcolor": "rgba(255,255,255,0)", "font": {"size": 11},
                    "tracegroupgap": 0},
         "hovermode": "x unified",
         "hoverlabel": {"namelength": -1},
         "uirevision": chart,
-        "xaxis": {"title": {"text": x_title}, "tickformat": "~s", "hoverformat": ",d",
+        # A standoff with automargin keeps the axis title under the tick labels when the
+        # legend below takes room from the bottom margin.
+        "xaxis": {"title": {"text": x_title, "standoff": 6}, "automargin": True,
+                  "tickformat": "~s", "hoverformat": ",d",
                   "showline": True, "linecolor": "#9aa0a6", "zeroline": False,
                   "rangemode": "tozero"},
         "yaxis": {"title": {"text": y_title}, "showline": True, "linecolor": "#9aa0a6",
@@ -148,37 +169,47 @@ class FigureBuilder:
 
 
 def log_menu(layout: dict[str, Any], axes: Sequence[str], *,
-              linear_range: Sequence[float] | None = None, x_axis: bool = False
-              ) -> dict[str, Any]:
+             linear_range: Sequence[float] | None = None,
+             log_range: Sequence[float] | None = None, x_axis: bool = False
+             ) -> dict[str, Any]:
     """An updatemenu of two small buttons switching ``axes`` between linear and log scale,
-    placed on the title's row at the right.
+    placed just above the plot at its left (the y axis's buttons first, the x axis's beside
+    them), in the row below the title and Plotly's toolbar.
 
-    Switching resets the range to auto (a range set for one scale is meaningless in the other),
-    except that going back to linear restores ``linear_range`` when the chart was focused.
+    Going to log autoscales, unless ``log_range`` (log10 units of the first axis) gives the
+    range to show: autoscaling a log axis takes in every positive value drawn, so a forecast
+    band's lower edge near zero would stretch it over dozens of decades. Going back to linear
+    restores ``linear_range`` when the chart was focused. Both ranges travel in
+    ``layout.meta.ranges`` too, so a redraw keeps the scale the user chose with its range.
     """
     linear: dict[str, Any] = {}
     log: dict[str, Any] = {}
-    for axis in axes:
+    for index, axis in enumerate(axes):
         linear[f"{axis}.type"] = "linear"
         log[f"{axis}.type"] = "log"
-        log[f"{axis}.autorange"] = True
-        if linear_range is not None and axis == "yaxis":
+        if log_range is not None and index == 0:
+            log[f"{axis}.range"] = list(log_range)
+        else:
+            log[f"{axis}.autorange"] = True
+        if linear_range is not None and index == 0:
             linear[f"{axis}.range"] = list(linear_range)
         else:
             linear[f"{axis}.autorange"] = True
+    ranges = layout["meta"].setdefault("ranges", {})
+    ranges[axes[0]] = {"linear": list(linear_range) if linear_range is not None else None,
+                       "log": list(log_range) if log_range is not None else None}
     name = "x" if x_axis else "y"
-    margin = layout["margin"]
-    plot_height = max(1, layout["height"] - margin["t"] - margin["b"])
     return {
         "type": "buttons",
         "direction": "right",
         "showactive": True,
         "active": 0,
-        "x": 0.8 if x_axis else 1.0,
-        "xanchor": "right",
-        "y": 1.0 + (margin["t"] - 6) / plot_height,  # 6 px below the top of the figure
-        "yanchor": "top",
-        "pad": {"t": 0, "b": 0, "l": 0, "r": 0},
+        # Paper coordinates with pixel pads: the same place whatever the plot's size.
+        "x": 0.0,
+        "xanchor": "left",
+        "y": 1.0,
+        "yanchor": "bottom",
+        "pad": {"t": 0, "b": MENU_GAP, "l": X_MENU_OFFSET if x_axis else 0, "r": 0},
         "bgcolor": "#f6f8fa",
         "bordercolor": "#d0d7de",
         "font": {"size": 10},
@@ -188,6 +219,30 @@ def log_menu(layout: dict[str, Any], axes: Sequence[str], *,
         ],
         "name": f"log_{name}",
     }
+
+
+def log_range_of(linear: Sequence[float] | None, arrays: Sequence[FloatArray],
+                 extra: Sequence[float]) -> list[float] | None:
+    """The log10 range matching a focused linear range ``linear``: its positive part, else
+    the positive values of ``arrays`` (the data) and ``extra`` (forecast band, f*, ...).
+
+    Extra values more than a decade beyond the data are left out: an interval's lower edge
+    can be a positive number far below anything drawn (a fitted asymptote's bound clipped
+    near 0, 1e-60), which on a log axis would squash the losses into a sliver. None when
+    nothing is positive.
+    """
+    positive = [a[np.isfinite(a) & (a > 0)] for a in arrays if len(a)]
+    values = np.concatenate(positive) if positive else np.zeros(0)
+    bounds = [x for x in extra if math.isfinite(x) and x > 0]
+    if len(values):
+        data_lo, data_hi = float(np.quantile(values, 0.002)), float(np.quantile(values, 0.995))
+        bounds = [x for x in bounds if data_lo / 10 <= x <= data_hi * 10] + [data_lo, data_hi]
+    lo = linear[0] if linear is not None and linear[0] > 0 else min(bounds, default=None)
+    hi = linear[1] if linear is not None and linear[1] > 0 else max(bounds, default=None)
+    if lo is None or hi is None or hi <= lo:
+        return None
+    pad = (math.log10(hi) - math.log10(lo)) * 0.05 or 0.05
+    return [math.log10(lo) - pad, math.log10(hi) + pad]
 
 
 def trace_type(n_points: int) -> str:

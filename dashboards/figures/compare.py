@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS
 from curvecast.dashboards import fmt, palette
 from curvecast.dashboards.data import FloatArray, ForecastData, Prediction, SeriesData, plottable
 from curvecast.dashboards.figures.base import (
@@ -21,8 +22,12 @@ from curvecast.dashboards.figures.base import (
     focus_range,
     gap,
     log_menu,
+    log_range_of,
     trace_type,
 )
+
+#: Characters of a run's name on the ranking chart's axis (the table has it in full).
+RANK_LABEL_CHARS = 36
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,11 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
     best = ranked[0]
     best_pred = _pred(entries[best])
     where = f"step {fmt.step(horizon)}" if horizon else "the horizon"
+    if len(entries) == 1:  # e.g. opened from a run's "Compare with…": nothing to rank yet
+        return Ranking(horizon, ranked, best, False,
+                       f"At {where} the forecast for {entries[best].name} is "
+                       f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}"
+                       ". Add a run to compare it with.")
     message = (f"At {where} the forecasts say {entries[best].name} will be best: "
                f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}.")
     clear = True
@@ -94,12 +104,23 @@ def _pred(entry: CompareEntry) -> Prediction:
     return entry.at_horizon
 
 
+def loss_title(keys: Sequence[str]) -> str:
+    """Which loss a chart of ``keys`` shows (each run draws the series its forecast is
+    fitted to: the eval loss where the run logs enough of it, else the training loss)."""
+    if keys and all(k in EVAL_LOSS_KEYS for k in keys):
+        return "eval loss"
+    if keys and all(k in TRAIN_LOSS_KEYS for k in keys):
+        return "training loss"
+    return "loss (eval or training)"
+
+
 def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
                    *, x_range: Sequence[float] | None = None) -> go.Figure:
     """Several runs' losses overlaid, each with its forecast (and band) to a common horizon."""
+    keys = sorted({e.series.key for e in entries})
     fig = FigureBuilder(base_layout(
         "compare", "Loss of each run, with its forecast to a common horizon", 480,
-        sorted({e.series.key for e in entries}), y_title="loss"))
+        keys, y_title=loss_title(keys)))
     focus_arrays: list[FloatArray] = []
     focus_extra: list[float] = []
     for index, entry in enumerate(entries):
@@ -162,8 +183,10 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
     elif horizon is not None:
         layout["xaxis"].update(range=[0, horizon * 1.02], autorange=False)
     layout["hovermode"] = "closest"
-    layout["updatemenus"] = [log_menu(layout, ["yaxis"], linear_range=focus),
-                             log_menu(layout, ["xaxis"], x_axis=True)]
+    layout["updatemenus"] = [
+        log_menu(layout, ["yaxis"], linear_range=focus,
+                 log_range=log_range_of(focus, focus_arrays, focus_extra)),
+        log_menu(layout, ["xaxis"], x_axis=True)]
     return fig.figure()
 
 
@@ -173,15 +196,18 @@ def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> go.Figu
     where = f"step {fmt.short_step(ranking.horizon)}" if ranking.horizon else "the horizon"
     layout = base_layout("ranking", f"Forecast loss at {where} (lower is better)",
                      130 + 40 * max(1, len(ordered)), [], x_title="forecast loss")
-    layout["yaxis"].update(autorange="reversed", type="category")
+    # The run names are the y axis's labels: the left margin grows to fit them (shortened).
+    layout["yaxis"].update(autorange="reversed", type="category", automargin=True)
     layout["xaxis"].update(tickformat=".4g", hoverformat=".4g", rangemode="normal")
     layout["hovermode"] = "closest"
-    layout["margin"] = {**layout["margin"], "l": 170, "t": 56}
+    layout["margin"] = {**layout["margin"], "l": 40, "t": 56}
     fig = FigureBuilder(layout)
     labels, values, plus, minus, colours, texts = [], [], [], [], [], []
     for i in ordered:
         pred = _pred(entries[i])
-        labels.append(("★ " if i == ranking.best else "") + entries[i].label)
+        name = entries[i].name
+        short = name if len(name) <= RANK_LABEL_CHARS else name[:RANK_LABEL_CHARS - 1] + "…"
+        labels.append(("★ " if i == ranking.best else "") + fmt.esc(short))
         values.append(pred.value)
         plus.append(gap(pred.hi, pred.value))
         minus.append(gap(pred.value, pred.lo))

@@ -24,6 +24,7 @@ from curvecast.dashboards.figures.base import (
     focus_range,
     gap,
     log_menu,
+    log_range_of,
     parse_band,
     parse_forecast,
     shade_burn_in,
@@ -67,13 +68,8 @@ def loss_figure(
     fit = parse_forecast(forecast)
     shown = [s for s in (train_s, eval_s) if s is not None]
     keys = [s.key for s in shown]
-    layout = base_layout("loss", title, 440, keys, y_title="loss")
-    # Inside the plot, top right: a loss curve falls, so that corner is empty.
-    layout["legend"] = {"orientation": "v", "x": 0.995, "xanchor": "right", "y": 0.99,
-                        "yanchor": "top", "bgcolor": "rgba(255,255,255,0.88)",
-                        "bordercolor": "#d0d7de", "borderwidth": 1, "font": {"size": 11},
-                        "tracegroupgap": 0}
-    layout["margin"] = {**layout["margin"], "t": 40}
+    # Taller than before: the legend (one or two rows, below the axis) takes from the height.
+    layout = base_layout("loss", title, 480, keys, y_title="loss")
     fig = FigureBuilder(layout)
 
     add_series(fig, train_s, name="training loss", colour=palette.BLUE)
@@ -118,7 +114,8 @@ def loss_figure(
             })
             if math.isfinite(star.lo) and math.isfinite(star.hi):
                 fig.hrect(star.lo, star.hi, palette.rgba(palette.GREEN, 0.08))
-            focus_extra.append(star.lo if math.isfinite(star.lo) else star.value)
+            # f* itself too: on a log axis its lower bound may be left out (log_range_of).
+            focus_extra += [star.value, star.lo if math.isfinite(star.lo) else star.value]
         pred = fit.prediction
         if pred is not None and end is not None and pred.step == end:
             fig.add_trace({
@@ -153,8 +150,10 @@ def loss_figure(
         layout["xaxis"].update(range=list(x_range), autorange=False)
     elif end is not None:
         layout["xaxis"].update(range=[first_step, end * 1.02], autorange=False)
-    layout["updatemenus"] = [log_menu(layout, ["yaxis"], linear_range=focus),
-                             log_menu(layout, ["xaxis"], x_axis=True)]
+    layout["updatemenus"] = [
+        log_menu(layout, ["yaxis"], linear_range=focus,
+                 log_range=log_range_of(focus, arrays, focus_extra)),
+        log_menu(layout, ["xaxis"], x_axis=True)]
     return fig.figure()
 
 
@@ -169,7 +168,7 @@ def evolution_figure(history: Mapping[str, Any], *, observed: float | None = Non
     where = f"step {fmt.short_step(horizon)}" if horizon else "the horizon"
     if not horizon_planned and horizon:
         where += " (no total_steps)"
-    fig = FigureBuilder(base_layout("evolution", f"Forecast evolution: loss at {where}", 330, [],
+    fig = FigureBuilder(base_layout("evolution", f"Forecast evolution: loss at {where}", 340, [],
                                 x_title="forecast made with data up to step",
                                 y_title=f"forecast loss at {where}"))
     xs = np.array([float(p["fitted_upto_step"]) for p in points])

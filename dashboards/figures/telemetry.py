@@ -50,7 +50,7 @@ def telemetry_figure(
     log_y: bool = False,
     guide: tuple[float, str] | None = None,
     x_range: Sequence[float] | None = None,
-    height: int = 320,
+    height: int = 340,
 ) -> go.Figure:
     """A step chart of a few telemetry series on one or two y-axes (generic builder).
 

@@ -1,4 +1,5 @@
-/* curvecast compare page: the overlay, the ranking and the verdict, redrawn every 10 s. */
+/* curvecast compare page: the overlay, the ranking and the verdict, redrawn every 10 s, and
+ * the picker that adds runs to the comparison (runs of the first run's project first). */
 (function () {
   "use strict";
 
@@ -34,8 +35,9 @@
           r.best ? el("span", { class: "badge status-finished", text: " best" }) : ""]),
         el("td", {}, [el("span", { class: "badge status-" + r.status, text: r.status })]),
         el("td", { class: "num", text: r.last_step }),
-        el("td", { class: "num", text: r.last_loss }),
-        el("td", { class: "num", text: r.forecast + " " + r.interval }),
+        el("td", { class: "num", text: r.last_train_loss }),
+        el("td", { class: "num", text: r.last_eval_loss }),
+        el("td", { class: "num" }, [r.forecast, el("div", { class: "muted small", text: r.interval })]),
         el("td", { class: "num", text: r.f_star }),
       ]));
     });
@@ -78,5 +80,94 @@
     });
   }
 
+  // --- the picker ------------------------------------------------------------------------
+
+  var PICKER_LIMIT = 200; // runs listed per project (newest first), then filtered as typed
+  var PICKER_SHOWN = 30;
+  var picker = { runs: null, error: null };
+
+  function loadPickerRuns() {
+    // The REST list of runs (GET /api/v1/runs): the first run's project, then every project
+    // the caller may see; runs already compared are left out.
+    var chosen = {};
+    (CFG.run_ids || []).forEach(function (id) { chosen[id] = true; });
+    var own = getJSON(CFG.api + "/runs" + query({ project: CFG.project, limit: PICKER_LIMIT }));
+    var all = getJSON(CFG.api + "/runs" + query({ limit: PICKER_LIMIT }));
+    return Promise.all([own, all]).then(function (pages) {
+      var seen = {}, out = [];
+      pages.forEach(function (page) {
+        (page.runs || []).forEach(function (r) {
+          if (chosen[r.id] || seen[r.id]) return;
+          seen[r.id] = true;
+          out.push(r);
+        });
+      });
+      picker.runs = out;
+    }, function (err) { picker.error = err.message; });
+  }
+
+  function matches(run, words) {
+    var hay = (run.name + " " + run.project + " " + run.id).toLowerCase();
+    return words.every(function (w) { return hay.indexOf(w) >= 0; });
+  }
+
+  function addRun(id) {
+    window.location.href = cc.compareHref((CFG.run_ids || []).concat([id]), CFG.horizon);
+  }
+
+  function renderPicker() {
+    var list = document.getElementById("picker-results");
+    var input = document.getElementById("picker-search");
+    list.textContent = "";
+    list.hidden = false;
+    if (picker.error) {
+      list.appendChild(el("li", { class: "empty", text: "Could not list runs: " + picker.error }));
+      return;
+    }
+    if (picker.runs === null) {
+      list.appendChild(el("li", { class: "empty", text: "Loading runs…" }));
+      return;
+    }
+    var words = input.value.toLowerCase().split(/\s+/).filter(Boolean);
+    var found = picker.runs.filter(function (r) { return matches(r, words); });
+    found.slice(0, PICKER_SHOWN).forEach(function (r) {
+      var button = el("button", { type: "button", class: "picker-item", "data-run-id": r.id }, [
+        el("span", { class: "picker-name", text: r.name || r.id.slice(0, 8) }),
+        el("span", { class: "muted small", text: r.project + " · " + r.status + " · step " + cc.fmtStep(r.last_step) }),
+      ]);
+      button.addEventListener("click", function () { addRun(r.id); });
+      list.appendChild(el("li", { role: "option" }, [button]));
+    });
+    if (!found.length) {
+      list.appendChild(el("li", { class: "empty", text: words.length ? "No other run matches." : "No other runs yet." }));
+    } else if (found.length > PICKER_SHOWN) {
+      list.appendChild(el("li", { class: "empty", text: (found.length - PICKER_SHOWN) + " more: type to narrow" }));
+    }
+  }
+
+  function initPicker() {
+    var input = document.getElementById("picker-search");
+    if (!input || input.disabled) return;
+    var list = document.getElementById("picker-results");
+    var loading = loadPickerRuns();
+    var show = function () { renderPicker(); loading.then(renderPicker); };
+    input.addEventListener("focus", show);
+    input.addEventListener("input", show);
+    input.addEventListener("keydown", function (ev) {
+      if (ev.key === "Escape") { list.hidden = true; return; }
+      if (ev.key === "Enter") {
+        ev.preventDefault();
+        var first = list.querySelector(".picker-item");
+        if (first) addRun(first.getAttribute("data-run-id"));
+      }
+    });
+    document.addEventListener("click", function (ev) {
+      if (!document.getElementById("picker").contains(ev.target)) list.hidden = true;
+    });
+    // Opened from a run's "Compare with…": one run is no comparison, offer the others now.
+    if ((CFG.run_ids || []).length === 1) show();
+  }
+
+  initPicker(); // deferred: the page is parsed; no need to wait for plotly.js
   cc.onReady(initCompare);
 })();

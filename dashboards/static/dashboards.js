@@ -16,7 +16,8 @@
   var PLOT_CONFIG = {
     responsive: true,
     displaylogo: false,
-    modeBarButtonsToRemove: ["lasso2d", "select2d"],
+    // A short toolbar: it is drawn over the figure's top-right corner, beside the title.
+    modeBarButtonsToRemove: ["lasso2d", "select2d", "zoomIn2d", "zoomOut2d"],
     toImageButtonOptions: { format: "png", scale: 2 },
   };
   var bench = (window.__cc = { firstChart: null, rendered: {} });
@@ -141,14 +142,19 @@
   }
 
   function keepUserChoices(gd, layout) {
-    // Keep the scale (linear/log) the user picked with the chart's buttons across redraws.
+    // Keep the scale (linear/log) the user picked with the chart's buttons across redraws,
+    // with the range the figure gives for that scale (layout.meta.ranges: a log axis left to
+    // autoscale would stretch down to the forecast band's lowest edge).
+    var ranges = (layout.meta && layout.meta.ranges) || {};
     ["xaxis", "yaxis", "yaxis2"].forEach(function (ax) {
       var cur = gd.layout && gd.layout[ax];
       if (!cur || !layout[ax]) return;
       var want = cur.type;
       if (want && want !== "-" && want !== (layout[ax].type || "linear")) {
         layout[ax].type = want;
-        if (want === "log") { layout[ax].autorange = true; delete layout[ax].range; }
+        var given = ranges[ax] && ranges[ax][want];
+        if (given) { layout[ax].range = given; layout[ax].autorange = false; }
+        else { layout[ax].autorange = true; delete layout[ax].range; }
       }
     });
     var menus = gd.layout && gd.layout.updatemenus;
@@ -191,6 +197,13 @@
     return null;
   }
 
+  function compareHref(ids, horizon) {
+    // The compare page's address; pages.compare_href builds the same on the server, so the
+    // runs list, the run page and the compare page's picker all agree on it.
+    return "/compare?runs=" + ids.map(encodeURIComponent).join(",") +
+      (horizon ? "&horizon=" + encodeURIComponent(String(horizon)) : "");
+  }
+
   function onReady(fn) {
     // The pages' scripts are deferred and run before plotly.min.js (also deferred) has run,
     // while readyState is already "interactive": DOMContentLoaded fires after all of them.
@@ -211,5 +224,6 @@
     CFG: CFG, ApiError: ApiError, getJSON: getJSON, query: query, num: num, fmtLoss: fmtLoss,
     fmtStep: fmtStep, fmtDuration: fmtDuration, el: el, setLive: setLive, draw: draw,
     drawn: drawn, xRangeFromEvent: xRangeFromEvent, onReady: onReady, firstData: firstData,
+    compareHref: compareHref,
   };
 })();

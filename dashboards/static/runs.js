@@ -39,7 +39,7 @@
     };
     document.getElementById("runs-body").addEventListener("change", update);
     button.addEventListener("click", function () {
-      window.location.href = "/compare?runs=" + selectedRuns().map(encodeURIComponent).join(",");
+      window.location.href = cc.compareHref(selectedRuns());
     });
     update();
   }

@@ -135,7 +135,7 @@ def replay(
     last = max((int(s.steps[-1]) for s in series.values() if len(s)), default=-1)
     loss_series = {k: s for k, s in series.items() if k in LOSS_KEYS or k == cfg.fit_key}
     fit_key: str | None = None
-    fit: dict[str, Any] | None = None
+    fit: Fit | None = None
     fitted_n = 0
     state: dict[str, Any] = {}
     events: list[ReplayEvent] = []
@@ -156,9 +156,8 @@ def replay(
             if fit_key is not None and n >= 4 and n >= fitted_n * (1 + refit_growth) \
                     and n > fitted_n:
                 fs = series[fit_key]
-                warm = Fit.from_dict(fit).params if fit else None
-                fit = fit_curve(fs.steps[:n], fs.values[:n], config=config,
-                                warm_start=warm).to_dict()
+                warm = fit.params if fit else None
+                fit = fit_curve(fs.steps[:n], fs.values[:n], config=config, warm_start=warm)
                 fitted_n = n
         ctx = EvalContext(config=config, last_step=upto, after_step=after, fit=fit,
                           fit_key=fit_key)

@@ -172,6 +172,10 @@ class RunUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     status: RunStatus | None = None
+    status_reason: str | None = Field(
+        default=None, max_length=200,
+        description="Why the run has this status (stored with it; e.g. 'SIGTERM').",
+    )
     name: RunName | None = None
     config: RunConfigIn | None = None
 
@@ -184,11 +188,19 @@ class RunOut(BaseModel):
     name: str
     config: dict[str, Any]
     status: RunStatus
+    status_reason: str | None = Field(
+        default=None,
+        description="Why the run has its status: the client's reason (e.g. 'SIGTERM'), or the "
+        "service's when it marked a run whose client went silent 'crashed' ('silent: ...').",
+    )
     created_at: datetime
     updated_at: datetime
     ended_at: datetime | None
     last_step: int | None
     n_points: int
+    last_seen_at: datetime | None = Field(
+        default=None, description="When the run's client was last heard from (points or not)."
+    )
 
 
 class RunPage(BaseModel):

@@ -36,6 +36,7 @@ from curvecast.service.models import Series as SeriesRow
 from curvecast.service.schemas.alerts import AlertList, AlertOut, AlertRow, AlertWrite, EvalJob
 from curvecast.service.store._common import as_utc, is_postgres, write_connection
 from curvecast.service.store._leases import claim_leases
+from curvecast.service.store.forecasts import StoredFit, stored_fit
 from curvecast.service.store.projects import ensure_project
 
 OPEN_STATES = ("pending", "firing")
@@ -145,15 +146,12 @@ def read_points(
     return steps, values
 
 
-def latest_fit(session: Session, *, run_id: uuid.UUID) -> tuple[dict[str, Any], str] | None:
-    """The newest stored forecast fit of a run and the series it was fitted on."""
-    row = session.execute(
-        select(FitRecord.fit, FitRecord.key)
-        .where(FitRecord.run_id == run_id)
-        .order_by(FitRecord.id.desc())
-        .limit(1)
-    ).first()
-    return (dict(row[0]), str(row[1])) if row else None
+def latest_fit(session: Session, *, run_id: uuid.UUID) -> StoredFit | None:
+    """The newest stored forecast fit of a run (parsed, with the series it was fitted on)."""
+    record = session.scalar(
+        select(FitRecord).where(FitRecord.run_id == run_id).order_by(FitRecord.id.desc()).limit(1)
+    )
+    return stored_fit(record) if record is not None else None
 
 
 def rule_overrides(session: Session, *, project_id: int) -> dict[str, dict[str, Any]]:

@@ -28,6 +28,7 @@ from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, Ser
 from curvecast.service.store._common import insert_ignore, is_postgres, utcnow, write_connection
 from curvecast.service.store._pgcopy import encode_rows
 from curvecast.service.store.rollups import Buckets, choose_level, read_buckets, update_rollups
+from curvecast.service.store.runs import revive_values
 
 _COPY_POINTS = "COPY metric_points (series_id, step, value, wall_time) FROM STDIN (FORMAT BINARY)"
 _STAGING = (
@@ -213,7 +214,8 @@ def _touch_run(
             == select(Project.id).where(Project.name == allowed_project).scalar_subquery()
         )
     result = session.execute(
-        stmt.values(updated_at=now, last_ingest_at=now, last_step=new_last),
+        # revive_values: points from a run the service marked crashed (silent) mean it lives.
+        stmt.values(updated_at=now, last_ingest_at=now, last_step=new_last, **revive_values()),
         execution_options={"synchronize_session": False},
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]

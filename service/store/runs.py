@@ -1,13 +1,15 @@
-"""Runs: create-or-get, update, read, list with keyset pagination."""
+"""Runs: create-or-get, update, read, list with keyset pagination, and liveness (marking runs
+whose client is gone ``crashed``, and reviving them when it comes back)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import ColumnElement, Select, and_, case, or_, select, update
 from sqlalchemy.orm import Session
 
 from curvecast.contract import FINAL_RUN_STATUSES
@@ -25,12 +27,92 @@ def _to_out(run: Run, project: str) -> RunOut:
         name=run.name,
         config=dict(run.config),
         status=run.status,  # type: ignore[arg-type]
+        status_reason=run.status_reason,
         created_at=as_utc(run.created_at),
         updated_at=as_utc(run.updated_at),
         ended_at=as_utc(run.ended_at) if run.ended_at else None,
         last_step=run.last_step,
         n_points=run.n_points,
+        last_seen_at=_last_seen(run),
     )
+
+
+#: How the reason of a run the service marked ``crashed`` starts; only such runs come back to
+#: ``running`` when their client is heard from again (a status the client set stays).
+SILENT_REASON_PREFIX = "silent:"
+
+
+def _last_seen(run: Run) -> datetime | None:
+    stamps = [as_utc(t) for t in (run.last_seen_at, run.last_ingest_at) if t is not None]
+    return max(stamps) if stamps else None
+
+
+def _marked_silent() -> ColumnElement[bool]:
+    return and_(Run.status == "crashed", Run.status_reason.startswith(SILENT_REASON_PREFIX))
+
+
+def revive_values() -> dict[str, Any]:
+    """``UPDATE runs SET ...`` values that put a run the service marked ``crashed`` (its client
+    went silent) back to ``running``, and leave any other run as it is. Ingest applies them:
+    a run that sends points again is alive."""
+    silent = _marked_silent()
+    return {
+        "status": case((silent, "running"), else_=Run.status),
+        "status_reason": case((silent, None), else_=Run.status_reason),
+        "ended_at": case((silent, None), else_=Run.ended_at),
+    }
+
+
+def _silent(now: datetime, stalled_after_s: float, client_gone_after_s: float
+            ) -> ColumnElement[bool]:
+    quiet_points = now - timedelta(seconds=max(stalled_after_s, client_gone_after_s))
+    gone = now - timedelta(seconds=client_gone_after_s)
+    return and_(
+        Run.status == "running",
+        Run.created_at < gone,
+        or_(Run.last_ingest_at.is_(None), Run.last_ingest_at < quiet_points),
+        or_(Run.last_seen_at.is_(None), Run.last_seen_at < gone),
+    )
+
+
+def silent_runs_exist(
+    session: Session, *, now: datetime, stalled_after_s: float, client_gone_after_s: float
+) -> bool:
+    """Whether :func:`mark_silent_runs_crashed` would mark any run (a read: the usual answer
+    is "no", and on SQLite a write transaction would queue behind ingest for nothing)."""
+    stmt = select(Run.id).where(_silent(now, stalled_after_s, client_gone_after_s)).limit(1)
+    return session.execute(stmt).first() is not None
+
+
+def mark_silent_runs_crashed(
+    session: Session, *, now: datetime, stalled_after_s: float, client_gone_after_s: float
+) -> int:
+    """Mark ``crashed`` every ``running`` run that sent no points for ``stalled_after_s`` and
+    whose client made no request for ``client_gone_after_s`` (a live client sends a heartbeat
+    while it has nothing else to say). One conditional ``UPDATE``: safe in any number of
+    processes at once, and a point that arrives meanwhile wins (the row no longer matches).
+
+    Returns:
+        How many runs were marked.
+    """
+    reason = (
+        f"{SILENT_REASON_PREFIX} no points and no request from the client for "
+        f"{_duration(client_gone_after_s)}; marked crashed by the service"
+    )
+    write_connection(session)
+    result = session.execute(
+        update(Run)
+        .where(_silent(now, stalled_after_s, client_gone_after_s))
+        .values(status="crashed", status_reason=reason[:200], ended_at=now, updated_at=now),
+        execution_options={"synchronize_session": False},
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:g} s"
 
 
 def _visible(stmt: Select[Run, str], project: str | None) -> Select[Run, str]:
@@ -62,6 +144,7 @@ def create_or_get_run(
     project_id = ensure_project(session, name=run_in.project)
     now = utcnow()
     config = run_in.config.model_dump(exclude_none=True)
+    # Whatever follows, the client was heard from: an existing run records it below.
     result = session.execute(
         insert_ignore(
             session,
@@ -73,6 +156,7 @@ def create_or_get_run(
             status="running",
             created_at=now,
             updated_at=now,
+            last_seen_at=now,
             n_points=0,
         ).returning(Run.id)
     )
@@ -84,6 +168,9 @@ def create_or_get_run(
     run, project = row[0], row[1]
     if project != run_in.project:
         raise Conflict(f"run {run_id} already exists in another project; choose a new run id")
+    if not created:
+        run.last_seen_at = now
+        session.flush()
     return _to_out(run, project), created
 
 
@@ -96,17 +183,34 @@ def get_run(session: Session, *, run_id: uuid.UUID, allowed_project: str | None)
 def update_run(
     session: Session, *, run_id: uuid.UUID, run_in: RunUpdate, allowed_project: str | None
 ) -> RunOut:
-    """Apply a status/name change and merge config keys."""
+    """Apply a status/name change and merge config keys; record that the client was seen.
+
+    An empty body is the client's heartbeat: it only records ``last_seen_at`` (and revives a
+    run the service marked ``crashed`` because its client went silent).
+    """
+    if run_in.status_reason is not None and run_in.status is None:
+        raise InvalidInput("status_reason: give it together with the status it explains")
     write_connection(session)
     run, project = _load(session, run_id, allowed_project)
     now = utcnow()
+    run.last_seen_at = now
+    if run_in.status is None and run.status == "crashed" and (
+        run.status_reason or ""
+    ).startswith(SILENT_REASON_PREFIX):
+        run.status, run.status_reason, run.ended_at = "running", None, None
+    if not run_in.model_fields_set:
+        session.flush()
+        return _to_out(run, project)
     if run_in.name is not None:
         run.name = run_in.name
     if run_in.config is not None:
         run.config = {**run.config, **run_in.config.model_dump(exclude_none=True)}
-    if run_in.status is not None and run_in.status != run.status:
-        run.status = run_in.status
-        run.ended_at = now if run_in.status in FINAL_RUN_STATUSES else None
+    if run_in.status is not None:
+        if run_in.status != run.status:
+            run.status = run_in.status
+            run.ended_at = now if run_in.status in FINAL_RUN_STATUSES else None
+        # A new status replaces the old reason (none given: none stored).
+        run.status_reason = run_in.status_reason
     run.updated_at = now
     session.flush()
     return _to_out(run, project)

@@ -33,12 +33,16 @@ from fastapi import FastAPI
 
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.schemas import TokenScope
+from curvecast.service.store import tokens
 
 __all__ = [
     "PG_ADMIN_URL",
     "PostgresUnavailable",
     "ServerProcess",
     "create_pg_database",
+    "create_token",
     "drop_pg_database",
     "free_port",
     "serve_app",
@@ -107,18 +111,17 @@ def wait_until_healthy(
         RuntimeError: ``proc`` exited first.
         TimeoutError: no 200 within ``timeout`` seconds.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
+        # A RuntimeError is not retried: a server that exited will not become healthy.
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before becoming healthy")
-        try:
-            with _DIRECT.open(f"{url}/healthz", timeout=1.0) as resp:
-                if resp.status == 200:
-                    return
-        except (OSError, http.client.HTTPException):  # not listening yet, or not ready (503)
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} did not become healthy within {timeout}s")
+        with _DIRECT.open(f"{url}/healthz", timeout=1.0) as resp:
+            return bool(resp.status == 200)
+
+    # OSError / HTTPException: not listening yet, or not ready (503).
+    wait_for(healthy, timeout, f"{url} to become healthy",
+             retry_on=(OSError, http.client.HTTPException))
 
 
 @contextmanager
@@ -249,3 +252,14 @@ def drop_pg_database(url: str) -> None:
     name = url.rpartition("/")[2]
     with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def create_token(database_url: str, project: str, scope: TokenScope, name: str = "test") -> str:
+    """A new API token (the secret) for ``project`` with ``scope``, written straight into the
+    database at ``database_url`` (as ``curvecast token create`` would)."""
+    engine = make_engine(Settings(database_url=database_url))
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            return tokens.create_token(session, project=project, scope=scope, name=name).token
+    finally:
+        engine.dispose()

@@ -23,7 +23,7 @@ def run_config(total_steps: int, warmup_steps: int = 200, weight_decay: float = 
     """A run's config as the client sends it."""
     return {"total_steps": total_steps, "warmup_steps": warmup_steps,
             "c_warmup": 2 * warmup_steps, "weight_decay": weight_decay, "lr": 1.0,
-            "optimizer": "ScheduleFreePlus"}
+            "optimizer": {"name": "ScheduleFreePlus"}}
 
 
 def batch(start: int, stop: int, *, total_steps: int, warmup_steps: int = 200,

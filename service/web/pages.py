@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, cast
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from curvecast.contract import MAX_STEP
-from curvecast.dashboards import views
+from curvecast.dashboards import palette, views
 from curvecast.service.deps import SessionDep, SettingsDep
 from curvecast.service.errors import ServiceError
 from curvecast.service.schemas import PROJECT_FILTER_PATTERN, Principal, RunStatus
@@ -58,6 +58,16 @@ def _config(settings: SettingsDep, page_id: str, **extra: Any) -> dict[str, Any]
     """What a page's script needs to know (JSON in the page, ``cc-config``)."""
     return {"page": page_id, "api": _API_VIA_COOKIE if settings.auth_enabled else _API,
             "data": "/dashboards/api", "poll_ms": POLL_MS, **extra}
+
+
+def compare_href(run_ids: Sequence[str], horizon: int | None = None) -> str:
+    """The compare page's address for ``run_ids``: ``/compare?runs=ID1,ID2[&horizon=N]``.
+
+    The one format every link to the page uses (the runs list's "Compare selected" and the
+    compare page's picker build the same in ``dashboards.js``: ``cc.compareHref``).
+    """
+    href = "/compare?runs=" + ",".join(quote(i, safe="") for i in run_ids)
+    return href + (f"&horizon={horizon}" if horizon else "")
 
 
 def _rows(session: SessionDep, principal: Principal, project: str | None, status: str | None,
@@ -109,6 +119,7 @@ def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
                          charts=list(views.RUN_CHARTS))
         return page("run.html", title=run.name or str(run_id), run=run.model_dump(mode="json"),
                     config_rows=config_rows, config=config,
+                    compare_href=compare_href([str(run_id)]),
                     first_data=f"/dashboards/api/runs/{run_id}/figures")
 
     return _serve(request, settings, render)
@@ -122,16 +133,26 @@ def compare_page(
     runs: Annotated[str, Query(max_length=2000, description="Comma-separated run ids")] = "",
     horizon: Annotated[int | None, Query(ge=1, le=MAX_STEP)] = None,
 ) -> Response:
-    """Several runs overlaid with their forecasts to a common horizon, and which will be best."""
+    """Several runs overlaid with their forecasts to a common horizon, which will be best, and
+    a picker to add or drop runs."""
 
     def render(principal: Principal) -> Response:
         ids = reads.parse_run_ids(runs)
         found = [reads.get_run(session, principal, i).model_dump(mode="json") for i in ids]
-        listed = ",".join(str(i) for i in ids)
+        keys = [str(i) for i in ids]
+        listed = ",".join(keys)
         first = "/dashboards/api/compare?" + urlencode(
             {"runs": listed, **({"horizon": horizon} if horizon else {})})
-        config = _config(settings, "compare", run_ids=[str(i) for i in ids], horizon=horizon)
-        return page("compare.html", title="Compare runs", runs=found, horizon=horizon or "",
-                    run_ids=listed, config=config, first_data=first)
+        # The picker: each run in the chart's colour with a link that drops it (the last
+        # one stays: a comparison needs a run), and runs of the first run's project first.
+        chosen = [{**run, "colour": palette.run_colour(index),
+                   "remove": compare_href([k for k in keys if k != run["id"]], horizon)
+                   if len(keys) > 1 else None}
+                  for index, run in enumerate(found)]
+        config = _config(settings, "compare", run_ids=keys, horizon=horizon,
+                         project=found[0]["project"], max_runs=reads.MAX_COMPARE)
+        return page("compare.html", title="Compare runs", runs=chosen, horizon=horizon or "",
+                    run_ids=listed, config=config, first_data=first,
+                    max_runs=reads.MAX_COMPARE)
 
     return _serve(request, settings, render)

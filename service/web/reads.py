@@ -174,6 +174,7 @@ def runs_rows(session: Session, principal: Principal, project: str | None,
     items = [{
         "run": s.run.model_dump(mode="json"),
         "last_loss": s.last_loss,
+        "loss_key": s.loss_key,
         "spark_steps": s.spark_steps,
         "spark_values": s.spark_values,
         "forecast": _forecast(s.latest_fit, s.run).model_dump(mode="json")

@@ -2,14 +2,24 @@
 
 ``loop`` runs each task on its own daemon thread in every service process, so that one task's
 failure or slowness never stalls the others; each task is a module: ``refit`` (forecasts),
-``alerts`` (rule evaluation) and ``webhooks`` (outbox delivery). Every task is safe to run in
-several processes at once against one database: each claims its work with leases and row
-locks.
+``alerts`` (rule evaluation), ``webhooks`` (outbox delivery) and ``liveness`` (marking runs
+whose client is gone ``crashed``). Every task is safe to run in several processes at once
+against one database: each claims its work with leases and row locks, or writes with one
+conditional statement.
 """
 
 from curvecast.service.worker.alerts import evaluate_alerts
+from curvecast.service.worker.liveness import LivenessTask, mark_silent_runs
 from curvecast.service.worker.loop import Task, Worker
 from curvecast.service.worker.refit import refit_due_runs
 from curvecast.service.worker.webhooks import deliver_webhooks
 
-__all__ = ["Task", "Worker", "deliver_webhooks", "evaluate_alerts", "refit_due_runs"]
+__all__ = [
+    "LivenessTask",
+    "Task",
+    "Worker",
+    "deliver_webhooks",
+    "evaluate_alerts",
+    "mark_silent_runs",
+    "refit_due_runs",
+]

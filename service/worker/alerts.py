@@ -92,7 +92,7 @@ def evaluate_job(
         ctx = EvalContext(
             config=job.config, last_step=last_step, after_step=after, status=job.status,
             seconds_since_ingest=silent, stalled_after_s=settings.stalled_after_s,
-            fit=fit[0] if fit else None, fit_key=fit[1] if fit else None,
+            fit=fit.fit if fit else None, fit_key=fit.key if fit else None,
         )
         rules = tuple(RULES) if new_data else ("stalled",)
         series = _read_series(session, job, ctx, configs, rules) if new_data else {}

@@ -6,14 +6,15 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from curvecast.service import testing
 from curvecast.service.alerting.rules import Series
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -84,12 +85,6 @@ def create_run(url: str, project: str, run: dict[str, Any]) -> uuid.UUID:
     return run_id
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
-    """Poll a condition with a deadline (synchronisation on state, not on time)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError("condition not met in time")
+#: :func:`curvecast.service.testing.wait_for` with a minute's deadline: these tests wait on the
+#: worker's evaluation rounds, which share the CPUs with the server under test.
+wait_for = partial(testing.wait_for, timeout=60.0)

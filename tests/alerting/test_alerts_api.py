@@ -16,8 +16,7 @@ from sqlalchemy import create_engine, text
 from curvecast.service.alerting.rules import RULES
 from curvecast.service.alerting.webhook import verify
 from curvecast.service.config import Settings
-from curvecast.service.db import make_engine, make_sessionmaker, session_scope
-from curvecast.service.store import tokens
+from curvecast.service.testing import create_token
 from curvecast.service.worker.webhooks import backoff_s
 from tests._servers import thread_server
 from tests.alerting._data import batches, create_run, finish, load, stream, wait_for
@@ -304,18 +303,11 @@ def test_unknown_run_is_404(server: str) -> None:
     assert bad_state.status_code == 422 and "state" in bad_state.json()["message"]
 
 
-def _token(database_url: str, project: str, scope: str) -> str:
-    engine = make_engine(Settings(database_url=database_url))
-    with session_scope(make_sessionmaker(engine)) as session:
-        created = tokens.create_token(session, project=project, scope=scope, name="t")  # type: ignore[arg-type]
-    engine.dispose()
-    return created.token
-
-
 def test_scopes_and_projects_with_auth(database_url: str, project: str) -> None:
     other = project + "-b"
-    read, admin = _token(database_url, project, "read"), _token(database_url, project, "admin")
-    other_admin = _token(database_url, other, "admin")
+    read = create_token(database_url, project, "read")
+    admin = create_token(database_url, project, "admin")
+    other_admin = create_token(database_url, other, "admin")
     settings = Settings(database_url=database_url, auth_enabled=True, worker_enabled=False)
     with thread_server(settings) as url:
         def call(method: str, path: str, token: str, **kw: object) -> httpx.Response:

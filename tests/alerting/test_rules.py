@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.alerts_quality import EXPECTED  # the rule each planted fault is about
 from curvecast.service.alerting.engine import evaluate_round, replay
 from curvecast.service.alerting.lifecycle import RuleLifecycle
 from curvecast.service.alerting.rules import (
@@ -26,15 +27,6 @@ from tests.alerting._data import as_series, load, names
 
 HEALTHY = names("healthy-")
 FAULTS = names("fault-")
-#: The rule each planted fault is about.
-EXPECTED = {
-    "low_wd": "weight_norm_drift",
-    "grad_ramp": "grad_norm_drift",
-    "collapse": "polyak_collapse",
-    "spike": "polyak_spike",
-    "nan": "non_finite",
-    "corrupt": "off_curve",
-}
 
 
 def fired(events: list, rule: str | None = None) -> list[int]:

@@ -109,9 +109,9 @@ def test_claimed_runs_are_leased_and_a_lost_lease_writes_nothing(
         assert s.scalars(select(Alert).where(Alert.run_id == run_id)).all() == []
 
 
-def test_outbox_rows_are_written_with_the_alert_and_leased_for_sending(
-    factory: sessionmaker[Session], project: str
-) -> None:
+def _fire_with_webhook(factory: sessionmaker[Session], project: str) -> int:
+    """A webhook of ``project``, then an evaluation that fires an alert on a new run of it (so
+    an outbox row is written for the webhook); returns the webhook's id."""
     from curvecast.service.schemas.alerts import WebhookIn
 
     with session_scope(factory) as s:
@@ -125,14 +125,21 @@ def test_outbox_rows_are_written_with_the_alert_and_leased_for_sending(
         apply_evaluation(
             s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
             next_check_at=None, now=utcnow(), public_url="http://x")
+    return hook.id
+
+
+def test_outbox_rows_are_written_with_the_alert_and_leased_for_sending(
+    factory: sessionmaker[Session], project: str
+) -> None:
+    hook_id = _fire_with_webhook(factory, project)
     with session_scope(factory) as s:
-        rows = s.scalars(select(AlertDelivery).where(AlertDelivery.webhook_id == hook.id)).all()
+        rows = s.scalars(select(AlertDelivery).where(AlertDelivery.webhook_id == hook_id)).all()
         assert [r.event for r in rows] == ["firing"] and rows[0].status == "pending"
     now = utcnow()
     with session_scope(factory) as s:
         first = webhook_store.claim_deliveries(s, now=now, lease=timedelta(seconds=30),
                                                limit=100)
-    assert hook.id in {_webhook_of(factory, d.id) for d in first}
+    assert hook_id in {_webhook_of(factory, d.id) for d in first}
     with session_scope(factory) as s:
         again = webhook_store.claim_deliveries(s, now=now, lease=timedelta(seconds=30),
                                                limit=100)
@@ -151,22 +158,10 @@ def _webhook_of(factory: sessionmaker[Session], delivery_id: uuid.UUID) -> int:
 
 def test_deleting_a_webhook_drops_its_deliveries(factory: sessionmaker[Session],
                                                  project: str) -> None:
-    from curvecast.service.schemas.alerts import WebhookIn
-
+    hook_id = _fire_with_webhook(factory, project)
     with session_scope(factory) as s:
-        hook = webhook_store.create_webhook(
-            s, project=project, webhook_in=WebhookIn(url="http://127.0.0.1:9/h"), now=utcnow(),
-            allowed_project=None)
-    run_id = _run(factory, project)
-    job = _claim(factory, run_id)
-    assert job is not None
+        webhook_store.delete_webhook(s, project=project, webhook_id=hook_id, allowed_project=None)
     with session_scope(factory) as s:
-        apply_evaluation(
-            s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
-            next_check_at=None, now=utcnow(), public_url="http://x")
-    with session_scope(factory) as s:
-        webhook_store.delete_webhook(s, project=project, webhook_id=hook.id, allowed_project=None)
-    with session_scope(factory) as s:
-        assert s.scalars(select(Webhook).where(Webhook.id == hook.id)).all() == []
+        assert s.scalars(select(Webhook).where(Webhook.id == hook_id)).all() == []
         assert s.scalars(select(AlertDelivery)
-                         .where(AlertDelivery.webhook_id == hook.id)).all() == []
+                         .where(AlertDelivery.webhook_id == hook_id)).all() == []

@@ -190,6 +190,9 @@ def test_exit_with_the_server_down_spools_and_sync_uploads(
     assert out.returncode == 0, out.stderr
     assert "2,000 points uploaded" in out.stderr and "status failed" in out.stderr
     assert "1 corrupted lines skipped" in out.stderr
+    # Progress off a terminal: what is uploaded where, then the run's summary, numbered.
+    assert f"run 1/1 {run_id[:8]}: uploading " in out.stderr, out.stderr
+    assert f"of spooled points to {sqlite_server}" in out.stderr
     assert point_counts(sqlite_server, run_id) == {"loss": 1000, "lr": 1000}
     run = get_run(sqlite_server, run_id)
     assert run["status"] == "failed" and run["config"] == {"total_steps": 1000}
@@ -288,7 +291,9 @@ def test_watch_logs_sfplus_telemetry_and_config(sqlite_server: str, spool_dir: P
     config = get_run(sqlite_server, mon.run_id)["config"]
     assert config["weight_decay"] == 10.0 and config["c_warmup"] == 4
     assert config["warmup_steps"] == 3  # the user's value wins
-    assert config["optimizer"]["optimizer"] == "ScheduleFreePlus"
+    # The same shape as any other optimizer's (the AdamW test below): {"name": ..., ...}.
+    assert config["optimizer"]["name"] == "ScheduleFreePlus"
+    assert config["optimizer"]["weight_decay"] == 10.0 and "optimizer" not in config["optimizer"]
 
 
 def test_watch_logs_the_learning_rates_of_a_plain_optimizer(

@@ -32,7 +32,12 @@ def mon(spool_dir: Path):
         ({"loss": None}, TypeError, r"metric 'loss': None is not a number.*float\('nan'\)"),
         ({"flag": True}, TypeError, r"metric 'flag': True is not a number"),
         ({"loss": [1.0]}, TypeError, r"metric 'loss': list"),
-        ({"loss": torch.ones(3)}, ValueError, r"shape \(3,\) is not a scalar"),
+        ({"loss": torch.ones(3)}, ValueError, r"shape \(3,\) is not a scalar.*t\.mean\(\)"),
+        # One element is not enough: the docs promise 0-d tensors, and the error says how.
+        ({"loss": torch.ones(1)}, ValueError,
+         r"metric 'loss': a tensor of shape \(1,\) is not a scalar \(0-d\).*t\.squeeze\(\)"),
+        ({"loss": torch.ones(1, 1)}, ValueError, r"shape \(1, 1\) is not a scalar \(0-d\)"),
+        ({"loss": np.ones(1)}, ValueError, r"array of shape \(1,\) is not a scalar.*a\.item\(\)"),
         ({"loss": torch.tensor(True)}, TypeError, r"torch.bool tensor is not a real number"),
         ({"z": torch.tensor(1 + 2j)}, TypeError, "not a real number"),
     ],
@@ -60,7 +65,7 @@ def test_bad_steps_raise(mon: Monitor, step, error, match) -> None:
 
 def test_accepted_values(mon: Monitor) -> None:
     mon.log(np.int64(3), a=1, b=2.5, c=np.float32(0.25), d=Fraction(1, 4), e=math.nan,
-            f=math.inf, g=torch.tensor(1.5), h=np.array(2.0), i=torch.ones(1, 1), j=10**400)
+            f=math.inf, g=torch.tensor(1.5), h=np.array(2.0), j=10**400)
     mon.log(4, {"eval/loss": 1.0, "x-y.z_w": 2.0})
 
 

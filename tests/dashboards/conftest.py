@@ -3,7 +3,6 @@ synthetic ScheduleFree+ runs, and helpers to wait for the worker's fits."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from curvecast.service.db import session_scope
 from curvecast.service.models import Alert, Run
 from curvecast.service.store._common import write_connection
 from curvecast.service.testing import synthetic as syn
+from curvecast.service.testing import wait_for
 from tests._servers import serve_app
 
 TOTAL = 20_000
@@ -72,17 +72,6 @@ def live_settings(database_url: str, **overrides: Any) -> Settings:
                     **overrides)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, every: float = 0.05) -> Any:
-    """Poll a condition with a deadline (synchronisation on state, not on time)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError("condition not met in time")
-
-
 def wait_for_fit(client: httpx.Client, run_id: uuid.UUID, upto: int | None = None
                  ) -> dict[str, Any]:
     """Wait until the worker stored a fit (with data up to ``upto``, when given)."""
@@ -95,7 +84,7 @@ def wait_for_fit(client: httpx.Client, run_id: uuid.UUID, upto: int | None = Non
             return None
         return dict(body)
 
-    return dict(wait_for(fitted))
+    return dict(wait_for(fitted, timeout=60, what="a stored fit"))
 
 
 def make_run(client: httpx.Client, project: str, *, name: str = "synthetic", steps: int = 4000,

@@ -18,9 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from curvecast.service.config import Settings
-from curvecast.service.db import make_engine, make_sessionmaker, session_scope
-from curvecast.service.store import tokens
+from curvecast.service.testing import create_token
 from curvecast.service.testing import synthetic as syn
 from tests.conftest import IN_CI
 from tests.dashboards.conftest import (
@@ -294,6 +292,8 @@ def test_runs_list_sorts_and_opens_a_comparison(
         page.check(f".pick-run[value='{ids[name]}']")
     page.click("#compare-selected")
     page.wait_for_url("**/compare?runs=*")
+    # The format every link to the page uses (the picker's too), in the table's order.
+    assert page.url == f"{live}/compare?runs=" + ",".join(str(ids[name]) for name in order)
     tab.wait_for_charts(("compare", "ranking"))
     verdict = page.locator("#verdict").inner_text()
     assert verdict.startswith("At step 20,000 the forecasts say lr=2 wd=10 will be best")
@@ -336,18 +336,10 @@ def test_alert_markers_and_list(
     tab.no_errors()
 
 
-def _read_token(database_url: str, project: str, scope: str) -> str:
-    engine = make_engine(Settings(database_url=database_url))
-    with session_scope(make_sessionmaker(engine)) as session:
-        token = tokens.create_token(session, project=project, scope=scope, name="b").token  # type: ignore[arg-type]
-    engine.dispose()
-    return token
-
-
 def test_pages_with_auth_on(browser: Any, tab: Tab, sqlite_url: str) -> None:
     project = f"auth-{uuid.uuid4().hex[:8]}"
-    read = _read_token(sqlite_url, project, "read")
-    ingest = _read_token(sqlite_url, project, "ingest")
+    read = create_token(sqlite_url, project, "read")
+    ingest = create_token(sqlite_url, project, "ingest")
     settings = live_settings(sqlite_url, auth_enabled=True)
     with app_server(new_app(settings)) as url:
         headers = {"authorization": f"Bearer {ingest}"}
@@ -371,6 +363,9 @@ def test_pages_with_auth_on(browser: Any, tab: Tab, sqlite_url: str) -> None:
         page.click("#ask-step button")
         page.wait_for_function(
             "() => document.getElementById('ask-step-answer').textContent.includes('interval')")
+        page.goto(f"{url}/compare?runs={run_id}")  # the picker lists runs through the proxy
+        page.wait_for_function("""() => document.getElementById('picker-results')
+            .textContent === 'No other runs yet.'""")
         page.goto(f"{url}/")
         assert page.locator("td.name a").inner_text() == "private run"
         tab.no_errors()
@@ -388,3 +383,179 @@ def test_time_to_first_chart_is_recorded(tab: Tab, live: str,
     assert isinstance(first, int | float) and first > 0
     tab.no_errors()
 
+
+
+# --- layout: buttons, toolbar, title and legend keep out of each other's way ----------------
+
+#: Each chart's boxes in page pixels: Plotly's toolbar (modebar), the title, the linear/log
+#: buttons (per menu), the legend, the plot area.
+_BOXES_JS = """chart => {
+  const gd = document.getElementById('chart-' + chart);
+  const box = e => { if (!e) return null; const r = e.getBoundingClientRect();
+    return r.width && r.height ? [r.left, r.top, r.right, r.bottom] : null; };
+  const g = gd.getBoundingClientRect(), s = gd._fullLayout._size;
+  return {
+    modebar: box(gd.querySelector('.modebar')),
+    title: box(gd.querySelector('.gtitle')),
+    menus: [...gd.querySelectorAll('.updatemenu-header-group')].map(box).filter(Boolean),
+    buttons: [...gd.querySelectorAll('.updatemenu-button')].map(box).filter(Boolean),
+    legend: box(gd.querySelector('.legend .bg')),
+    plot: [g.left + s.l, g.top + s.t, g.left + s.l + s.w, g.top + s.t + s.h],
+  };
+}"""
+
+#: A trace's point in page pixels (Plotly's own axis mapping), with the chart's plot area.
+_POINT_JS = """([chart, x, y]) => {
+  const gd = document.getElementById('chart-' + chart), fl = gd._fullLayout;
+  const g = gd.getBoundingClientRect(), xa = fl.xaxis, ya = fl.yaxis;
+  return [g.left + xa._offset + xa.c2p(x), g.top + ya._offset + ya.c2p(y)];
+}"""
+
+
+def _overlap(a: list[float] | None, b: list[float] | None) -> bool:
+    """Whether two boxes [left, top, right, bottom] share any area."""
+    if a is None or b is None:
+        return False
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _inside(point: list[float], box: list[float] | None) -> bool:
+    return box is not None and box[0] <= point[0] <= box[2] and box[1] <= point[1] <= box[3]
+
+
+def _check_layout(tab: Tab, chart: str) -> dict[str, Any]:
+    tab.page.hover(f"#chart-{chart} .main-svg")  # the toolbar shows while hovered
+    boxes: dict[str, Any] = tab.page.evaluate(_BOXES_JS, chart)
+    assert boxes["modebar"] is not None and boxes["title"] is not None, (chart, boxes)
+    assert not _overlap(boxes["modebar"], boxes["title"]), (chart, "toolbar over the title")
+    for menu in boxes["menus"]:
+        assert not _overlap(menu, boxes["modebar"]), (chart, "buttons under the toolbar")
+        assert not _overlap(menu, boxes["title"]), (chart, "buttons over the title")
+        assert not _overlap(menu, boxes["legend"]), (chart, "buttons over the legend")
+        assert menu[3] <= boxes["plot"][1], (chart, "buttons inside the plot")
+    menus = boxes["menus"]
+    assert all(not _overlap(a, b) for i, a in enumerate(menus) for b in menus[i + 1:]), chart
+    assert not _overlap(boxes["legend"], boxes["plot"]), (chart, "legend over the plot")
+    return boxes
+
+
+def test_buttons_toolbar_titles_and_legends_do_not_overlap(
+    tab: Tab, live: str, client: httpx.Client, streaming_run: tuple[uuid.UUID, str],
+    artifacts_dir: Path,
+) -> None:
+    run_id, project = streaming_run
+    tab.page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(CHARTS)
+    for chart in CHARTS:
+        boxes = _check_layout(tab, chart)
+        assert len(boxes["menus"]) == (2 if chart == "loss" else 1), chart
+        assert len(boxes["buttons"]) == 2 * len(boxes["menus"]), chart
+    other = make_run(client, project, name="a second run with a rather long name", steps=2000,
+                     eval_every=None)
+    tab.page.goto(f"{live}/compare?runs={run_id},{other}")
+    tab.wait_for_charts(("compare", "ranking"))
+    assert len(_check_layout(tab, "compare")["menus"]) == 2
+    ranking = _check_layout(tab, "ranking")
+    assert ranking["menus"] == []
+    tab.page.hover("#chart-ranking .main-svg")
+    shot(tab, artifacts_dir, "compare-toolbar", full=True)
+    tab.no_errors()
+
+
+def test_legend_leaves_the_newest_points_and_the_forecast_visible(
+    tab: Tab, live: str, streaming_run: tuple[uuid.UUID, str],
+) -> None:
+    run_id, _ = streaming_run
+    tab.page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(("loss",))
+    boxes = tab.page.evaluate(_BOXES_JS, "loss")
+    ends = tab.page.evaluate("""() => document.getElementById('chart-loss').data
+        .filter(t => t.meta && ['last', 'forecast', 'prediction'].includes(t.meta.role))
+        .map(t => [t.meta.role, t.x[t.x.length - 1], t.y[t.y.length - 1]])""")
+    assert {role for role, _x, _y in ends} == {"last", "forecast", "prediction"}
+    for role, x, y in ends:
+        point = tab.page.evaluate(_POINT_JS, ["loss", x, y])
+        assert _inside(point, boxes["plot"]), (role, point, boxes["plot"])
+        assert not _inside(point, boxes["legend"]), (role, point, boxes["legend"])
+    tab.no_errors()
+
+
+def test_log_y_on_a_run_with_a_forecast_shows_the_losses(
+    tab: Tab, live: str, streaming_run: tuple[uuid.UUID, str], artifacts_dir: Path,
+) -> None:
+    run_id, _ = streaming_run
+    page = tab.page
+    page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(("loss",))
+    drawn = page.evaluate("""() => { const d = document.getElementById('chart-loss').data;
+        const ys = d.filter(t => t.meta && ['last', 'prediction'].includes(t.meta.role))
+          .flatMap(t => Array.from(t.y)).filter(v => isFinite(v));
+        return [Math.min(...ys), Math.max(...ys)]; }""")
+
+    def log_range() -> list[float]:
+        axis = page.evaluate("""() => { const a = document.getElementById('chart-loss')
+            ._fullLayout.yaxis; return [a.type, a.range[0], a.range[1]]; }""")
+        assert axis[0] == "log", axis
+        return [10 ** axis[1], 10 ** axis[2]]
+
+    page.locator("#chart-loss .updatemenu-button", has_text="log y").click()
+    page.wait_for_function(
+        "() => document.getElementById('chart-loss')._fullLayout.yaxis.type === 'log'")
+    lo, hi = log_range()
+    # Within a factor of two of what is drawn, not dozens of decades below it.
+    assert drawn[0] / 2 < lo <= drawn[0] * 1.02 and hi < 2 * drawn[1], (lo, hi, drawn)
+    shot(tab, artifacts_dir, "run-log-y")
+    # A redraw (here a zoom's re-fetch) keeps the log scale the user chose, with a sane range.
+    page.evaluate("""() => Plotly.relayout('chart-loss',
+        {'xaxis.range[0]': 1000, 'xaxis.range[1]': 2000})""")
+    page.wait_for_function(
+        """() => { const t = document.getElementById('chart-loss').data.find(t => t.meta &&
+             t.meta.key === 'loss' && t.meta.role === 'last');
+             return t && t.x[0] === 1000 && t.x[t.x.length - 1] === 2000; }""")
+    lo, hi = log_range()
+    assert drawn[0] / 2 < lo and hi < 2 * drawn[1], (lo, hi, drawn)
+    tab.no_errors()
+
+
+# --- compare: the picker -------------------------------------------------------------------
+
+
+def test_compare_picker_adds_a_run_of_the_same_project_first(
+    tab: Tab, live: str, client: httpx.Client, artifacts_dir: Path,
+) -> None:
+    project = f"pick-{uuid.uuid4().hex[:8]}"
+    base = make_run(client, project, name="picker base", steps=1500, eval_every=None)
+    other = make_run(client, project, name="picker lr=2", steps=1500, eval_every=None,
+                     curve=(55.0, 250.0, 2.05), seed=3)
+    elsewhere = make_run(client, f"{project}-x", name="picker elsewhere", steps=300,
+                         eval_every=None, fit=False)
+    page = tab.page
+    page.goto(f"{live}/runs/{base}")
+    page.click("#compare-link")
+    page.wait_for_url(f"{live}/compare?runs={base}")
+    assert page.locator("h1").inner_text() == "Compare 1 run"
+    # Opened from a run: the other runs are offered at once, that run's project first.
+    page.wait_for_function("() => document.querySelectorAll('.picker-item').length >= 2")
+    offered = page.evaluate("""() => [...document.querySelectorAll('.picker-item')]
+        .map(b => b.getAttribute('data-run-id'))""")
+    assert str(base) not in offered and offered[0] == str(other)
+    assert str(elsewhere) in offered
+    page.fill("#picker-search", "PICKER")  # case-insensitive, every word must match
+    page.wait_for_function("() => document.querySelectorAll('.picker-item').length === 2")
+    page.fill("#picker-search", "picker lr")
+    page.wait_for_function("() => document.querySelectorAll('.picker-item').length === 1")
+    tab.wait_for_charts(("compare", "ranking"))
+    shot(tab, artifacts_dir, "compare-picker")
+    page.click(".picker-item")
+    page.wait_for_url(f"{live}/compare?runs={base},{other}")
+    tab.wait_for_charts(("compare", "ranking"))
+    assert page.locator("h1").inner_text() == "Compare 2 runs"
+    runs_drawn = page.evaluate("""() => [...new Set(document.getElementById('chart-compare')
+        .data.filter(t => t.meta && t.meta.role === 'last').map(t => t.meta.run_id))]""")
+    assert runs_drawn == [str(base), str(other)]
+    page.wait_for_function("() => document.querySelectorAll('#compare-body tr').length === 2")
+    # Removing a run is a link to the same address without it.
+    page.click(f".chip[data-run-id='{base}'] .chip-remove")
+    page.wait_for_url(f"{live}/compare?runs={other}")
+    assert page.locator(".chip-remove").count() == 0  # the last run stays
+    tab.no_errors()

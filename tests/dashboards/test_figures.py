@@ -109,6 +109,46 @@ def test_loss_figure_has_data_fit_forecast_band_fstar_and_burn_in() -> None:
     assert {"linear y", "log y", "linear x", "log x"} <= set(labels)
 
 
+def test_layout_keeps_buttons_legend_and_title_out_of_the_plot_and_the_toolbar() -> None:
+    """Title at the figure's top-left (the toolbar takes the top-right), the linear/log
+    buttons in the row under it just above the plot, the legend under the x axis."""
+    series = telemetry()
+    figs = [figures.loss_figure(train=downsampled("loss"), forecast=FORECAST, band=BAND,
+                                config=CONFIG, horizon=20_000),
+            figures.gradient_figure(series, config=CONFIG),
+            figures.compare_figure([entry("a", 2.5, 2.45, 2.55)], 20_000)]
+    for fig in figs:
+        layout = fig.layout
+        assert (layout.title.xref, layout.title.x, layout.title.xanchor) == ("container", 0,
+                                                                           "left")
+        assert (layout.legend.yref, layout.legend.y, layout.legend.yanchor) == ("container", 0,
+                                                                              "bottom")
+        assert layout.legend.orientation == "h" and layout.xaxis.automargin
+        assert layout.margin.t >= 60  # two rows: title and toolbar, then the buttons
+        for menu in layout.updatemenus:
+            assert (menu.x, menu.xanchor, menu.y, menu.yanchor) == (0, "left", 1, "bottom")
+            assert menu.pad.b > 0
+        pads = sorted(menu.pad.l for menu in layout.updatemenus)
+        assert pads[0] == 0 and all(b - a >= 110 for a, b in zip(pads, pads[1:], strict=False))
+
+
+def test_log_y_range_stays_near_the_losses() -> None:
+    """Switching to log shows the data's decades, not a bound near zero (f*'s lower edge at
+    1e-60 stretched the autoscaled axis over sixty decades)."""
+    forecast = dict(FORECAST, f_star={"value": 2.0, "lo": 1e-60, "hi": 2.05})
+    fig = figures.loss_figure(train=downsampled("loss"), forecast=forecast, band=BAND,
+                              config=CONFIG, horizon=20_000)
+    log = fig.layout.updatemenus[0].buttons[1].args[0]
+    assert log["yaxis.type"] == "log" and "yaxis.autorange" not in log
+    lo, hi = (10 ** v for v in log["yaxis.range"])
+    assert 1.5 < lo < 2.0 and 2.5 < hi < 10  # the losses and the forecast, f* (2), no 1e-60
+    assert fig.layout.meta["ranges"]["yaxis"]["log"] == log["yaxis.range"]
+    linear = fig.layout.updatemenus[0].buttons[0].args[0]
+    assert linear["yaxis.range"] == list(fig.layout.yaxis.range)
+    assert figure_base.log_range_of(None, [np.array([-1.0, 0.0])], [math.nan]) is None
+    assert figure_base.log_range_of([1.0, 10.0], [], []) == pytest.approx([-0.05, 1.05])
+
+
 def test_loss_figure_without_a_fit_and_with_non_finite_values() -> None:
     train = raw("loss", [0, 1, 2, 3], [5.0, "NaN", "Infinity", 4.0])
     fig = figures.loss_figure(train=train, forecast={"status": "pending", "a": None, "b": None,
@@ -297,6 +337,38 @@ def test_run_payload_is_json_with_kpis_and_cursor() -> None:
                             forecast={"status": "pending", "message": "no fit yet"})
     kpis = {k.id: k for k in views.run_kpis(pending)}
     assert kpis["forecast"].value == "pending" and kpis["last_loss"].value == "—"
+    # The headline says which loss it shows.
+    kpis = {k.id: k for k in views.run_kpis(page)}
+    assert kpis["last_loss"].label == "Last train loss"
+    assert "last eval loss 2.55 at step 10,000" in kpis["last_loss"].detail
+    only_eval = views.RunPage(run={"id": "r", "config": {}, "last_step": 500},
+                              metrics=[raw("eval_loss", [250, 500], [3.1, 2.9])])
+    kpi = {k.id: k for k in views.run_kpis(only_eval)}["last_loss"]
+    assert (kpi.label, kpi.value) == ("Last eval loss", "2.9")
+
+
+def test_compare_rows_name_train_and_eval_losses() -> None:
+    runs = [views.CompareRun(run={"id": "a", "name": "a", "status": "running",
+                                  "last_step": 10_000},
+                             metrics=[downsampled("loss"),
+                                      raw("eval_loss", [5000, 10_000], [2.7, 2.55])],
+                             forecast=dict(FORECAST, key="eval_loss"), band=BAND,
+                             at_horizon={"step": 20_000, "value": 2.42, "lo": 2.38,
+                                         "hi": 2.47}),
+            views.CompareRun(run={"id": "b", "name": "b", "status": "running",
+                                  "last_step": 10_000},
+                             metrics=[downsampled("loss")], forecast=None, band=[],
+                             at_horizon=None)]
+    body = json.loads(views.compare_payload(runs, 20_000))
+    rows = {r["run_id"]: r for r in body["rows"]}
+    assert rows["a"]["last_eval_loss"] == "2.55" and rows["b"]["last_eval_loss"] == "—"
+    last = downsampled("loss")["values"][-1]
+    assert rows["a"]["last_train_loss"] == rows["b"]["last_train_loss"] == fmt.loss(last)
+    # Run a draws its eval loss (its forecast's key), b its training loss.
+    assert body["charts"]["compare"]["layout"]["yaxis"]["title"]["text"] == (
+        "loss (eval or training)")
+    assert figures.compare.loss_title(["eval_loss"]) == "eval loss"
+    assert figures.compare.loss_title(["loss"]) == "training loss"
 
 
 def test_burn_in_and_horizon_come_from_the_config() -> None:
@@ -354,6 +426,10 @@ def test_runs_rows() -> None:
     assert rows[0]["last_step"] == "1,234" and float(rows[0]["last_loss_sort"]) == 2.5
     assert rows[1]["forecast"] == "pending" and rows[1]["firing"] == "—"
     assert rows[1]["last_loss_sort"] == "" and rows[1]["spark"] == ""
+    assert rows[0]["last_loss_key"] == ""  # the training loss: the column's own
+    (only_eval,) = views.runs_rows([{"run": {"id": "c", "name": "c", "last_step": 10},
+                                     "last_loss": 2.9, "loss_key": "val_loss"}])
+    assert only_eval["last_loss"] == "2.9" and only_eval["last_loss_key"] == "val_loss"
 
 
 def test_formatting() -> None:

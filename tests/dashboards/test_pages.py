@@ -17,7 +17,7 @@ import pytest
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.store import dashboard as dashboard_store
-from curvecast.service.store import tokens
+from curvecast.service.testing import create_token
 from curvecast.service.testing import synthetic as syn
 from tests.dashboards.conftest import (
     FakeAlerts,
@@ -246,18 +246,10 @@ def test_alerts_from_the_alerts_api(dash: str, project: str, client_for: Clients
 # --- auth ---------------------------------------------------------------------------------------
 
 
-def _token(database_url: str, project: str, scope: str = "read") -> str:
-    engine = make_engine(Settings(database_url=database_url))
-    with session_scope(make_sessionmaker(engine)) as session:
-        created = tokens.create_token(session, project=project, scope=scope, name="dash")  # type: ignore[arg-type]
-    engine.dispose()
-    return created.token
-
-
 def test_pages_need_a_read_token_when_auth_is_on(database_url: str, project: str) -> None:
-    read = _token(database_url, project)
-    ingest = _token(database_url, project, "ingest")
-    other = _token(database_url, project + "-other", "read")
+    read = create_token(database_url, project, "read")
+    ingest = create_token(database_url, project, "ingest")
+    other = create_token(database_url, project + "-other", "read")
     settings = Settings(database_url=database_url, auth_enabled=True, worker_enabled=False)
     with app_server(new_app(settings)) as url:
         auth = {"authorization": f"Bearer {ingest}"}
@@ -305,8 +297,8 @@ def test_pages_need_a_read_token_when_auth_is_on(database_url: str, project: str
 def test_runs_page_lists_only_the_tokens_project(database_url: str, project: str,
                                                  client_for: Clients) -> None:
     del client_for
-    admin_a = _token(database_url, project, "ingest")
-    admin_b = _token(database_url, project + "-b", "ingest")
+    admin_a = create_token(database_url, project, "ingest")
+    admin_b = create_token(database_url, project + "-b", "ingest")
     settings = Settings(database_url=database_url, auth_enabled=True, worker_enabled=False)
     with app_server(new_app(settings)) as url:
         for token, proj in ((admin_a, project), (admin_b, project + "-b")):

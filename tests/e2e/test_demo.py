@@ -1,5 +1,5 @@
 """`curvecast demo` end to end: the service, a real (tiny) training run with ScheduleFreePlus and
-the client hook, the live progress line and the summary."""
+the client hook, the live progress line and the summary; and demos that find their port taken."""
 
 from __future__ import annotations
 
@@ -9,38 +9,48 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests._servers import REPO, free_port
+from tests._servers import REPO, free_port, start_server_process
+
+
+def _demo_cmd(*args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "curvecast.service.cli",
+        "demo",
+        "--size",
+        "tiny",
+        "--exit-when-done",
+        *args,
+    ]
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "HOME": str(home),
+        "CURVECAST_SPOOL_DIR": str(home / "spool"),
+    }
+
+
+def _runs(db: Path) -> dict[str, tuple[str, int]]:
+    """run id (hex) -> (status, last step) of every run stored in the SQLite file ``db``."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT id, status, last_step FROM runs").fetchall()
+    return {run_id: (status, last_step) for run_id, status, last_step in rows}
 
 
 def test_demo_trains_streams_and_summarises(tmp_path: Path) -> None:
     port = free_port()
     db = tmp_path / "demo.db"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "curvecast.service.cli",
-            "demo",
-            "--steps",
-            "30",
-            "--size",
-            "tiny",
-            "--port",
-            str(port),
-            "--database-url",
-            f"sqlite:///{db}",
-            "--exit-when-done",
-        ],
+        _demo_cmd("--steps", "30", "--port", str(port), "--database-url", f"sqlite:///{db}"),
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=600,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "PYTHONPATH": str(REPO),
-            "HOME": str(tmp_path),
-            "CURVECAST_SPOOL_DIR": str(tmp_path / "spool"),
-        },
+        env=_env(tmp_path),
     )
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
@@ -54,4 +64,56 @@ def test_demo_trains_streams_and_summarises(tmp_path: Path) -> None:
         keys = {k for (k,) in conn.execute("SELECT key FROM series")}
     assert status == "finished" and last_step == 30
     assert {"loss", "eval_loss"} <= keys and any(k.endswith("eta") for k in keys)
-    assert (tmp_path / "curvecast-demo-train.log").exists()
+    # The demo's output goes to its own directory (git-ignored), not loose into the cwd.
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".log"] == []
+    assert (tmp_path / "curvecast-demo" / f"train-{match.group(1)[:8]}.log").exists()
+
+
+def test_two_demos_next_to_a_foreign_server_each_use_their_own(tmp_path: Path) -> None:
+    """The reported bug: a second demo on a busy port found the other server's /healthz and
+    streamed its run into that server's database. Here a foreign curvecast server holds the
+    port both demos ask for; each demo must move to a port of its own, say so, and store its
+    run in its own database, the foreign one receiving nothing."""
+    foreign_db = tmp_path / "foreign.db"
+    foreign = start_server_process(f"sqlite:///{foreign_db}", tmp_path)
+    demos: list[tuple[Path, subprocess.Popen[str]]] = []
+    try:
+        for name in ("a", "b"):
+            home = tmp_path / name
+            home.mkdir()
+            # The default database: curvecast.db in the demo's directory.
+            cmd = _demo_cmd("--steps", "12", "--port", str(foreign.port), "--dir", str(home))
+            demos.append(
+                (
+                    home,
+                    subprocess.Popen(
+                        cmd,
+                        cwd=home,
+                        env=_env(home),
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    ),
+                )
+            )
+        outputs = [proc.communicate(timeout=300)[0] for _, proc in demos]
+        assert _runs(foreign_db) == {}, foreign.log()
+    finally:
+        for _, proc in demos:
+            if proc.poll() is None:
+                proc.kill()
+        foreign.stop()
+    ports, run_ids = [], []
+    for (_home, proc), out in zip(demos, outputs, strict=True):
+        assert proc.returncode == 0, out
+        assert f"port {foreign.port} is in use" in out, out
+        match = re.search(r"serving at http://127\.0\.0\.1:(\d+) ", out)
+        assert match, out
+        ports.append(int(match.group(1)))
+        run = re.search(rf"127\.0\.0\.1:{match.group(1)}/runs/([0-9a-f-]{{36}})", out)
+        assert run, out
+        run_ids.append(run.group(1).replace("-", ""))
+        assert "step    12/12" in out, out
+    assert foreign.port not in ports and ports[0] != ports[1]
+    for (home, _), run_id in zip(demos, run_ids, strict=True):
+        assert _runs(home / "curvecast.db") == {run_id: ("finished", 12)}

@@ -24,13 +24,12 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from bench._db import create_token
 from curvecast.service import auth
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.store import tokens
-from curvecast.service.testing import ServerProcess, start_server_process
+from curvecast.service.testing import ServerProcess, create_token, start_server_process
 from tests.reliability._helpers import wait_for
 
 # --- what each route needs -------------------------------------------------------------------

@@ -4,12 +4,10 @@ answer from stored fits, and several processes never fit the same data twice."""
 from __future__ import annotations
 
 import math
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -17,6 +15,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from curvecast.service.config import Settings
+from curvecast.service.testing import wait_for
 from tests._servers import start_server_process, thread_server
 
 A, B, C = 20.3, 377.0, 2.07  # the paper's 500M-model fit
@@ -25,17 +24,6 @@ A, B, C = 20.3, 377.0, 2.07  # the paper's 500M-model fit
 def curve(steps: np.ndarray, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return A / np.sqrt(steps + B) + C + rng.normal(0, 0.004, len(steps))
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
-    """Poll a condition with a deadline (synchronisation on state, not on time)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError("condition not met in time")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +61,7 @@ def test_forecast_updates_as_the_run_streams(worker_server: str, project: str) -
             # Long series are binned: the last fitted step is a bin centre near the end.
             return body if upto is not None and upto >= want - 20 else None
 
-        body = wait_for(fitted)
+        body = wait_for(fitted, timeout=60, what="a fit")
         seen_upto.append(body["fitted_upto_step"])
     assert seen_upto == sorted(seen_upto) and len(set(seen_upto)) == 4
     assert body["status"] == "ok" and body["key"] == "loss"
@@ -107,7 +95,8 @@ def test_target_query_and_eta(worker_server: str, project: str) -> None:
     url, run_id = worker_server, uuid.uuid4()
     httpx.put(f"{url}/api/v1/runs/{run_id}", json={"project": project})
     stream(url, run_id, np.arange(0, 5000))
-    wait_for(lambda: httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()["status"] == "ok")
+    wait_for(lambda: httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()["status"] == "ok",
+             timeout=60, what="a fit")
     target_loss = 2.2
     truth = (A / (target_loss - C)) ** 2 - B
     body = httpx.get(
@@ -160,7 +149,7 @@ def test_two_processes_never_fit_the_same_data_twice(pg_url: str, tmp_path: Path
                 ).scalar_one()
             return done == 4
 
-        wait_for(all_fitted)
+        wait_for(all_fitted, timeout=60, what="every run fitted")
         with engine.connect() as conn:
             rows = conn.execute(
                 text("SELECT run_id, run_n_points FROM fits WHERE run_id = ANY(:ids) ORDER BY id"),
@@ -206,7 +195,7 @@ def test_long_runs_are_fitted_from_rollup_means(worker_server: str, project: str
         body = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast").json()
         return body if (body["fitted_upto_step"] or 0) > 59_000 else None
 
-    body = wait_for(fitted)
+    body = wait_for(fitted, timeout=60, what="a fit")
     assert body["status"] == "ok"
     assert body["n_points"] < 5_000  # block means, not 60,000 raw points
     assert body["c"] == pytest.approx(C, abs=0.02)

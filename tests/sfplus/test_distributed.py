@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -46,20 +47,33 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+def _train(
+    opt: ScheduleFreePlus,
+    loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    params: Callable[[], list[torch.Tensor]],
+    batch_size: int = 32,
+) -> dict[str, object]:
+    """``STEPS`` steps on the shared batches; then the training point y, the averaged point x
+    (after ``eval()``) and the optimizer's statistics, the three things the tests compare."""
+    for x, y in batches(STEPS, batch_size=batch_size):
+        loss = loss_of(x, y)
+        loss.backward()
+        opt.step(loss=loss)
+        opt.zero_grad()
+    y_params = params()
+    stats = opt.stats(norms=True)
+    opt.eval()
+    return {"y": y_params, "x": params(), "stats": stats}
+
+
 def _ddp(rank: int) -> dict[str, object]:
     model = make_model()
     ddp = DDP(model)
     opt = ScheduleFreePlus(ddp.parameters(), **KW)
-    for x, y in batches(STEPS):
-        half = slice(16 * rank, 16 * (rank + 1))
-        loss = F.cross_entropy(ddp(x[half]), y[half])  # this rank's loss only
-        loss.backward()
-        opt.step(loss=loss)
-        opt.zero_grad()
-    y_params = params_of(model)
-    stats = opt.stats(norms=True)
-    opt.eval()
-    return {"y": y_params, "x": params_of(model), "stats": stats}
+    half = slice(16 * rank, 16 * (rank + 1))
+    # This rank's loss only: DDP averages the gradients, the optimizer the loss.
+    return _train(opt, lambda x, y: F.cross_entropy(ddp(x[half]), y[half]),
+                  lambda: params_of(model))
 
 
 def _dtensor(rank: int) -> dict[str, object]:
@@ -78,19 +92,15 @@ def _dtensor(rank: int) -> dict[str, object]:
     def full() -> list[torch.Tensor]:
         return [shards[n].detach().full_tensor() for n in names]
 
-    for x, y in batches(STEPS):
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # Both ranks see the whole batch; the all-gathered weights are differentiable, and each
         # rank's gradient is its shard of the full gradient.
         weights = {n: p.full_tensor() for n, p in shards.items()}
-        loss = F.cross_entropy(torch.func.functional_call(model, weights, (x,)), y)
-        loss.backward()
-        opt.step(loss=loss)
-        opt.zero_grad()
+        return F.cross_entropy(torch.func.functional_call(model, weights, (x,)), y)
+
+    result = _train(opt, loss_of, full)
     assert shards[names[0]].to_local().shape[0] < model.emb.weight.shape[0]  # really sharded
-    y_params = full()
-    stats = opt.stats(norms=True)
-    opt.eval()
-    return {"y": y_params, "x": full(), "stats": stats}
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -103,15 +113,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 def _single_process(batch_size: int = 32) -> dict[str, object]:
     model = make_model()
     opt = ScheduleFreePlus(model.parameters(), **KW)
-    for x, y in batches(STEPS, batch_size=batch_size):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step(loss=loss)
-        opt.zero_grad()
-    y_params = params_of(model)
-    stats = opt.stats(norms=True)
-    opt.eval()
-    return {"y": y_params, "x": params_of(model), "stats": stats}
+    return _train(opt, lambda x, y: F.cross_entropy(model(x), y), lambda: params_of(model),
+                  batch_size=batch_size)
 
 
 def test_ddp_ranks_stay_identical_and_match_one_process(ranks: list[dict]) -> None:

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from curvecast.contract import KEY_PATTERN, RunConfig, is_valid_key
 from curvecast.service.alerting.lifecycle import Observation
+from curvecast.service.forecast import Fit
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -76,8 +77,8 @@ class EvalContext:
         status: the run's status (``running``, ``finished``, ...).
         seconds_since_ingest: seconds since the run last sent anything, if known.
         stalled_after_s: the service-wide default of the ``stalled`` rule's ``after_s``.
-        fit: the latest stored forecast fit (``Fit.to_dict()``) and ``fit_key`` the series it
-            was fitted on, for the off-curve rule.
+        fit: the latest stored forecast fit (parsed once, by the store) and ``fit_key`` the
+            series it was fitted on, for the off-curve rule.
     """
 
     config: Mapping[str, Any]
@@ -86,7 +87,7 @@ class EvalContext:
     status: str = "running"
     seconds_since_ingest: float | None = None
     stalled_after_s: float = 900.0
-    fit: Mapping[str, Any] | None = None
+    fit: Fit | None = None
     fit_key: str | None = None
 
     @cached_property
@@ -263,6 +264,8 @@ class RuleOutput:
 
 
 Evaluator = Callable[[Mapping[str, Series], EvalContext, RuleConfig, dict[str, Any]], RuleOutput]
+#: An evaluator of one series: ``(series, its key, context, cfg, memory) -> output``.
+SeriesEvaluator = Callable[[Series, str, EvalContext, RuleConfig, dict[str, Any]], RuleOutput]
 Describer = Callable[[float, RuleConfig, str | None], tuple[str, str]]
 Lookback = Callable[[EvalContext, RuleConfig, Mapping[str, Any]], int]
 
@@ -338,6 +341,23 @@ def given_keys_or(cfg: RuleConfig, defaults: Sequence[str]) -> list[list[str]]:
     """A rule's one input: its ``keys`` parameter if set, else ``defaults``."""
     keys = cfg.params.get("keys")
     return [list(keys) if keys else list(defaults)]
+
+
+def on_first_input(
+    inputs: Callable[[RuleConfig], list[list[str]]], judge: SeriesEvaluator
+) -> Evaluator:
+    """The evaluator of a rule that reads one series: ``judge`` the first key of its input
+    (``inputs(cfg)[0]``) the run has points for; no verdicts while it has none."""
+
+    def evaluate(
+        series: Mapping[str, Series], ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
+    ) -> RuleOutput:
+        key = pick_key(series, inputs(cfg)[0])
+        if key is None:
+            return RuleOutput([], memory)
+        return judge(series[key], key, ctx, cfg, memory)
+
+    return evaluate
 
 
 def auto_int(doc: str, lo: float = 1) -> ParamSpec:

@@ -37,7 +37,7 @@ from curvecast.service.alerting.rules.framework import (
     factor_text,
     given_keys_or,
     observations,
-    pick_key,
+    on_first_input,
     run_fraction,
 )
 from curvecast.service.alerting.rules.stats import log_positive, rolling_median
@@ -105,15 +105,10 @@ def _grad_inputs(cfg: RuleConfig) -> list[list[str]]:
 
 
 def _eval_grad(
-    series: Mapping[str, Series], ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
+    s: Series, key: str, ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
 ) -> RuleOutput:
     p = cfg.params
-    key = pick_key(series, _grad_inputs(cfg)[0])
-    if key is None:
-        return RuleOutput([], memory)
-    at, d, memory = _drift(
-        series[key], ctx, p, memory, window_frac=_GRAD_WINDOW, ref_frac=_GRAD_REF
-    )
+    at, d, memory = _drift(s, ctx, p, memory, window_frac=_GRAD_WINDOW, ref_frac=_GRAD_REF)
     up, down = math.log(p["rise_factor"]), math.log(p["fall_factor"])
     ok = np.isfinite(d)
     dd = np.where(ok, d, 0.0)
@@ -166,7 +161,7 @@ GRAD_NORM_DRIFT = RuleSpec(
         "reference_steps": auto_int("reference stretch; auto: 10% of total_steps (>= 20)"),
         "burn_in_steps": BURN_IN,
     },
-    evaluate=_eval_grad,
+    evaluate=on_first_input(_grad_inputs, _eval_grad),
     describe=_describe_grad,
     for_auto=run_fraction(0.01, 10, 100),
     resolve_auto=run_fraction(0.02, 20, 200),
@@ -211,20 +206,15 @@ def _weight_rate(s: Series, ctx: EvalContext, p: Mapping[str, Any]) -> tuple[Int
 
 
 def _eval_weight(
-    series: Mapping[str, Series], ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
+    s: Series, key: str, ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
 ) -> RuleOutput:
     p = cfg.params
-    key = pick_key(series, _weight_inputs(cfg)[0])
-    if key is None:
-        return RuleOutput([], memory)
     # Two questions: how far is the level from where it settled after the burn-in (a slow,
     # steady climb), and how fast is it moving now (a climb from the start, when no settled
     # level exists yet). Verdicts are made where the rate is known; the level check joins in
     # once its windows are complete.
-    at, rate = _weight_rate(series[key], ctx, p)
-    level_at, level, memory = _drift(
-        series[key], ctx, p, memory, window_frac=_W_WINDOW, ref_frac=_W_REF
-    )
+    at, rate = _weight_rate(s, ctx, p)
+    level_at, level, memory = _drift(s, ctx, p, memory, window_frac=_W_WINDOW, ref_frac=_W_REF)
     d = np.full(at.size, np.nan)
     d[np.isin(at, level_at)] = level[np.isin(level_at, at)]
     up, down = math.log(p["rise_factor"]), math.log(p["fall_factor"])
@@ -299,7 +289,7 @@ WEIGHT_NORM_DRIFT = RuleSpec(
         "reference_steps": auto_int("reference stretch; auto: 5% of total_steps (>= 20)"),
         "burn_in_steps": BURN_IN,
     },
-    evaluate=_eval_weight,
+    evaluate=on_first_input(_weight_inputs, _eval_weight),
     describe=_describe_weight,
     for_auto=run_fraction(0.01, 10, 100),
     resolve_auto=run_fraction(0.02, 20, 200),

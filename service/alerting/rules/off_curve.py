@@ -236,10 +236,11 @@ def _evaluate(
     memory = dict(memory)
     # The memory keeps the recent fits, oldest first (see _LaggedFits).
     fits: list[dict[str, Any]] = list(memory.get("fits") or [])
-    if ctx.fit and ctx.fit.get("fitted_upto_step") is not None:
-        upto = float(ctx.fit["fitted_upto_step"])
+    if ctx.fit is not None and ctx.fit.fitted_upto_step is not None:
+        upto = float(ctx.fit.fitted_upto_step)
         if not fits or upto > float(fits[-1]["fitted_upto_step"]):
-            fits.append(dict(ctx.fit))
+            # The memory is JSON (it is stored with the run's alert state).
+            fits.append(ctx.fit.to_dict())
     lag = auto_steps(ctx, p.get("lag_steps"), _OFF_LAG, 20, 500)
     lagged = _LaggedFits(fits, lag)
     parts = [_judge_fitted(series[key], ctx, p, lagged, memory)]

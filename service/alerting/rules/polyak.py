@@ -26,7 +26,7 @@ from curvecast.service.alerting.rules.framework import (
     given_keys_or,
     immediately,
     observations,
-    pick_key,
+    on_first_input,
     run_fraction,
 )
 from curvecast.service.alerting.rules.stats import rolling_mean, rolling_median
@@ -41,13 +41,9 @@ def _spike_inputs(cfg: RuleConfig) -> list[list[str]]:
 
 
 def _eval_spike(
-    series: Mapping[str, Series], ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
+    s: Series, key: str, ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
 ) -> RuleOutput:
     p = cfg.params
-    key = pick_key(series, _spike_inputs(cfg)[0])
-    if key is None:
-        return RuleOutput([], memory)
-    s = series[key]
     burn = burn_in_step(ctx, p.get("burn_in_steps"))
     ref_len = auto_steps(ctx, p.get("reference_steps"), _SPIKE_REF, 20, 500)
     window = max(1, int(p["window_steps"]))
@@ -96,7 +92,7 @@ POLYAK_SPIKE = RuleSpec(
         "reference_steps": auto_int("reference stretch; auto: 5% of total_steps (>= 20)"),
         "burn_in_steps": BURN_IN,
     },
-    evaluate=_eval_spike,
+    evaluate=on_first_input(_spike_inputs, _eval_spike),
     describe=_describe_spike,
     for_auto=immediately,
     resolve_auto=run_fraction(0.01, 10, 100),
@@ -122,13 +118,9 @@ def _collapse_window(ctx: EvalContext, cfg: RuleConfig) -> int:
 
 
 def _eval_collapse(
-    series: Mapping[str, Series], ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
+    s: Series, key: str, ctx: EvalContext, cfg: RuleConfig, memory: dict[str, Any]
 ) -> RuleOutput:
     p = cfg.params
-    key = pick_key(series, _collapse_inputs(cfg)[0])
-    if key is None:
-        return RuleOutput([], memory)
-    s = series[key]
     burn = burn_in_step(ctx, p.get("burn_in_steps"))
     mask = (s.steps > max(ctx.after_step, burn)) & (s.steps <= ctx.last_step)
     at = s.steps[mask]
@@ -172,7 +164,7 @@ POLYAK_COLLAPSE = RuleSpec(
         "window_steps": auto_int("rolling window; auto: 2% of total_steps (>= 10)"),
         "burn_in_steps": BURN_IN,
     },
-    evaluate=_eval_collapse,
+    evaluate=on_first_input(_collapse_inputs, _eval_collapse),
     describe=_describe_collapse,
     for_auto=run_fraction(0.005, 5, 50),
     resolve_auto=run_fraction(0.01, 10, 100),
