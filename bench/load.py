@@ -38,8 +38,11 @@ from typing import Any
 import httpx
 import psutil
 
-KEYS = ("loss", "lr", "opt/eta", "opt/alpha", "opt/grad_l1", "opt/numerator", "opt/denom_ema",
-        "opt/c", "opt/sf_beta", "grad_norm")
+from curvecast.contract import telemetry_key
+
+#: The optimizer statistics each simulated client logs, under the contract's telemetry names.
+STATS = ("eta", "alpha", "grad_l1", "numerator", "denom_ema", "c", "sf_beta")
+KEYS = ("loss", "lr", *(telemetry_key(stat) for stat in STATS), "grad_norm")
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,11 +105,10 @@ def _client(job: GeneratorJob, run_id: str, out: dict[str, Any]) -> None:
         else:
             late = max(late, -delay)
         loss = a / math.sqrt(step + b) + c + rng.gauss(0, 0.01)
-        mon.log(step, loss=loss, lr=1e-3, grad_norm=1.0 + rng.random(), **{
-            "opt/eta": 0.1, "opt/alpha": 1e-3, "opt/grad_l1": 100 + rng.random(),
-            "opt/numerator": loss, "opt/denom_ema": 50.0, "opt/c": 1.0 / step,
-            "opt/sf_beta": 0.9,
-        })
+        stats = {"eta": 0.1, "alpha": 1e-3, "grad_l1": 100 + rng.random(), "numerator": loss,
+                 "denom_ema": 50.0, "c": 1.0 / step, "sf_beta": 0.9}
+        mon.log(step, loss=loss, lr=1e-3, grad_norm=1.0 + rng.random(),
+                **{telemetry_key(k): v for k, v in stats.items()})
     logged_at = time.time()
     ok = mon.finish(timeout=300)
     out[run_id] = {"steps": step, "records": records, "stats": mon.stats(), "finished": ok,
