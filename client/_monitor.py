@@ -190,6 +190,7 @@ class Monitor:
         self._spool = Spool(
             self.spool_dir, self.run_id, max_bytes=spool_max_bytes, meta=self._meta, clock=clock
         )
+        self._spool.warn_if_shared()  # another live monitor spooling this run_id: say so now
         self._sender = Sender(
             api=self._api,
             run_id=self.run_id,

@@ -282,12 +282,10 @@ class Sender:
     def _replay_one(self) -> float:
         if self._line is None:
             if self._reader is None:
-                segments = self.spool.closed_segments()
-                if not segments:
-                    return 0.0
-                try:
-                    self._reader = SegmentReader(segments[0], self._corrupt)
-                except FileNotFoundError:  # removed by a concurrent `curvecast sync`
+                # Skips segments another live process still appends to (same run_id twice,
+                # or a concurrent `curvecast sync` replaying them): their owner replays them.
+                self._reader = self.spool.claim_segment(self._corrupt)
+                if self._reader is None:
                     return 0.0
             line = self._reader.next()
             if line is None:
@@ -500,11 +498,12 @@ def report_leftovers(counters: Counters, spool_path: Path, *, run_id: str, url: 
     )
     log.warning(
         "curvecast: %s could not be sent to %s within the flush timeout; they are kept in "
-        "%s. Upload them with:  curvecast sync %s",
+        "%s. Upload them with:  curvecast sync %s --url %s",
         what,
         url,
         spool_path,
         spool_path,
+        url,  # named, so that sync sends a token there (it never trusts run.json's URL alone)
     )
     if c.points_dropped:
         log.error("curvecast: %d points were lost (spool cap or errors)", c.points_dropped)

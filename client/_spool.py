@@ -13,6 +13,15 @@ skips and reports. A segment is closed (rotated) before it is replayed and delet
 every line in it was acknowledged; replaying a line twice is harmless because ingest is
 idempotent per (run, key, step).
 
+Ownership between processes (two live monitors on one ``run_id``, or a monitor and ``curvecast
+sync``): the writer holds an exclusive ``flock`` on its active segment from before the segment
+has its ``.jsonl`` name (it is created under a hidden name, locked, then renamed) until it closes
+it, and a replayer opens a segment only through :meth:`SegmentReader.claim`, which takes a shared
+lock without waiting and skips the segment when that fails. So a segment is replayed and unlinked
+only once its writer closed it or died (the kernel drops a dead process's locks), never while
+another process is still appending to it. The process holding the run directory's ``.lock``
+writes its pid and role into it, so a second live monitor on the same run is told loudly.
+
 Durability (the fsync policy): every append is one ``write()`` of whole lines to a file opened
 with ``O_APPEND``, so it is in the OS page cache when ``append`` returns and survives the process
 being killed. ``fsync`` runs when a segment is closed, and otherwise at most once per
@@ -97,6 +106,29 @@ class SegmentReader:
         self._on_corrupt = on_corrupt
         self._file = path.open("rb")
 
+    @classmethod
+    def claim(cls, path: Path, on_corrupt: CorruptHandler) -> SegmentReader | None:
+        """Open a segment for replay unless a live process still writes it (or it is gone).
+
+        The shared lock is held until :meth:`close`: the writer's exclusive lock on its active
+        segment excludes it. Shared rather than exclusive because two replayers of one closed
+        segment are harmless (ingest is idempotent) and a shared lock works on a read-only file
+        everywhere (an exclusive one does not on NFS).
+        """
+        try:
+            reader = cls(path, on_corrupt)
+        except FileNotFoundError:  # replayed and removed by another process meanwhile
+            return None
+        if fcntl is not None:
+            try:
+                fcntl.flock(reader._file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # its writer is alive and may still append to it
+                reader.close()
+                return None
+            except OSError:  # a file system without flock: replay as before
+                pass
+        return reader
+
     def next(self) -> tuple[bytes, int] | None:
         """The next valid ``(body, points)``, or None at the end of the segment."""
         for line in self._file:
@@ -127,6 +159,8 @@ class Spool:
         root: the spool root (``spool_dir=`` / ``$CURVECAST_SPOOL_DIR`` / the user cache dir).
         run_id: the run.
         max_bytes: cap on the run's spooled bytes; appends beyond it are refused.
+        role: who writes (``"monitor"``, ``"curvecast sync"``), recorded in the directory lock
+            so that another process on the same run can say who it shares the run with.
         meta: called to get the run's metadata whenever ``run.json`` is (re)written.
         segment_bytes: a segment is closed and a new one started beyond this size.
         fsync_interval: the longest time between fsyncs while appending, seconds.
@@ -143,10 +177,13 @@ class Spool:
         segment_bytes: int = 8 << 20,
         fsync_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        role: str = "monitor",
     ) -> None:
         self.root = Path(root)
         self.path = self.root / run_id
         self.max_bytes = max_bytes
+        self.role = role
+        self._shared_warned = False
         self._meta = meta
         self._segment_bytes = segment_bytes
         self._fsync_interval = fsync_interval
@@ -174,16 +211,50 @@ class Spool:
             self.write_meta(self._meta())
         self._opened = True
 
-    def _take_lock(self) -> None:
+    def _take_lock(self, warn: bool = True) -> bool:
+        """Take the run directory's lock (and write who holds it); False if another live
+        process has it (then, with ``warn``, say so if that is a monitor)."""
         if fcntl is None or self._lock_fd is not None:
-            return
+            return True
         fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            os.close(fd)  # another live process (curvecast sync?) has it; appends stay safe
-            return
+            os.close(fd)  # another live process has it; appends stay safe (own segments)
+            if warn:
+                self.warn_if_shared()
+            return False
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
         self._lock_fd = fd
+        return True
+
+    def other_writer(self) -> str | None:
+        """Who else holds this run's directory lock (``"pid role"``), or None."""
+        if self._lock_fd is not None or not is_locked(self.path):
+            return None
+        try:
+            return (self.path / LOCK).read_text().strip() or "another process"
+        except OSError:
+            return "another process"
+
+    def warn_if_shared(self) -> None:
+        """Say loudly, once, when another live monitor writes the same run (two processes with
+        one ``run_id``: each keeps and replays only its own segments, but the run's points
+        interleave and its status is whichever finishes last)."""
+        holder = self.other_writer()
+        if self._shared_warned or holder is None or holder.endswith("curvecast sync"):
+            return
+        self._shared_warned = True
+        log.error(
+            "curvecast: run %s is also being logged by another live process (pid %s) with "
+            "the same run_id; both spool to %s. No point is lost, but give each process its "
+            "own run_id unless they are meant to write one run together.",
+            self.path.name,
+            holder.split()[0],
+            self.path,
+        )
 
     def append(self, body: bytes) -> bool:
         """Append one batch body as a line. Returns False (and writes nothing) when the cap is
@@ -219,9 +290,23 @@ class Spool:
 
     def _start_segment(self) -> None:
         self._close_segment()
+        # Another process's cleanup may have removed the (then empty) directory.
+        self.path.mkdir(parents=True, exist_ok=True)
         name = f"{time.time_ns():020d}-{os.getpid()}{SEGMENT_SUFFIX}"
+        # Locked before it gets its segment name: a replayer that lists it can never find it
+        # unlocked while this process may still append to it.
+        hidden = self.path / f".{name}.new"
+        fd = os.open(hidden, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            if fcntl is not None:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(hidden, self.path / name)
+        except BaseException:
+            os.close(fd)
+            raise
         self._active = self.path / name
-        self._fd = os.open(self._active, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = fd
         self._active_size = 0
 
     def _close_segment(self) -> None:
@@ -271,7 +356,8 @@ class Spool:
             return self._pending
 
     def closed_segments(self) -> list[Path]:
-        """Segments ready to replay, oldest first (closes the active one first)."""
+        """Segments that may be replayable, oldest first (closes the active one first); some
+        may still be written by another process: open them with :meth:`claim_segment`."""
         with self._lock:
             if self._active is not None and self._active_size > 0:
                 self._close_segment()
@@ -279,6 +365,19 @@ class Spool:
             if not paths and self._active is None:
                 self._pending = False
             return paths
+
+    def claim_segment(self, on_corrupt: CorruptHandler) -> SegmentReader | None:
+        """A reader on the oldest segment no live process writes (closing this process's
+        active segment first), or None; with None, :meth:`has_data` is False until the next
+        append, so segments other live writers hold cost no busy loop (they replay them)."""
+        with self._lock:
+            for path in self.closed_segments():
+                reader = SegmentReader.claim(path, on_corrupt)
+                if reader is not None:
+                    return reader
+            if self._active is None:
+                self._pending = False
+            return None
 
     def remove_segment(self, path: Path) -> None:
         """Delete a fully acknowledged segment."""
@@ -291,7 +390,8 @@ class Spool:
             self._size = max(0, self._size - size)
 
     def cleanup(self) -> bool:
-        """Remove the run directory if no segment or rejected body is left; True if removed."""
+        """Remove the run directory if no segment or rejected body is left and no other live
+        process holds it; True if removed."""
         with self._lock:
             if self._segment_paths():
                 return False
@@ -300,6 +400,8 @@ class Spool:
                 self._opened = False
                 return True
             if any(p.name.endswith(REJECTED_SUFFIX) for p in self.path.iterdir()):
+                return False
+            if not self._take_lock(warn=False):  # another live monitor owns it: its to remove
                 return False
             for name in (META, LOCK):
                 with contextlib.suppress(FileNotFoundError):

@@ -178,9 +178,12 @@ def check_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     for key, low in _INT_KEYS.items():
         value = out.get(key)
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < low
+            isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_STEP
         ):
-            raise ValueError(f"config[{key!r}] must be an integer >= {low}, got {value!r}")
+            # The service bounds these by the contract's MAX_STEP too (RunConfigIn).
+            raise ValueError(
+                f"config[{key!r}] must be an integer >= {low} and <= {MAX_STEP}, got {value!r}"
+            )
     decay = out.get("weight_decay")
     if decay is not None and (
         isinstance(decay, bool)

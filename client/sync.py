@@ -8,13 +8,19 @@ directory from Python. Standard library only.
 For each run directory: create the run (idempotent ``PUT``, from ``run.json``), send every
 spooled line (corrupted lines are skipped and reported), delete each segment once all of it was
 acknowledged, then merge the config and set the final status the run ended with. A run still
-being written by a live process (its lock is held) is skipped. Re-running is always safe:
-ingest is idempotent, so a line sent twice is stored once.
+being written by a live process (its lock is held) is skipped, and so is any segment a live
+process still appends to (its writer holds a lock on it; see ``_spool``). Re-running is always
+safe: ingest is idempotent, so a line sent twice is stored once.
+
+Where the token goes: only to a URL the user named (``--url``, else ``$CURVECAST_URL``), never
+to one read from ``run.json`` alone, because a spool copied from elsewhere could name any host
+(:func:`resolve_target`). Without a token, the run's own URL is used as before.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -39,7 +45,43 @@ from curvecast.client._spool import (
 from curvecast.client._transport import HTTPTransport, Transport
 from curvecast.client._validate import check_run_id
 
-__all__ = ["SyncResult", "add_sync_parser", "main", "run_sync", "sync_run"]
+__all__ = ["SyncResult", "add_sync_parser", "main", "resolve_target", "run_sync", "sync_run"]
+
+#: Exit status when a run's URL conflicts with the one the user named (nothing is sent).
+EXIT_URL_CONFLICT = 2
+
+
+def resolve_target(
+    url: str | None, meta: dict[str, Any], token: str | None, env_url: str | None = None
+) -> tuple[str, str | None]:
+    """Where to upload a run: ``(url, None)``, or ``("", why not)`` when the token could reach a
+    URL the user did not name.
+
+    Args:
+        url: ``--url`` (explicit: always used).
+        meta: the run's ``run.json``; its ``url`` is where the run was logging to.
+        token: the bearer token, if any.
+        env_url: ``$CURVECAST_URL`` (default: read from the environment).
+    """
+    if url:
+        return url, None
+    env_url = env_url if env_url is not None else os.environ.get("CURVECAST_URL") or None
+    run_url = meta.get("url") if isinstance(meta.get("url"), str) else None
+    if env_url:
+        if run_url and run_url.rstrip("/") != env_url.rstrip("/"):
+            return "", (
+                f"run.json names {run_url} but CURVECAST_URL is {env_url}; "
+                "pass --url to say where its points (and the token) go"
+            )
+        return env_url, None
+    if run_url:
+        if token:
+            return "", (
+                f"run.json names {run_url}, and the token is only sent to a URL you name: "
+                f"pass --url {run_url} (or set CURVECAST_URL) if that is the service you mean"
+            )
+        return run_url, None
+    return DEFAULT_URL, None
 
 
 def _size(n: int) -> str:
@@ -108,6 +150,8 @@ class SyncResult:
     points: int = 0
     corrupt: list[str] = field(default_factory=list)
     rejected: int = 0
+    #: Segments left alone because a live process still appends to them.
+    busy: int = 0
     message: str = ""
 
 
@@ -144,7 +188,8 @@ def sync_run(
 
     Args:
         run_dir: ``<spool root>/<run_id>``.
-        url: service URL (default: the one the run was logging to, from ``run.json``).
+        url: service URL (default: ``$CURVECAST_URL``, else the one the run was logging to
+            from ``run.json`` if no token is given; see :func:`resolve_target`).
         token: bearer token.
         timeout: seconds per request.
         attempts: tries per request while the service answers "retry later".
@@ -159,7 +204,10 @@ def sync_run(
         run_id = check_run_id(meta.get("run_id") or run_dir.name)
     except ValueError:
         return SyncResult(run_dir, False, message="not a run directory (no run id)")
-    target = url or meta.get("url") or os.environ.get("CURVECAST_URL") or DEFAULT_URL
+    target, refusal = resolve_target(url, meta, token)
+    if refusal is not None:
+        stream.write(f"{label or f'run {run_id[:8]}'}: not uploaded: {refusal}\n")
+        return SyncResult(run_dir, False, message=refusal)
     job = _RunSync(
         run_dir,
         run_id,
@@ -198,10 +246,10 @@ class _RunSync:
         self.api = api
         self.target = target
         self.retried = retried
-        self.spool = Spool(run_dir.parent, run_dir.name)
+        self.spool = Spool(run_dir.parent, run_dir.name, role="curvecast sync")
         self.out = SyncResult(run_dir, True)
         self.segments = list(iter_segment_paths(run_dir))
-        total = sum(p.stat().st_size for p in self.segments)
+        total = sum(_file_size(p) for p in self.segments)
         self.progress = _Progress(stream, total, label)
 
     def create(self) -> Result | None:
@@ -238,7 +286,10 @@ class _RunSync:
             return self.fail(created, f"creating the run at {self.target}")
         done_bytes = 0
         for segment in self.segments:
-            reader = SegmentReader(segment, self.corrupt)
+            reader = SegmentReader.claim(segment, self.corrupt)
+            if reader is None:  # a live process still appends to it (or it is gone)
+                out.busy += segment.exists()
+                continue
             try:
                 while (item := reader.next()) is not None:
                     batch = Batch(*item)
@@ -257,8 +308,18 @@ class _RunSync:
                     self.progress.update(done_bytes + reader.position, batch.points)
             finally:
                 reader.close()
-            done_bytes += segment.stat().st_size
-            segment.unlink()
+            done_bytes += _file_size(segment)
+            with contextlib.suppress(FileNotFoundError):  # another replayer removed it first
+                segment.unlink()
+        if out.busy:
+            # Its writer is alive: it replays them itself and sets the run's status.
+            out.ok = False
+            out.message = (
+                f"{out.points:,} points uploaded to {self.target}; {out.busy} segment(s) still "
+                f"being written by a live process were left in {self.run_dir}"
+            )
+            self.progress.close(out.message)
+            return out
         final = {k: meta[k] for k in ("config", "status", "status_reason") if meta.get(k)}
         if final:
             result = self.retried(lambda: self.api.patch_run(self.run_id, final))
@@ -278,15 +339,32 @@ class _RunSync:
         return out
 
 
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def run_sync(args: argparse.Namespace) -> int:
     """Run ``curvecast sync`` with the arguments :func:`add_sync_parser` defines; returns the
-    exit status (0: every run uploaded, 1: some were not)."""
+    exit status (0: every run uploaded, 1: some were not, 2: a run's URL differs from the one
+    named and no ``--url`` was given: nothing was sent)."""
     root = Path(args.dir).expanduser() if args.dir else default_spool_dir()
     token = args.token or os.environ.get("CURVECAST_TOKEN") or None
     run_dirs = find_run_dirs(root)
     if not run_dirs:
         print(f"curvecast sync: nothing to upload in {root}", file=sys.stderr)
         return 0
+    # Checked for every run before anything is sent, so a refusal sends nothing at all.
+    refusals = [
+        f"curvecast sync: {run_dir}: {refusal}"
+        for run_dir in run_dirs
+        if (refusal := resolve_target(args.url, read_meta(run_dir) or {}, token)[1])
+    ]
+    if refusals:
+        print("\n".join(refusals), file=sys.stderr)
+        return EXIT_URL_CONFLICT
     print(f"curvecast sync: {len(run_dirs)} spooled run(s) in {root}", file=sys.stderr)
     failed = 0
     for number, run_dir in enumerate(run_dirs, start=1):
@@ -327,7 +405,10 @@ def add_sync_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "user cache dir)",
     )
     parser.add_argument(
-        "--url", help="service URL (default: the URL each run was logging to, from run.json)"
+        "--url",
+        help="service URL (default: $CURVECAST_URL; without a token, the URL each run was "
+        "logging to, from run.json; a token is only sent to a URL named here or in "
+        "$CURVECAST_URL)",
     )
     parser.add_argument("--token", help="bearer token (default: $CURVECAST_TOKEN)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")

@@ -19,6 +19,7 @@ from curvecast.service import __version__, web
 from curvecast.service.api import alerts, forecast, health, metrics, runs
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
+from curvecast.service.edge import EdgeGuard
 from curvecast.service.errors import ERROR_CODE_TO_HTTP_STATUS, ERROR_RESPONSES, install_handlers
 from curvecast.service.migrate import check_schema, upgrade
 from curvecast.service.web import docs, static
@@ -227,6 +228,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(web.router)
     app.include_router(docs.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Outermost (added last): Host, cross-site and token checks answer before a body is read.
+    app.add_middleware(EdgeGuard, settings=settings)
     return app
 
 

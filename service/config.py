@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from functools import cached_property
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -53,6 +54,11 @@ class Settings(BaseSettings):
         default="http://127.0.0.1:8000",
         description="Base URL people use to reach the service (links in alert notifications).",
     )
+    allowed_hosts: str = Field(
+        default="",
+        description="Comma-separated host names (no port) requests may be addressed to, besides "
+        "the loopback names and public_url's host; '*' allows any (behind a proxy that checks).",
+    )
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     max_points_per_request: int = Field(default=100_000, gt=0)
     max_keys_per_request: int = Field(default=1_000, gt=0)
@@ -82,6 +88,29 @@ class Settings(BaseSettings):
         return normalise_database_url(value)
 
     @cached_property
+    def allowed_host_names(self) -> frozenset[str]:
+        """The names (lower case, no port) a request's ``Host`` may carry, besides loopback."""
+        names = {n.strip().lower() for n in self.allowed_hosts.split(",") if n.strip()}
+        public = urlsplit(self.public_url).hostname
+        return frozenset(names | ({public.lower()} if public else set()))
+
+    def host_allowed(self, host_header: str) -> bool:
+        """Whether a request's ``Host`` header names this service: a loopback name or address,
+        public_url's host, or one of ``allowed_hosts``. Any other name may be an attacker's
+        that resolves here (DNS rebinding)."""
+        if "*" in self.allowed_host_names:
+            return True
+        if any(c in host_header for c in "@/\\?#"):  # a name and a port, nothing else
+            return False
+        try:
+            host = urlsplit(f"//{host_header.strip()}").hostname
+        except ValueError:  # e.g. an unclosed "[" bracket
+            return False
+        if not host:
+            return False
+        return is_loopback_host(host) or host in self.allowed_host_names
+
+    @cached_property
     def is_sqlite(self) -> bool:
         """Whether the configured database is the embedded SQLite default."""
         return self.database_url.startswith("sqlite")
@@ -100,7 +129,9 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="How long a worker holds a run while evaluating it."
     )
     webhook_timeout_s: float = Field(
-        default=5.0, gt=0, description="HTTP timeout of one webhook delivery attempt."
+        default=5.0, gt=0,
+        description="Total deadline of one webhook delivery attempt (connect, send, answer's "
+        "status and headers), not a per-read timeout.",
     )
     webhook_backoff_base_s: float = Field(
         default=2.0, gt=0, description="First retry delay of a failed delivery (doubles)."

@@ -6,13 +6,16 @@ from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.errors import Forbidden, Unauthenticated
 from curvecast.service.schemas import Principal, TokenScope
 from curvecast.service.store import tokens
+
+#: Where :class:`curvecast.service.edge.EdgeGuard` keeps a write's already checked principal.
+PRINCIPAL_STATE = "curvecast_principal"
 
 
 def get_settings(request: Request) -> Settings:
@@ -38,29 +41,46 @@ _HOW_TO_GET_A_TOKEN = (
 )
 
 
-def get_principal(request: Request, settings: SettingsDep) -> Principal:
-    """Who is calling. With auth off (loopback only) everyone is an admin of every project.
+def bearer_token(header: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header.
 
-    The token is checked in a short session of its own, so the route's session starts its
-    transaction with the route's first statement (a write transaction on SQLite must begin as
-    one; see service.db.WRITE_OPTION).
+    Raises:
+        Unauthenticated: the header is missing or not a bearer token.
     """
-    if not settings.auth_enabled:
-        return Principal(project=None, scope="admin")
-    header = request.headers.get("authorization")
     if not header:
         raise Unauthenticated(f"missing token: {_HOW_TO_GET_A_TOKEN}")
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         raise Unauthenticated(f"malformed Authorization header: {_HOW_TO_GET_A_TOKEN}")
-    return principal_of_token(request, value.strip())
+    return value.strip()
+
+
+def get_principal(request: Request, settings: SettingsDep) -> Principal:
+    """Who is calling. With auth off (loopback only) everyone is an admin of every project.
+
+    The token is checked in a short session of its own, so the route's session starts its
+    transaction with the route's first statement (a write transaction on SQLite must begin as
+    one; see service.db.WRITE_OPTION). A write's token was already checked from the headers,
+    before its body was read (:class:`curvecast.service.edge.EdgeGuard`): that answer is reused.
+    """
+    if not settings.auth_enabled:
+        return Principal(project=None, scope="admin")
+    checked = getattr(request.state, PRINCIPAL_STATE, None)
+    if isinstance(checked, Principal):
+        return checked
+    return principal_of_token(request, bearer_token(request.headers.get("authorization")))
+
+
+def authenticate_token(sessions: sessionmaker[Session], token: str) -> Principal:
+    """The owner of ``token``, checked in a short session of its own."""
+    with session_scope(sessions) as session:
+        return tokens.authenticate(session, token=token)
 
 
 def principal_of_token(request: Request, token: str) -> Principal:
     """The owner of ``token`` (however it arrived: header, or the dashboards' cookie), checked
     in a short session of its own (see :func:`get_principal`)."""
-    with session_scope(request.app.state.sessionmaker) as session:
-        return tokens.authenticate(session, token=token)
+    return authenticate_token(request.app.state.sessionmaker, token)
 
 
 def require(scope: TokenScope) -> Callable[[Principal], Principal]:

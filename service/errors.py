@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 #: The one table from error codes to HTTP statuses.
 ERROR_CODE_TO_HTTP_STATUS: dict[str, int] = {
     "malformed_json": 400,
+    "host_not_allowed": 400,
     "invalid_request": 422,
     "unauthenticated": 401,
     "forbidden": 403,

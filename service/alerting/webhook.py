@@ -31,6 +31,7 @@ __all__ = [
     "fingerprint",
     "sign",
     "signature_headers",
+    "slack_escape",
     "verify",
 ]
 
@@ -132,15 +133,31 @@ def build_payload(
     }
 
 
+def slack_escape(text: str) -> str:
+    """Escape ``&``, ``<`` and ``>`` as Slack's message formatting asks (``&amp;``, ``&lt;``,
+    ``&gt;``): the only three characters that make control sequences, so an escaped string
+    renders as the literal text and cannot open a link (``<https://...|label>``) or a mention
+    (``<!channel>``, ``<@U123>``)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def slack_text(alert: AlertView, link: str) -> str:
-    """One Slack ``mrkdwn`` message: status, severity, run, summary, link."""
+    """One Slack ``mrkdwn`` message: status, severity, run, summary, link.
+
+    Every string an ingest token controls (the run's name, the project, the summary, which
+    names metric keys) is escaped with :func:`slack_escape`; a run named
+    ``<https://evil.example|Re-authenticate> <!channel>`` was a phishing link and an
+    ``@channel`` ping.
+    """
     icon = {"critical": ":red_circle:", "warning": ":warning:"}.get(alert.severity, ":info:")
     if alert.status == "resolved":
         icon = ":white_check_mark:"
     step = f" at step {alert.step}" if alert.step is not None else ""
+    esc = slack_escape
     return (
-        f"{icon} [{alert.status.upper()}] {alert.severity} `{alert.rule}` on run "
-        f"<{link}|{alert.run_name}> ({alert.project}){step}: {alert.summary}"
+        f"{icon} [{alert.status.upper()}] {esc(alert.severity)} `{esc(alert.rule)}` on run "
+        f"<{esc(link)}|{esc(alert.run_name)}> ({esc(alert.project)}){step}: "
+        f"{esc(alert.summary)}"
     )
 
 

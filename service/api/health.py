@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from curvecast.service.migrate import check_schema
 from curvecast.service.schemas import Health
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
 
 
@@ -28,8 +31,11 @@ def readyz(request: Request) -> Health | JSONResponse:
     settings = request.app.state.settings
     try:
         revision = check_schema(request.app.state.engine)
-    except Exception as exc:  # any failure means "not ready"; say why
-        body = Health(status="unavailable", database=str(exc).splitlines()[0][:300])
+    except Exception:  # any failure means "not ready"
+        # The probe is public: the reason (host names, user names, driver messages) goes to
+        # the server's log, not to whoever asks.
+        log.warning("readiness check failed", exc_info=True)
+        body = Health(status="unavailable", database="unavailable")
         return JSONResponse(
             status_code=503,
             content=body.model_dump(),

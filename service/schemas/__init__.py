@@ -134,11 +134,13 @@ class RunConfigIn(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    total_steps: Annotated[StrictInt, Field(gt=0)] | None = Field(
+    # Bounded by the contract's MAX_STEP, like every step: an unbounded horizon was stored and
+    # then made the run's figures and every comparison including it answer 422.
+    total_steps: Annotated[StrictInt, Field(gt=0, le=MAX_STEP)] | None = Field(
         default=None, description="Planned number of steps: the default forecast horizon."
     )
-    warmup_steps: Annotated[StrictInt, Field(ge=0)] | None = None
-    c_warmup: Annotated[StrictInt, Field(ge=0)] | None = Field(
+    warmup_steps: Annotated[StrictInt, Field(ge=0, le=MAX_STEP)] | None = None
+    c_warmup: Annotated[StrictInt, Field(ge=0, le=MAX_STEP)] | None = Field(
         default=None, description="Steps before averaging starts: the forecast's burn-in."
     )
     weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)] | None = Field(

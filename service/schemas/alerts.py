@@ -63,7 +63,10 @@ class SilenceIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    until: datetime | None = Field(description="UTC time the silence ends (ISO 8601)")
+    until: datetime | None = Field(
+        description="When the silence ends (ISO 8601 with a UTC offset; stored in UTC): in the "
+        "future, at most 366 days ahead"
+    )
 
     @field_validator("until")
     @classmethod

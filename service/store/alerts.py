@@ -12,14 +12,25 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import Select, delete, exists, literal, literal_column, or_, select, update
+from sqlalchemy import (
+    DateTime,
+    Select,
+    case,
+    delete,
+    exists,
+    literal,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from curvecast.service.errors import InvalidInput, NotFound, RunNotFound
 from curvecast.service.models import (
@@ -40,6 +51,23 @@ from curvecast.service.store.forecasts import StoredFit, stored_fit
 from curvecast.service.store.projects import ensure_project
 
 OPEN_STATES = ("pending", "firing")
+#: How far ahead a silence may end. A bound, because an unbounded ``until`` (year 9999 at
+#: UTC-14) was stored by PostgreSQL as year 10000, which no later read could load.
+MAX_SILENCE = timedelta(days=366)
+#: Stored silences are read clamped to this range, so that a value no client can load (one
+#: written before ``until`` was bounded, or by hand) cannot break every read of the alerts.
+_SILENCE_FLOOR = datetime(1970, 1, 1, tzinfo=UTC)
+_SILENCE_CEILING = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def _silenced_until() -> Any:
+    """``alerts.silenced_until`` clamped in SQL (the driver never sees an unloadable value)."""
+    bound = DateTime(timezone=True)
+    return case(
+        (Alert.silenced_until > literal(_SILENCE_CEILING, bound), literal(_SILENCE_CEILING, bound)),
+        (Alert.silenced_until < literal(_SILENCE_FLOOR, bound), literal(_SILENCE_FLOOR, bound)),
+        else_=Alert.silenced_until,
+    ).label("silenced_until_safe")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,16 +239,17 @@ def finish_evaluation(
 
 def open_alerts(session: Session, *, run_id: uuid.UUID) -> list[AlertRow]:
     """A run's pending and firing alerts (at most one per rule)."""
-    alerts = session.scalars(
-        select(Alert)
+    alerts = session.execute(
+        select(Alert, _silenced_until())
+        .options(defer(Alert.silenced_until))
         .where(Alert.run_id == run_id, Alert.state.in_(OPEN_STATES))
         .order_by(Alert.id)
-    )
+    ).all()
     return [
         AlertRow(
             id=a.id,
             rule=a.rule,
-            state=a.state,  # type: ignore[arg-type]
+            state=a.state,
             severity=a.severity,
             summary=a.summary,
             description=a.description,
@@ -233,10 +262,10 @@ def open_alerts(session: Session, *, run_id: uuid.UUID) -> list[AlertRow]:
             fired_at=as_utc(a.fired_at) if a.fired_at else None,
             fired_step=a.fired_step,
             resolved_at=as_utc(a.resolved_at) if a.resolved_at else None,
-            silenced_until=as_utc(a.silenced_until) if a.silenced_until else None,
+            silenced_until=as_utc(until) if until else None,
             updated_at=as_utc(a.updated_at),
         )
-        for a in alerts
+        for a, until in alerts
     ]
 
 
@@ -306,7 +335,9 @@ def write_alerts(
 # ---------------------------------------------------------------------------------------------
 
 
-def _out(alert: Alert, project: str) -> AlertOut:
+def _out(alert: Alert, project: str, silenced_until: datetime | None) -> AlertOut:
+    """The API's view of an alert; ``silenced_until`` comes from :func:`_silenced_until` (the
+    row's own attribute is deferred: loading it unclamped is what the clamp avoids)."""
     return AlertOut(
         id=alert.id,
         run_id=alert.run_id,
@@ -320,7 +351,7 @@ def _out(alert: Alert, project: str) -> AlertOut:
         fired_at=as_utc(alert.fired_at) if alert.fired_at else None,
         resolved_at=as_utc(alert.resolved_at) if alert.resolved_at else None,
         acknowledged_at=as_utc(alert.acknowledged_at) if alert.acknowledged_at else None,
-        silenced_until=as_utc(alert.silenced_until) if alert.silenced_until else None,
+        silenced_until=as_utc(silenced_until) if silenced_until else None,
         step=alert.step,
         value=alert.value,
         since_step=alert.since_step,
@@ -342,7 +373,11 @@ def list_alerts(
     """Alerts newest first, filtered; other projects' alerts are invisible."""
     if allowed_project is not None and project not in (None, allowed_project):
         return AlertList(alerts=[])
-    stmt = select(Alert, Project.name).join(Project, Project.id == Alert.project_id)
+    stmt = (
+        select(Alert, Project.name, _silenced_until())
+        .options(defer(Alert.silenced_until))
+        .join(Project, Project.id == Alert.project_id)
+    )
     name = allowed_project or project
     if name is not None:
         stmt = stmt.where(Project.name == name)
@@ -351,7 +386,7 @@ def list_alerts(
     if state is not None:
         stmt = stmt.where(Alert.state == state)
     rows = session.execute(stmt.order_by(Alert.id.desc()).limit(limit)).all()
-    return AlertList(alerts=[_out(a, p) for a, p in rows])
+    return AlertList(alerts=[_out(a, p, until) for a, p, until in rows])
 
 
 def run_alerts(
@@ -380,9 +415,10 @@ def run_alerts(
 
 def _visible_alert(
     session: Session, alert_id: int, allowed_project: str | None
-) -> tuple[Alert, str]:
+) -> tuple[Alert, str, datetime | None]:
     stmt = (
-        select(Alert, Project.name)
+        select(Alert, Project.name, _silenced_until())
+        .options(defer(Alert.silenced_until))
         .join(Project, Project.id == Alert.project_id)
         .where(Alert.id == alert_id)
     )
@@ -391,7 +427,7 @@ def _visible_alert(
     row = session.execute(stmt).first()
     if row is None:
         raise NotFound(f"alert {alert_id} not found")
-    return row[0], row[1]
+    return row[0], row[1], row[2]
 
 
 def acknowledge(
@@ -399,12 +435,12 @@ def acknowledge(
 ) -> AlertOut:
     """Mark an alert as seen (idempotent: the first acknowledgement's time is kept)."""
     write_connection(session)
-    alert, project = _visible_alert(session, alert_id, allowed_project)
+    alert, project, silenced_until = _visible_alert(session, alert_id, allowed_project)
     if alert.acknowledged_at is None:
         alert.acknowledged_at = now
         alert.updated_at = now
         session.flush()
-    return _out(alert, project)
+    return _out(alert, project, silenced_until)
 
 
 def silence(
@@ -415,15 +451,31 @@ def silence(
     now: datetime,
     allowed_project: str | None,
 ) -> AlertOut:
-    """Suppress this alert's notifications until ``until`` (``None`` lifts the silence)."""
+    """Suppress this alert's notifications until ``until`` (``None`` lifts the silence).
+
+    ``until`` must be in the future and at most :data:`MAX_SILENCE` ahead; it is stored in UTC
+    (SQLite keeps no UTC offset: ``+05:00`` was stored as if it were ``Z``, five hours late).
+
+    Raises:
+        InvalidInput: ``until`` is naive, in the past, or too far ahead.
+    """
     write_connection(session)
-    alert, project = _visible_alert(session, alert_id, allowed_project)
-    if until is not None and until <= now:
-        raise InvalidInput("until: must be in the future (UTC)")
+    alert, project, _ = _visible_alert(session, alert_id, allowed_project)
+    if until is not None:
+        if until.tzinfo is None:
+            raise InvalidInput("until: must carry a timezone, e.g. 2026-11-22T08:00:00Z")
+        if until <= now:
+            raise InvalidInput("until: must be in the future (UTC)")
+        if until > now + MAX_SILENCE:
+            raise InvalidInput(
+                f"until: must be at most {MAX_SILENCE.days} days ahead; silence again later, "
+                "or disable the rule for the project"
+            )
+        until = until.astimezone(UTC)
     alert.silenced_until = until
     alert.updated_at = now
     session.flush()
-    return _out(alert, project)
+    return _out(alert, project, until)
 
 
 # ---------------------------------------------------------------------------------------------

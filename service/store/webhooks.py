@@ -232,10 +232,23 @@ def record_attempt(
     duration_ms: float,
     delivered: bool,
     next_attempt_at: datetime | None,
-) -> None:
+) -> bool:
     """Log one attempt and move the delivery on: ``delivered``, back to pending at
-    ``next_attempt_at``, or ``failed`` when ``next_attempt_at`` is None (gave up)."""
+    ``next_attempt_at``, or ``failed`` when ``next_attempt_at`` is None (gave up).
+
+    Returns:
+        False, writing nothing, if the delivery is gone: its webhook was deleted while the
+        attempt was in flight (the delete cascades to the outbox). Logging the attempt anyway
+        was a foreign-key violation that lost the rest of the round's outcomes.
+    """
     write_connection(session)
+    # Lock the row (PostgreSQL; SQLite's write transaction already excludes other writers),
+    # so that a webhook deleted from now on waits for this transaction instead of racing it.
+    still_there = session.scalar(
+        select(AlertDelivery.id).where(AlertDelivery.id == job.id).with_for_update()
+    )
+    if still_there is None:
+        return False
     attempt = job.attempts + 1
     error = error[:MAX_ERROR_CHARS] if error else None
     session.add(
@@ -268,3 +281,4 @@ def record_attempt(
         .values(**values),
         execution_options={"synchronize_session": False},
     )
+    return True

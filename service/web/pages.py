@@ -56,7 +56,9 @@ def _serve(request: Request, settings: SettingsDep,
 
 def _config(settings: SettingsDep, page_id: str, **extra: Any) -> dict[str, Any]:
     """What a page's script needs to know (JSON in the page, ``cc-config``)."""
+    # "auth": the page shows its "Sign out" form (base.html).
     return {"page": page_id, "api": _API_VIA_COOKIE if settings.auth_enabled else _API,
+            "auth": settings.auth_enabled,
             "data": "/dashboards/api", "poll_ms": POLL_MS, **extra}
 
 

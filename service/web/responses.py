@@ -23,7 +23,10 @@ _CSP = (
 PAGE_HEADERS = {
     "Content-Security-Policy": _CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on the
+    # pages' own form POSTs (sign out, switch token), which the edge cannot tell from another
+    # site's. Other sites still get no Referer.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }

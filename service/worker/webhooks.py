@@ -5,13 +5,16 @@ in its own transaction.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import random
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,6 +26,7 @@ from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
+from curvecast.service.store.webhooks import DeliveryJob
 
 log = logging.getLogger(__name__)
 
@@ -52,26 +56,132 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+class _Deadline:
+    """One attempt's total deadline: when it passes, a timer shuts down the attempt's socket,
+    which ends whatever read or write is blocked on it.
+
+    A socket timeout alone bounds each read, not the attempt: a receiver sending one header
+    byte every few seconds held the delivery thread for minutes. ``shutdown`` (not ``close``)
+    is what wakes a thread blocked in ``recv`` on Linux; the owner still closes the socket.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._ends = time.monotonic() + seconds
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._timer.cancel()
+
+    def remaining(self) -> float:
+        """Seconds left (never below a millisecond: a socket timeout of 0 means non-blocking)."""
+        return max(0.001, self._ends - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut ``sock`` down at the deadline (at once if it has passed)."""
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shutdown(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        # The plain socket's method, also for a TLS socket: shut the descriptor down
+        # without a TLS close_notify exchange that could itself block.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
+def _guarded(base: type[http.client.HTTPConnection], deadline: _Deadline) -> Any:
+    """``base`` (HTTP or HTTPS connection) whose connect waits at most the time left and whose
+    socket the deadline shuts down. (The socket is watched once connected: a TLS handshake is
+    bounded by the per-read timeout, the rest of the attempt by the deadline.)"""
+
+    class Connection(base):  # type: ignore[valid-type,misc]
+        def connect(self) -> None:
+            given = getattr(self, "timeout", None)  # may be socket's "default" sentinel
+            per_read = float(given) if isinstance(given, int | float) else deadline.seconds
+            self.timeout = min(per_read, deadline.remaining())
+            super().connect()
+            deadline.watch(self.sock)
+
+    return Connection
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_guarded(http.client.HTTPConnection, self._deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_guarded(http.client.HTTPSConnection, self._deadline), req)
+
+
+def _deadline_error(timeout: float) -> str:
+    return f"no complete answer within the attempt's deadline of {timeout:g} s"
 
 
 def send_http(url: str, body: bytes, headers: dict[str, str], timeout: float) -> SendResult:
-    """POST ``body`` to ``url`` with the standard library (the service needs no HTTP client)."""
+    """POST ``body`` to ``url`` with the standard library (the service needs no HTTP client).
+
+    ``timeout`` is the attempt's total deadline (connect, send, status line and headers), not
+    a per-read timeout. The answer's status acknowledges the delivery: its body is read only
+    while time is left, and never decides the outcome.
+    """
     started = time.monotonic()
+
+    def took() -> float:
+        return (time.monotonic() - started) * 1000
+
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with _OPENER.open(request, timeout=timeout) as response:
-            response.read(65_536)
-            code = int(response.status)
-        return SendResult(code, None if 200 <= code < 300 else f"HTTP {code}",
-                          (time.monotonic() - started) * 1000)
-    except urllib.error.HTTPError as exc:
-        return SendResult(int(exc.code), f"HTTP {exc.code} {exc.reason}",
-                          (time.monotonic() - started) * 1000)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return SendResult(None, f"{type(exc).__name__}: {reason}",
-                          (time.monotonic() - started) * 1000)
+    with _Deadline(timeout) as deadline:
+        opener = urllib.request.build_opener(
+            _NoRedirect, _HTTPHandler(deadline), _HTTPSHandler(deadline)
+        )
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                code = int(response.status)
+                if deadline.expired:
+                    # Cut short mid-headers: http.client takes the shutdown's end of stream
+                    # for the end of the headers, so this "answer" was never complete.
+                    return SendResult(None, _deadline_error(timeout), took())
+                try:
+                    response.read(65_536)
+                except (OSError, http.client.HTTPException):
+                    pass  # the status line already answered
+            return SendResult(code, None if 200 <= code < 300 else f"HTTP {code}", took())
+        except urllib.error.HTTPError as exc:
+            return SendResult(int(exc.code), f"HTTP {exc.code} {exc.reason}", took())
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+            if deadline.expired:
+                return SendResult(None, _deadline_error(timeout), took())
+            reason = getattr(exc, "reason", exc)
+            return SendResult(None, f"{type(exc).__name__}: {reason}", took())
 
 
 Sender = Callable[[str, bytes, dict[str, str], float], SendResult]
@@ -104,9 +214,12 @@ def deliver_round(
     """One round of delivery, with injectable transport, clocks and randomness (for tests).
 
     Leases are taken in one short transaction; the HTTP requests run outside any transaction
-    (in a few threads, each with ``webhook_timeout_s``); each outcome is recorded in its own
-    transaction. A process killed mid-round leaves leased deliveries pending: the lease expires
-    and another round (in any process) sends them again with the same delivery id.
+    (in a few threads, each attempt with a total deadline of ``webhook_timeout_s``, so a
+    receiver that trickles its answer holds a thread no longer than that); each outcome is
+    recorded in its own transaction as soon as it is known, and a delivery whose webhook was
+    deleted meanwhile is dropped without affecting the others. A process killed mid-round
+    leaves leased deliveries pending: the lease expires and another round (in any process)
+    sends them again with the same delivery id.
     """
     now = clock()
     lease = timedelta(seconds=2 * settings.webhook_timeout_s + 30)
@@ -116,30 +229,53 @@ def deliver_round(
     if not jobs:
         return 0
 
-    def attempt(job: webhook_store.DeliveryJob) -> SendResult:
+    def attempt(job: DeliveryJob) -> SendResult:
         headers = signature_headers(job.secret, str(job.id), int(wall()), job.body)
         try:
             return send(job.url, job.body, headers, settings.webhook_timeout_s)
         except Exception as exc:  # a transport bug must not lose the outcome
             return SendResult(None, f"{type(exc).__name__}: {exc}", 0.0)
 
+    def record(job: DeliveryJob, result: SendResult) -> None:
+        # Any failure here is logged and leaves this delivery to its lease's expiry; it must
+        # not keep the round's other outcomes from being recorded (they would be sent again).
+        try:
+            _record(factory, settings, job, result, clock(), rng)
+        except Exception:
+            log.exception("webhook delivery %s: could not record the attempt", job.id)
+
     if len(jobs) == 1:
-        results = [attempt(jobs[0])]
+        record(jobs[0], attempt(jobs[0]))
     else:
+        # Each outcome is recorded as soon as it is known, not after the round's slowest.
         with ThreadPoolExecutor(max_workers=min(SEND_THREADS, len(jobs))) as pool:
-            results = list(pool.map(attempt, jobs))
-    for job, result in zip(jobs, results, strict=True):
-        at = clock()
-        next_at: datetime | None = None
-        if not result.ok:
-            next_at = at + timedelta(seconds=backoff_s(job.attempts + 1, settings, rng))
-            if (next_at - job.created_at).total_seconds() > settings.webhook_give_up_after_s:
-                next_at = None
-                log.warning("webhook delivery %s failed for good after %d attempts: %s",
-                            job.id, job.attempts + 1, result.error)
-        with session_scope(factory) as session:
-            webhook_store.record_attempt(
-                session, job=job, at=at, status_code=result.status_code, error=result.error,
-                duration_ms=result.duration_ms, delivered=result.ok, next_attempt_at=next_at,
-            )
+            futures = {pool.submit(attempt, job): job for job in jobs}
+            for future in as_completed(futures):
+                record(futures[future], future.result())
     return len(jobs)
+
+
+def _record(
+    factory: sessionmaker[Session],
+    settings: Settings,
+    job: DeliveryJob,
+    result: SendResult,
+    at: datetime,
+    rng: Callable[[], float],
+) -> None:
+    """Record one attempt's outcome in its own transaction, with the next attempt's time."""
+    next_at: datetime | None = None
+    if not result.ok:
+        next_at = at + timedelta(seconds=backoff_s(job.attempts + 1, settings, rng))
+        if (next_at - job.created_at).total_seconds() > settings.webhook_give_up_after_s:
+            next_at = None
+            log.warning("webhook delivery %s failed for good after %d attempts: %s",
+                        job.id, job.attempts + 1, result.error)
+    with session_scope(factory) as session:
+        recorded = webhook_store.record_attempt(
+            session, job=job, at=at, status_code=result.status_code, error=result.error,
+            duration_ms=result.duration_ms, delivered=result.ok, next_attempt_at=next_at,
+        )
+    if not recorded:
+        log.info("webhook delivery %s: its webhook was deleted during the attempt; dropped",
+                 job.id)

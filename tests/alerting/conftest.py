@@ -1,5 +1,5 @@
 """A real webhook receiver: an HTTP server on loopback in a thread that records every request
-and answers with scripted status codes."""
+and answers with scripted status codes; and a migrated database per test module."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker
+from curvecast.service.migrate import upgrade
+from tests.conftest import create_pg_database, drop_pg_database
 
 
 @dataclass
@@ -95,3 +101,21 @@ def receiver() -> Iterator[Receiver]:
     yield rx
     rx.server.shutdown()
     rx.server.server_close()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def factory(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[sessionmaker[Session]]:
+    """A database of the test module's own, on each backend: store and delivery tests claim
+    every due run or delivery, which must not lease what other modules' tests wait on."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('alerts') / 'alerts.db'}"
+    else:
+        url = create_pg_database()
+    upgrade(url)
+    engine = make_engine(Settings(database_url=url))
+    yield make_sessionmaker(engine)
+    engine.dispose()
+    if request.param == "postgres":
+        drop_pg_database(url)

@@ -4,7 +4,6 @@ apart and expire, and an evaluation that lost its lease writes nothing."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -14,9 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.service.alerting.engine import Transition
 from curvecast.service.alerting.lifecycle import Event
-from curvecast.service.config import Settings
-from curvecast.service.db import make_engine, make_sessionmaker, session_scope
-from curvecast.service.migrate import upgrade
+from curvecast.service.db import session_scope
 from curvecast.service.models import Alert, AlertDelivery, Run, Webhook
 from curvecast.service.schemas import RunCreate
 from curvecast.service.schemas.alerts import EvalJob
@@ -25,25 +22,6 @@ from curvecast.service.store import runs as run_store
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
 from curvecast.service.worker.alerts import apply_evaluation
-from tests.conftest import create_pg_database, drop_pg_database
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def factory(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[sessionmaker[Session]]:
-    """A database of its own: these tests claim every due run, which must not lease the runs
-    other tests are waiting on."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'alerts.db'}"
-    else:
-        url = create_pg_database()
-    upgrade(url)
-    engine = make_engine(Settings(database_url=url))
-    yield make_sessionmaker(engine)
-    engine.dispose()
-    if request.param == "postgres":
-        drop_pg_database(url)
 
 
 def _run(factory: sessionmaker[Session], project: str) -> uuid.UUID:

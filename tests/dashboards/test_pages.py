@@ -284,7 +284,7 @@ def test_pages_need_a_read_token_when_auth_is_on(database_url: str, project: str
             assert proxied.json()["series"][0]["steps"] == list(range(290, 300))
             assert browser.get("/dashboards/api/v1/runs/../../healthz").status_code == 404
             assert str(run_id) in browser.get("/").text
-            assert browser.get("/logout").status_code == 303
+            assert browser.post("/logout").status_code == 303
             assert browser.get(f"/runs/{run_id}").status_code == 401
 
         # A token of another project sees neither the run nor its page.

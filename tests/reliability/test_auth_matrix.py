@@ -34,11 +34,12 @@ from tests.reliability._helpers import wait_for
 
 # --- what each route needs -------------------------------------------------------------------
 
-#: Public on purpose: probes, the schema and its viewers, static assets, logging out.
+#: Public on purpose: probes, the schema and its viewers, static assets, signing out, and
+#: confirming a token switch (both POSTs the edge refuses from another site).
 PUBLIC = {
     ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/openapi.json"), ("GET", "/docs"),
     ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc"), ("GET", "/static/plotly.min.js"),
-    ("GET", "/static/{name}"), ("GET", "/logout"),
+    ("GET", "/static/{name}"), ("POST", "/logout"), ("POST", "/login"),
 }
 #: (method, path prefix or exact path, scope). Reads of the REST API need ``read``; each write
 #: is listed exactly, so a new write endpoint must be classified here.
@@ -169,7 +170,7 @@ def _request(w: World, route: Route, headers: dict[str, str],
         query = {"runs": w.run_id}
     body = BODIES.get((route.method, route.path))
     if body is None and route.method in ("PUT", "POST", "PATCH") and route.path not in (
-        "/api/v1/alerts/{alert_id}/ack",
+        "/api/v1/alerts/{alert_id}/ack", "/logout", "/login",
     ):
         pytest.fail(f"no request body for {route.method} {route.path}: add one to BODIES")
     return httpx.request(route.method, w.server.url + path, params=query, headers=headers,
