@@ -52,6 +52,7 @@ __all__ = [
     "TRAIN_LOSS_KEYS",
     "RunConfig",
     "is_valid_key",
+    "fit_candidates",
     "fit_key",
     "loss_key",
     "telemetry_key",
@@ -176,6 +177,16 @@ def loss_key(
 #: An evaluation loss is fitted once it has this many points; until then the forecast fits the
 #: training loss (a handful of evaluations cannot pin a curve).
 MIN_EVAL_POINTS = 8
+
+
+def fit_candidates(config: RunConfig) -> tuple[str, ...]:
+    """The series a forecast may be fitted to: the loss names, and the config's ``fit_key``.
+
+    Whoever counts points for :func:`fit_key` reads only these.
+    """
+    if config.fit_key and config.fit_key not in LOSS_KEYS:
+        return (*LOSS_KEYS, config.fit_key)
+    return LOSS_KEYS
 
 
 def fit_key(

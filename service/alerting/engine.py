@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from curvecast.contract import LOSS_KEYS, RunConfig
+from curvecast.contract import RunConfig, fit_candidates
 from curvecast.contract import fit_key as contract_fit_key
 from curvecast.service.alerting.lifecycle import Event, RuleLifecycle, advance
 from curvecast.service.alerting.rules import (
@@ -133,7 +133,7 @@ def replay(
     configs["stalled"] = replace(configs["stalled"], enabled=False)
     cfg = RunConfig.read(config)
     last = max((int(s.steps[-1]) for s in series.values() if len(s)), default=-1)
-    loss_series = {k: s for k, s in series.items() if k in LOSS_KEYS or k == cfg.fit_key}
+    loss_series = {k: series[k] for k in fit_candidates(cfg) if k in series}
     fit_key: str | None = None
     fit: Fit | None = None
     fitted_n = 0

@@ -15,7 +15,7 @@ import numpy as np
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from curvecast.contract import LOSS_KEYS, RunConfig, fit_key
+from curvecast.contract import RunConfig, fit_candidates, fit_key
 from curvecast.service.errors import RunNotFound
 from curvecast.service.forecast.fit import Fit, FloatArray
 from curvecast.service.models import (
@@ -120,7 +120,7 @@ def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
     """The series to fit (raw, or bucket means for very long series) and the previous fit."""
     rows = session.execute(select(Series.key, Series.id).where(Series.run_id == job.run_id)).all()
     series_ids = {str(k): int(i) for k, i in rows}
-    wanted = [*LOSS_KEYS, job.config.fit_key] if job.config.fit_key else list(LOSS_KEYS)
+    wanted = fit_candidates(job.config)
     # Point counts from the coarsest rollup level: one small row per 524,288 steps.
     counts = {
         str(k): int(n)
