@@ -396,6 +396,8 @@ class Outcome:
     fired: dict[str, list[int]]
     #: rule -> steps at which it resolved
     resolved: dict[str, list[int]]
+    #: the largest growth of the logged gradient norm since the burn-in (bench.drift_study)
+    grad_growth: float = math.nan
 
     def first_after(self, rule: str, step: int) -> int | None:
         return next((s for s in self.fired.get(rule, []) if s >= step), None)
@@ -417,11 +419,22 @@ def replay_run(run: dict[str, Any], overrides: dict[str, Any] | None = None) -> 
             resolved.setdefault(e.rule, []).append(e.step)
     total = int(run["config"]["total_steps"])
     burn = burn_in_step(EvalContext(config=run["config"], last_step=total))
-    return Outcome(run["name"], total, run["fault"], burn, fired, resolved)
+    growth = math.nan
+    grad = next((series[k] for k in telemetry_keys("grad_l1") if k in series), None)
+    if grad is not None:
+        from bench.drift_study import level_growth
+
+        _, growth, _ = level_growth(grad.steps, grad.values, burn, total)
+    return Outcome(run["name"], total, run["fault"], burn, fired, resolved, growth)
 
 
 def _pct(steps: int | None, total: int) -> str:
     return "-" if steps is None else f"{100 * steps / total:.1f}%"
+
+
+def _growth_range(outcomes: list[Outcome]) -> str:
+    growths = [o.grad_growth for o in outcomes]
+    return f"x{min(growths):.2f}-x{max(growths):.2f}"
 
 
 def quality_tables(outcomes: list[Outcome]) -> tuple[str, list[str]]:
@@ -436,6 +449,26 @@ def quality_tables(outcomes: list[Outcome]) -> tuple[str, list[str]]:
     rows = []
     for rule in RULES:
         noisy = [o.name for o in healthy if o.fired.get(rule)]
+        if rule == "grad_norm_trend":
+            # Not a fault rule: it is meant to speak on runs whose gradient norm climbed
+            # (docs/alerts.md). A false alarm is a warning on a run that stayed within x2.
+            warned = [o for o in healthy if o.fired.get(rule)]
+            noisy = [o.name for o in warned if not o.grad_growth > 2.0]
+            quiet = [o for o in healthy if not o.fired.get(rule)]
+            rows.append([
+                rule,
+                f"{len(noisy)} / {len(healthy)} within x2"
+                + (f" ({', '.join(noisy)})" if noisy else "")
+                + f"; warned {len(warned)} runs that climbed > x2 (largest growth "
+                + (_growth_range(warned) if warned else "-")
+                + "), quiet on "
+                + (f"{len(quiet)} ({_growth_range(quiet)})" if quiet else "none"),
+                "the slow climb of the λ sweep: BENCHMARKS.md, drift",
+                "-",
+            ])
+            if noisy:
+                problems.append(f"{rule} fired on healthy runs within x2: {', '.join(noisy)}")
+            continue
         if rule == "stalled":
             rows.append([rule, "n/a (wall clock; tested in tests/alerting)", "", ""])
             continue

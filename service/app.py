@@ -25,6 +25,7 @@ from curvecast.service.migrate import check_schema, upgrade
 from curvecast.service.web import docs, static
 from curvecast.service.worker import (
     LivenessTask,
+    RetentionTask,
     Worker,
     deliver_webhooks,
     evaluate_alerts,
@@ -187,7 +188,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         Worker(
             sessions,
             settings,
-            tasks=(refit_due_runs, evaluate_alerts, deliver_webhooks, LivenessTask()),
+            tasks=(
+                refit_due_runs, evaluate_alerts, deliver_webhooks, LivenessTask(),
+                RetentionTask(),
+            ),
         )
         if settings.worker_enabled
         else None

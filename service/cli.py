@@ -37,6 +37,7 @@ SERVER_MODULES = (
     "plotly",
     "jinja2",
     "fastapi_offline",
+    "cryptography",
 )
 #: Commands that run without the ``[server]`` extra.
 CLIENT_COMMANDS = frozenset({"sync"})
@@ -131,7 +132,29 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             settings.database_url, args.revision, progress=lambda line: print(line, flush=True)
         )
         print(f"{target} is at revision {args.revision}")
+        sealed = _seal_plaintext_secrets(settings)
+        if sealed:
+            print(f"sealed {sealed} webhook secret(s) stored in clear by an older version")
     return 0
+
+
+def _seal_plaintext_secrets(settings: Settings) -> int:
+    """Seal the webhook secrets an older version stored in clear (none without a key: they
+    keep working in clear until one is configured and this runs again)."""
+    from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+    from curvecast.service.secrets import SecretUnavailable, box_for
+    from curvecast.service.store.webhooks import seal_plaintext_secrets
+
+    box = box_for(settings)
+    engine = make_engine(settings)
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            return seal_plaintext_secrets(session, seal=box.seal)
+    except SecretUnavailable as exc:
+        print(f"warning: {exc.message}", flush=True)
+        return 0
+    finally:
+        engine.dispose()
 
 
 def cmd_token(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SQLITE_FILE = "curvecast.db"
@@ -75,11 +75,26 @@ class Settings(BaseSettings):
     refit_max_age_s: float = Field(
         default=30.0, gt=0, description="...or once its last fit is this old and it has new points."
     )
+    retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="Delete runs that ended (finished, failed, crashed) more than this many "
+        "days ago, with all their points, fits and alerts (the worker, in small batches). "
+        "Unset: keep everything.",
+    )
+    max_read_points: int = Field(
+        default=200_000,
+        ge=1_000,
+        description="Most raw points one GET .../metrics without max_points may return (all "
+        "series together); larger reads answer 422 read_too_large (downsample with max_points, "
+        "narrow start/end, or export metrics.csv, which streams).",
+    )
     refit_lease_s: float = Field(
-        default=120.0,
+        default=30.0,
         gt=0,
         description="How long a worker holds a run while refitting it; a run whose worker died "
-        "mid-fit is refitted by another once this has passed.",
+        "mid-fit is refitted by another once this has passed (a refit takes milliseconds: "
+        "BENCHMARKS.md, forecast latency).",
     )
 
     @field_validator("database_url")
@@ -127,6 +142,18 @@ class Settings(BaseSettings):
     )
     alert_eval_lease_s: float = Field(
         default=60.0, gt=0, description="How long a worker holds a run while evaluating it."
+    )
+    secret_key: SecretStr | None = Field(
+        default=None,
+        description="Key that seals webhook secrets at rest (32+ random characters, the same "
+        "on every replica). Unset with SQLite: generated into <database>.key; unset with "
+        "PostgreSQL: webhooks with a secret are refused.",
+    )
+    webhook_allow_private: bool = Field(
+        default=False,
+        description="Let webhooks reach loopback, private, link-local and other non-global "
+        "addresses (a receiver on this machine or network). Off: only global addresses, "
+        "checked on the address actually connected to.",
     )
     webhook_timeout_s: float = Field(
         default=5.0, gt=0,

@@ -36,6 +36,8 @@ ERROR_CODE_TO_HTTP_STATUS: dict[str, int] = {
     "conflict": 409,
     "payload_too_large": 413,
     "too_many_points": 413,
+    "read_too_large": 422,
+    "webhook_target_not_allowed": 422,
     "unavailable": 503,
     "schema_out_of_date": 503,
     "internal_error": 500,
@@ -52,7 +54,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "Not found, or not visible to this token."},
     409: {"model": ErrorOut, "description": "Conflicts with what is stored."},
     413: {"model": ErrorOut, "description": "Body or batch over the configured limit."},
-    422: {"model": ErrorOut, "description": "Invalid request; the message names the field."},
+    422: {
+        "model": ErrorOut,
+        "description": "Invalid request; the message names the field (`invalid_request`), or a "
+        "raw read over the configured size (`read_too_large`: downsample or export), or a "
+        "webhook URL whose host is a private address (`webhook_target_not_allowed`).",
+    },
     503: {
         "model": ErrorOut,
         "description": "The database is unreachable; retry after `Retry-After` seconds.",
@@ -81,6 +88,19 @@ class InvalidInput(ServiceError):
     """The request is well-formed JSON but asks for something invalid."""
 
     error_code = "invalid_request"
+
+
+class ReadTooLarge(InvalidInput):
+    """A raw read would return more points than one response may (downsample, narrow, or
+    export the CSV, which streams)."""
+
+    error_code = "read_too_large"
+
+
+class WebhookTargetNotAllowed(InvalidInput):
+    """A webhook URL names a private, loopback, link-local or reserved address."""
+
+    error_code = "webhook_target_not_allowed"
 
 
 class NotFound(ServiceError):

@@ -252,7 +252,7 @@ class Webhook(Base):
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(200))
     url: Mapped[str] = mapped_column(String(2000))
-    secret: Mapped[str | None] = mapped_column(String(200))
+    secret: Mapped[str | None] = mapped_column(String(500))
     enabled: Mapped[bool]
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

@@ -21,6 +21,13 @@ from curvecast.service.testing import drop_pg_database, thread_server
 __all__ = ["IN_CI", "create_pg_database", "drop_pg_database"]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# The tests' webhook receivers listen on loopback, which webhooks may not reach by default
+# (SSRF filter): every server the tests start, in this process or a child, allows it. The
+# filter's own tests pass webhook_allow_private=False explicitly.
+os.environ.setdefault("CURVECAST_WEBHOOK_ALLOW_PRIVATE", "true")
+# Webhook secrets are sealed at rest; a PostgreSQL deployment needs a key for them (the tests
+# of a missing key pass secret_key=None explicitly).
+os.environ.setdefault("CURVECAST_SECRET_KEY", "test-only-secret-key-0123456789abcdef")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 

@@ -113,6 +113,9 @@ def plan_alert_writes(
             # A pending alert that resolves (its rule was disabled) never told anyone.
             notify = row.state == "firing"
             row = replace(row, state="resolved", resolved_at=now)
+            if t.reason:
+                # Say why it closed: its condition did not clear, the run ended.
+                row = replace(row, description=f"{row.description}\n\nResolved: {t.reason}.")
         alert.row = row
         silenced = row.silenced_until is not None and row.silenced_until > now
         if notify and not silenced:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from curvecast.contract import RunConfig, fit_candidates
+from curvecast.contract import FINAL_RUN_STATUSES, RunConfig, fit_candidates
 from curvecast.contract import fit_key as contract_fit_key
 from curvecast.service.alerting.lifecycle import Event, RuleLifecycle, advance
 from curvecast.service.alerting.rules import (
@@ -41,6 +41,8 @@ class Transition:
     summary: str
     description: str
     key: str | None
+    #: Why an alert closed when not because its condition cleared (``run ended``, ...).
+    reason: str | None = None
 
 
 def evaluate_round(
@@ -65,7 +67,7 @@ def evaluate_round(
     """
     new_state: dict[str, Any] = {k: dict(v) for k, v in (state or {}).items()}
     out: list[Transition] = []
-    for name in rules or tuple(RULES):
+    for name in tuple(RULES) if rules is None else rules:
         cfg = configs.get(name) or rule_config(name)
         previous = new_state.get(name, {})
         life = RuleLifecycle.from_dict(previous.get("lifecycle"))
@@ -74,7 +76,7 @@ def evaluate_round(
                 # Disabling a rule closes its open alert (resolved, people are told).
                 event = Event("resolved" if life.state == "firing" else "cancelled",
                               life.step or 0, math.nan, life.since_step or 0)
-                out.append(_transition(name, event, cfg, previous.get("key")))
+                out.append(_transition(name, event, cfg, previous.get("key"), ctx))
             new_state.pop(name, None)
             continue
         result = evaluate_rule(name, series, ctx, cfg, previous.get("memory"))
@@ -84,12 +86,41 @@ def evaluate_round(
         )
         key = result.key or previous.get("key")
         new_state[name] = {"lifecycle": life.to_dict(), "memory": result.memory, "key": key}
-        out.extend(_transition(name, e, cfg, key) for e in events)
+        out.extend(_transition(name, e, cfg, key, ctx) for e in events)
+    if ctx.status in FINAL_RUN_STATUSES:
+        # The points it sent before it ended have been judged; nothing is left to watch.
+        out += _close_all(new_state, ctx, configs, f"run ended ({ctx.status})")
     return new_state, out
 
 
-def _transition(rule: str, event: Event, cfg: RuleConfig, key: str | None) -> Transition:
-    summary, description = RULES[rule].describe(event.value, cfg, key)
+def _close_all(
+    state: dict[str, Any], ctx: EvalContext, configs: Mapping[str, RuleConfig], reason: str
+) -> list[Transition]:
+    """A run that ended has no condition left to watch: every open alert closes (a firing one
+    resolves with ``reason``, a pending one is dropped), in ``state`` too, so nothing stays
+    open. Each rule's memory is kept, in case the run comes back (a run marked crashed for
+    its silence is revived by its next point)."""
+    out: list[Transition] = []
+    for name, previous in state.items():
+        life = RuleLifecycle.from_dict(previous.get("lifecycle"))
+        if life.state == "inactive" or name not in RULES:
+            continue
+        cfg = configs.get(name) or rule_config(name)
+        value = life.value if life.value is not None else math.nan
+        event = Event(
+            "resolved" if life.state == "firing" else "cancelled",
+            life.step or 0, value, life.since_step or 0,
+        )
+        transition = _transition(name, event, cfg, previous.get("key"), ctx)
+        out.append(replace(transition, reason=reason))
+        state[name] = {**previous, "lifecycle": RuleLifecycle().to_dict()}
+    return out
+
+
+def _transition(
+    rule: str, event: Event, cfg: RuleConfig, key: str | None, ctx: EvalContext
+) -> Transition:
+    summary, description = RULES[rule].describe(event.value, cfg, key, ctx)
     return Transition(rule, event, cfg.severity, summary, description, key)
 
 

@@ -10,14 +10,22 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi import status as http
 
 from curvecast.contract import PROJECT_PATTERN
 from curvecast.service.alerting.rules import RULES, rule_config, validate_override
-from curvecast.service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
-from curvecast.service.errors import InvalidInput, NotFound
+from curvecast.service.alerting.targets import is_allowed_address, literal_address
+from curvecast.service.deps import (
+    AdminPrincipal,
+    IngestPrincipal,
+    ReadPrincipal,
+    SessionDep,
+    SettingsDep,
+)
+from curvecast.service.errors import InvalidInput, NotFound, WebhookTargetNotAllowed
 from curvecast.service.schemas import PROJECT_FILTER_PATTERN
 from curvecast.service.schemas.alerts import (
     AlertList,
@@ -33,6 +41,7 @@ from curvecast.service.schemas.alerts import (
     WebhookList,
     WebhookOut,
 )
+from curvecast.service.secrets import box_for
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
@@ -184,11 +193,29 @@ def list_webhooks(
     summary="Add a webhook",
 )
 def create_webhook(
-    project: ProjectPath, body: WebhookIn, session: SessionDep, principal: AdminPrincipal
+    project: ProjectPath,
+    body: WebhookIn,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: AdminPrincipal,
 ) -> WebhookOut:
-    """Notify ``url`` of every alert of the project that fires or resolves."""
+    """Notify ``url`` of every alert of the project that fires or resolves. A URL whose host is
+    a private, loopback, link-local or reserved address is refused (422
+    ``webhook_target_not_allowed``) unless ``CURVECAST_WEBHOOK_ALLOW_PRIVATE`` is set; names are
+    checked at each delivery, on the addresses they resolve to."""
+    host = urlsplit(body.url).hostname or ""
+    literal = literal_address(host)
+    if literal is not None and not is_allowed_address(
+        literal, allow_private=settings.webhook_allow_private
+    ):
+        raise WebhookTargetNotAllowed(
+            f"url: {host} is a private, loopback, link-local or reserved address; webhooks "
+            "reach only global addresses unless CURVECAST_WEBHOOK_ALLOW_PRIVATE=true"
+        )
+    # Sealed before anything is written: a deployment without a key refuses the secret.
+    stored_secret = box_for(settings).seal(body.secret) if body.secret else None
     return webhook_store.create_webhook(
-        session, project=project, webhook_in=body, now=utcnow(),
+        session, project=project, webhook_in=body, stored_secret=stored_secret, now=utcnow(),
         allowed_project=principal.project,
     )
 

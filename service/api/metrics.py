@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import io
+import math
 import uuid
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.contract import KEY_PATTERN, MAX_STEP, is_valid_key
+from curvecast.service.db import session_scope
 from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
 from curvecast.service.errors import InvalidInput, TooManyPoints
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut
@@ -70,6 +73,7 @@ StepQuery = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
 def get_metrics(
     run_id: uuid.UUID,
     session: SessionDep,
+    settings: SettingsDep,
     principal: ReadPrincipal,
     keys: Annotated[str | None, Query(description="Comma-separated keys; default all")] = None,
     start: StepQuery = None,
@@ -80,7 +84,10 @@ def get_metrics(
     ] = None,
 ) -> MetricsOut:
     """Series in ``[start, end]``. With ``max_points`` each series is cut into equal-width step
-    buckets; each bucket reports its last point and its min and max, so spikes stay visible."""
+    buckets; each bucket reports its last point and its min and max, so spikes stay visible.
+    Without it every point is returned, up to ``CURVECAST_MAX_READ_POINTS`` (200,000) in all:
+    a larger raw read answers 422 ``read_too_large`` (page with ``start``/``end``, downsample,
+    or export ``metrics.csv``, which streams any size)."""
     return metric_store.read_series(
         session,
         run_id=run_id,
@@ -89,29 +96,57 @@ def get_metrics(
         end=end,
         max_points=max_points,
         allowed_project=principal.project,
+        max_raw_points=settings.max_read_points,
     )
 
 
-@router.get("/metrics.csv", summary="Export points as CSV", response_class=Response)
+#: The CSV export's columns (the offline CLI reads them back).
+CSV_HEADER = "key,step,value,wall_time\n"
+
+
+def _csv_value(value: float) -> str:
+    # NaN was measured: written as "NaN"; infinities as "inf"/"-inf", like Python (and pandas).
+    return "NaN" if math.isnan(value) else repr(value)
+
+
+def _csv_chunks(
+    factory: sessionmaker[Session], series: list[tuple[str, int]]
+) -> Iterator[str]:
+    """The export, one page of points at a time, each page read in its own short session: the
+    memory held is one page whatever the run's size, and no transaction stays open while a
+    slow client reads."""
+    yield CSV_HEADER
+    for key, sid in series:
+        after = -1
+        while True:
+            with session_scope(factory) as session:
+                page = metric_store.export_page(
+                    session, series_id=sid, after_step=after, limit=metric_store.EXPORT_PAGE
+                )
+            if not page:
+                break
+            yield "".join(
+                f"{key},{step},{_csv_value(value)},{'' if wall is None else repr(wall)}\n"
+                for step, value, wall in page
+            )
+            after = page[-1][0]
+
+
+@router.get("/metrics.csv", summary="Export points as CSV", response_class=StreamingResponse)
 def export_csv(
     run_id: uuid.UUID,
+    request: Request,
     session: SessionDep,
     principal: ReadPrincipal,
     keys: Annotated[str | None, Query()] = None,
-) -> Response:
-    """Every point as ``key,step,value,wall_time`` rows (NaN and ±inf written as such)."""
-    import pandas as pd
-
-    rows = metric_store.iter_points(
+) -> StreamingResponse:
+    """Every point as ``key,step,value,wall_time`` rows (NaN and ±inf written as such), streamed
+    in pages: any size of run, in bounded server memory."""
+    series = metric_store.export_series(
         session, run_id=run_id, keys=_parse_keys(keys), allowed_project=principal.project
     )
-    frame = pd.DataFrame(rows, columns=["key", "step", "value", "wall_time"])
-    # A missing wall time is an empty cell; a NaN value is written as "NaN" (it was measured).
-    frame["value"] = frame["value"].astype(object).where(frame["value"].notna(), "NaN")
-    buffer = io.StringIO()
-    frame.to_csv(buffer, index=False, na_rep="")
-    return Response(
-        buffer.getvalue(),
+    return StreamingResponse(
+        _csv_chunks(request.app.state.sessionmaker, series),
         media_type="text/csv",
         headers={"Content-Disposition": f'attachment; filename="{run_id}.csv"'},
     )

@@ -1,13 +1,14 @@
-"""Runs: create-or-get, read, update, list."""
+"""Runs: create-or-get, read, update, list, delete."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
-from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep
+from curvecast.service.db import session_scope
+from curvecast.service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
 from curvecast.service.schemas import (
     PROJECT_FILTER_PATTERN,
     RunCreate,
@@ -16,6 +17,7 @@ from curvecast.service.schemas import (
     RunStatus,
     RunUpdate,
 )
+from curvecast.service.store import retention
 from curvecast.service.store import runs as run_store
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
@@ -46,6 +48,25 @@ def put_run(
 def get_run(run_id: uuid.UUID, session: SessionDep, principal: ReadPrincipal) -> RunOut:
     """One run with its config, status and progress."""
     return run_store.get_run(session, run_id=run_id, allowed_project=principal.project)
+
+
+@router.delete(
+    "/{run_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    summary="Delete a run and everything of it (admin)",
+)
+def delete_run(run_id: uuid.UUID, request: Request, principal: AdminPrincipal) -> Response:
+    """Remove the run, its points, rollups, fits, alerts and webhook deliveries, in batches of
+    10,000 rows that each commit on their own (no long locks; ingest into other runs goes on).
+    Answers 204 once everything is gone. Idempotent for a run being deleted: if the request is
+    cut off, sending it again finishes the job; a finished deletion answers 404. A client still
+    sending points to the run gets 404 afterwards (``PUT`` would create it anew)."""
+    factory = request.app.state.sessionmaker
+    with session_scope(factory) as session:
+        run_store.get_run(session, run_id=run_id, allowed_project=principal.project)
+    retention.delete_run(factory, run_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.patch("/{run_id}", response_model=RunOut, summary="Update status, name or config")

@@ -96,9 +96,9 @@ def _dialect_insert(session: Session) -> Any:
 def claim_eval_jobs(
     session: Session, *, now: datetime, lease: timedelta, limit: int
 ) -> list[EvalJob]:
-    """Lease up to ``limit`` runs that have new points, or whose periodic check (the stalled
-    rule) is due. The lease token keeps the run this worker's while it evaluates outside the
-    transaction (see :func:`claim_leases`)."""
+    """Lease up to ``limit`` runs that have new points, whose periodic check (the stalled
+    rule) is due, or that ended since their last evaluation. The lease token keeps the run
+    this worker's while it evaluates outside the transaction (see :func:`claim_leases`)."""
     write_connection(session)
     _ensure_eval_rows(session)
     candidates = (
@@ -117,7 +117,14 @@ def claim_eval_jobs(
         )
         .join(Run, Run.id == AlertEval.run_id)
         .join(Project, Project.id == Run.project_id)
-        .where(or_(Run.n_points > AlertEval.n_points, AlertEval.next_check_at <= now))
+        .where(
+            or_(
+                Run.n_points > AlertEval.n_points,
+                AlertEval.next_check_at <= now,
+                # A run that ended since it was last evaluated: its open alerts close.
+                Run.ended_at > AlertEval.evaluated_at,
+            )
+        )
         .order_by(AlertEval.evaluated_at.asc().nulls_first())
     )
     claim = claim_leases(

@@ -22,7 +22,7 @@ from sqlalchemy import case, select, text, update
 from sqlalchemy.orm import Session
 
 from curvecast.contract import MAX_STEP
-from curvecast.service.errors import RunNotFound
+from curvecast.service.errors import ReadTooLarge, RunNotFound
 from curvecast.service.models import MetricPoint, Project, Run, Series
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
 from curvecast.service.store._common import insert_ignore, is_postgres, utcnow, write_connection
@@ -282,8 +282,36 @@ def _empty(key: str) -> SeriesOut:
     return SeriesOut(key=key, total_points=0, downsampled=False, steps=[], values=[])
 
 
-def _read_all(session: Session, sid: int, key: str, lo: int, hi: int) -> SeriesOut:
-    rows = session.execute(_ALL_SQL, {"sid": sid, "lo": lo, "hi": hi}).all()
+class _Budget:
+    """How many raw points a read may still return (``None``: any number)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def take(self, rows: int) -> None:
+        if self.left is None or self.limit is None:
+            return
+        self.left -= rows
+        if self.left < 0:
+            raise ReadTooLarge(
+                f"this read would return more than {self.limit} raw points; pass max_points "
+                "to downsample, narrow start/end or keys, or export with GET .../metrics.csv"
+            )
+
+
+def _read_all(
+    session: Session, sid: int, key: str, lo: int, hi: int, budget: _Budget | None = None
+) -> SeriesOut:
+    sql = _ALL_SQL
+    params: dict[str, Any] = {"sid": sid, "lo": lo, "hi": hi}
+    if budget is not None and budget.left is not None:
+        # Read one row past what is left: enough to know the read is too large, never more.
+        sql = text(f"{_ALL_SQL.text} LIMIT :cap")
+        params["cap"] = max(0, budget.left) + 1
+    rows = session.execute(sql, params).all()
+    if budget is not None:
+        budget.take(len(rows))
     if not rows:
         return _empty(key)
     steps, values, walls = zip(*rows, strict=True)
@@ -298,7 +326,13 @@ def _read_all(session: Session, sid: int, key: str, lo: int, hi: int) -> SeriesO
 
 
 def _read_one(
-    session: Session, sid: int, key: str, start: int, end: int, max_points: int | None
+    session: Session,
+    sid: int,
+    key: str,
+    start: int,
+    end: int,
+    max_points: int | None,
+    budget: _Budget | None = None,
 ) -> SeriesOut:
     params = {"sid": sid, "lo": start, "hi": end}
     lo = session.execute(_FIRST_STEP_SQL, params).scalar()
@@ -309,7 +343,7 @@ def _read_one(
     span = hi - lo + 1
     # Steps are distinct integers, so a span that fits needs no downsampling.
     if max_points is None or span <= max_points:
-        return _read_all(session, sid, key, lo, hi)
+        return _read_all(session, sid, key, lo, hi, budget)
     level = choose_level(span, max_points)
     if level is not None:
         buckets = read_buckets(session, sid, lo, hi, max_points, level)
@@ -344,8 +378,14 @@ def read_series(
     end: int | None,
     max_points: int | None,
     allowed_project: str | None,
+    max_raw_points: int | None = None,
 ) -> MetricsOut:
-    """Series of a run in ``[start, end]``; with ``max_points``, at most that many buckets each."""
+    """Series of a run in ``[start, end]``; with ``max_points``, at most that many buckets each.
+
+    Raises:
+        ReadTooLarge: the raw points read (all series together, where no downsampling applies)
+            would exceed ``max_raw_points``; nothing more than that is ever read.
+    """
     _check_run(session, run_id, allowed_project)
     stmt = select(Series.key, Series.id).where(Series.run_id == run_id).order_by(Series.key)
     if keys:
@@ -353,8 +393,11 @@ def read_series(
     found = dict(session.execute(stmt).all())
     lo = 0 if start is None else start
     hi = MAX_STEP if end is None else end
+    budget = _Budget(max_raw_points)
     series = [
-        _read_one(session, found[key], key, lo, hi, max_points) if key in found else _empty(key)
+        _read_one(session, found[key], key, lo, hi, max_points, budget)
+        if key in found
+        else _empty(key)
         for key in (keys or sorted(found))
     ]
     return MetricsOut(run_id=run_id, series=series)
@@ -363,14 +406,44 @@ def read_series(
 def iter_points(
     session: Session, *, run_id: uuid.UUID, keys: Sequence[str] | None, allowed_project: str | None
 ) -> list[tuple[str, int, float, float | None]]:
-    """Every point of a run as (key, step, value, wall_time) rows, for exports."""
+    """Every point of a run as (key, step, value, wall_time) rows, in memory: for small runs
+    (tests, the offline tools). Exports page through :func:`export_page` instead."""
+    rows: list[tuple[str, int, float, float | None]] = []
+    for key, sid in export_series(
+        session, run_id=run_id, keys=keys, allowed_project=allowed_project
+    ):
+        after = -1
+        while page := export_page(session, series_id=sid, after_step=after, limit=EXPORT_PAGE):
+            rows += [(key, st, v, w) for st, v, w in page]
+            after = page[-1][0]
+    return rows
+
+
+#: Points read per query by an export: bounds the memory an export holds at any moment.
+EXPORT_PAGE = 20_000
+
+
+def export_series(
+    session: Session, *, run_id: uuid.UUID, keys: Sequence[str] | None, allowed_project: str | None
+) -> list[tuple[str, int]]:
+    """The (key, series id) pairs of a run an export covers, in key order (``keys`` only, if
+    given). Raises RunNotFound for a run the caller may not see."""
     _check_run(session, run_id, allowed_project)
-    stmt = (
-        select(Series.key, MetricPoint.step, MetricPoint.value, MetricPoint.wall_time)
-        .join(MetricPoint, MetricPoint.series_id == Series.id)
-        .where(Series.run_id == run_id)
-        .order_by(Series.key, MetricPoint.step)
-    )
+    stmt = select(Series.key, Series.id).where(Series.run_id == run_id).order_by(Series.key)
     if keys:
         stmt = stmt.where(Series.key.in_(keys))
-    return [(k, s, math.nan if v is None else v, w) for k, s, v, w in session.execute(stmt)]
+    return [(str(k), int(i)) for k, i in session.execute(stmt)]
+
+
+def export_page(
+    session: Session, *, series_id: int, after_step: int, limit: int
+) -> list[tuple[int, float, float | None]]:
+    """Up to ``limit`` points of one series with step > ``after_step``, in step order, as
+    (step, value, wall_time) with NaN for a stored NaN: one keyset page of the primary key."""
+    stmt = (
+        select(MetricPoint.step, MetricPoint.value, MetricPoint.wall_time)
+        .where(MetricPoint.series_id == series_id, MetricPoint.step > after_step)
+        .order_by(MetricPoint.step)
+        .limit(limit)
+    )
+    return [(int(st), math.nan if v is None else float(v), w) for st, v, w in session.execute(stmt)]

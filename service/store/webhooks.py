@@ -4,6 +4,7 @@ recording each attempt's outcome."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -21,6 +22,7 @@ from curvecast.service.schemas.alerts import (
     WebhookOut,
     WebhookTarget,
 )
+from curvecast.service.secrets import PREFIX as SEALED_PREFIX
 from curvecast.service.store._common import as_utc, write_connection
 from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.projects import ensure_project
@@ -50,10 +52,12 @@ def create_webhook(
     *,
     project: str,
     webhook_in: WebhookIn,
+    stored_secret: str | None,
     now: datetime,
     allowed_project: str | None,
 ) -> WebhookOut:
-    """Add a webhook to ``project`` (created if new)."""
+    """Add a webhook to ``project`` (created if new). ``stored_secret`` is the secret as it is
+    stored (sealed: :mod:`curvecast.service.secrets`), never ``webhook_in.secret`` itself."""
     _check_project(project, allowed_project)
     write_connection(session)
     pid = ensure_project(session, name=project)
@@ -61,7 +65,7 @@ def create_webhook(
         project_id=pid,
         name=webhook_in.name or webhook_in.url[:200],
         url=webhook_in.url,
-        secret=webhook_in.secret,
+        secret=stored_secret,
         enabled=webhook_in.enabled,
         created_at=now,
     )
@@ -282,3 +286,20 @@ def record_attempt(
         execution_options={"synchronize_session": False},
     )
     return True
+
+
+def seal_plaintext_secrets(session: Session, *, seal: Callable[[str], str]) -> int:
+    """Seal every secret an older version stored in clear (``seal``: the deployment's
+    ``SecretBox.seal``); returns how many. Run by ``curvecast migrate``."""
+    write_connection(session)
+    rows = session.execute(
+        select(Webhook.id, Webhook.secret).where(
+            Webhook.secret.is_not(None), ~Webhook.secret.startswith(SEALED_PREFIX)
+        )
+    ).all()
+    for webhook_id, secret in rows:
+        session.execute(
+            update(Webhook).where(Webhook.id == webhook_id).values(secret=seal(str(secret))),
+            execution_options={"synchronize_session": False},
+        )
+    return len(rows)

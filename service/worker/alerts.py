@@ -12,8 +12,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from curvecast.contract import FINAL_RUN_STATUSES
 from curvecast.service.alerting.decisions import plan_alert_writes
 from curvecast.service.alerting.engine import Transition, evaluate_round
 from curvecast.service.alerting.rules import (
@@ -53,14 +55,31 @@ def evaluate_alerts(factory: sessionmaker[Session], settings: Settings) -> int:
             session, now=now, lease=timedelta(seconds=settings.alert_eval_lease_s),
             limit=EVAL_BATCH,
         )
-    for job in jobs:
+    for i, job in enumerate(jobs):
         try:
             evaluate_job(factory, settings, job)
+        except OperationalError:
+            # The database went away: every run of the round would fail the same way. Give
+            # the leases back (if it answers) so the runs are evaluated as soon as it returns,
+            # and let the worker loop say so once per outage instead of a traceback per run.
+            _release(factory, jobs[i:])
+            raise
         except Exception:
             # The lease is not released: it expires, which spaces out retries of a run whose
             # evaluation keeps failing instead of spinning on it.
             log.exception("alert evaluation of run %s failed", job.run_id)
     return len(jobs)
+
+
+def _release(factory: sessionmaker[Session], jobs: Sequence[EvalJob]) -> None:
+    """Best effort: give back the leases of ``jobs`` (nothing happens if the database is away;
+    the leases then expire)."""
+    try:
+        with session_scope(factory) as session:
+            for job in jobs:
+                alert_store.release_eval_job(session, job=job)
+    except OperationalError:
+        pass
 
 
 def _configs(overrides: dict[str, dict[str, Any]]) -> dict[str, RuleConfig]:
@@ -84,6 +103,9 @@ def evaluate_job(
     last_step = job.last_step if job.last_step is not None else -1
     after = job.evaluated_step if job.evaluated_step is not None else -1
     after = max(after, last_step - MAX_CATCHUP_STEPS)
+    # A run that ended has its last points judged, then its open alerts close
+    # (evaluate_round); claim_eval_jobs brings it here once more when it ends.
+    ended = job.status in FINAL_RUN_STATUSES
     new_data = last_step > after or job.evaluated_step is None
     silent = (now - job.last_ingest_at).total_seconds() if job.last_ingest_at else None
     with session_scope(factory) as session:
@@ -94,7 +116,7 @@ def evaluate_job(
             seconds_since_ingest=silent, stalled_after_s=settings.stalled_after_s,
             fit=fit.fit if fit else None, fit_key=fit.key if fit else None,
         )
-        rules = tuple(RULES) if new_data else ("stalled",)
+        rules = tuple(RULES) if new_data else ("stalled",) if not ended else ()
         series = _read_series(session, job, ctx, configs, rules) if new_data else {}
     state, transitions = evaluate_round(series, ctx, configs, job.state, rules=rules)
     with session_scope(factory) as session:

@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 #: A task does one round of work and returns how many items it handled (0 = nothing to do).
 Task = Callable[[sessionmaker[Session], Settings], int]
-#: A database outage is logged at most this often per task (it is retried every interval).
-DB_WARNING_EVERY_S = 60.0
+#: During a long database outage a task repeats its warning this often (it retries every
+#: interval; the first failure and the recovery are always logged).
+DB_WARNING_EVERY_S = 600.0
 
 
 class _TaskThread:
@@ -48,7 +49,8 @@ class _TaskThread:
         self._factory = factory
         self._settings = settings
         self._stopping = stopping
-        self._last_db_warning = -DB_WARNING_EVERY_S
+        self._db_down_since: float | None = None
+        self._last_db_warning = 0.0
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -59,19 +61,32 @@ class _TaskThread:
 
     def _round(self) -> int:
         try:
-            return self.task(self._factory, self._settings)
+            done = self.task(self._factory, self._settings)
         except OperationalError as exc:
-            # The database is away: say so now and then, keep trying.
-            if time.monotonic() - self._last_db_warning >= DB_WARNING_EVERY_S:
-                self._last_db_warning = time.monotonic()
+            # The database is away: say so once (and again only during a long outage), keep
+            # trying every interval.
+            now = time.monotonic()
+            if self._db_down_since is None or now - self._last_db_warning >= DB_WARNING_EVERY_S:
+                self._db_down_since = self._db_down_since or now
+                self._last_db_warning = now
                 log.warning(
-                    "worker task %s: database unavailable: %s",
+                    "worker task %s: database unavailable (retrying every %g s): %s",
                     self.task.__name__,
+                    self._settings.worker_interval_s,
                     str(exc).splitlines()[0],
                 )
+            return 0
         except Exception:
             log.exception("worker task %s failed; retrying next round", self.task.__name__)
-        return 0
+            return 0
+        if self._db_down_since is not None:
+            log.warning(
+                "worker task %s: database back after %.0f s",
+                self.task.__name__,
+                time.monotonic() - self._db_down_since,
+            )
+            self._db_down_since = None
+        return done
 
 
 class Worker:

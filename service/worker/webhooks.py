@@ -9,6 +9,7 @@ import http.client
 import logging
 import random
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -17,13 +18,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from curvecast.service.alerting.targets import TargetNotAllowed, pick_address
 from curvecast.service.alerting.webhook import signature_headers
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
+from curvecast.service.secrets import SecretUnavailable, box_for
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
 from curvecast.service.store.webhooks import DeliveryJob
@@ -108,16 +112,36 @@ def _shutdown(sock: socket.socket) -> None:
         pass  # already closed
 
 
-def _guarded(base: type[http.client.HTTPConnection], deadline: _Deadline) -> Any:
-    """``base`` (HTTP or HTTPS connection) whose connect waits at most the time left and whose
-    socket the deadline shuts down. (The socket is watched once connected: a TLS handshake is
-    bounded by the per-read timeout, the rest of the attempt by the deadline.)"""
+def _resolve(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to (a literal address resolves to itself)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _guarded(
+    base: type[http.client.HTTPConnection], deadline: _Deadline, allow_private: bool
+) -> Any:
+    """``base`` (HTTP or HTTPS connection) that connects only to an address webhooks may reach
+    (:mod:`curvecast.service.alerting.targets`), to exactly the address it checked (the name is
+    resolved once; ``Host`` and TLS's server name stay the URL's), waits at most the time left,
+    and whose socket the deadline shuts down. (The socket is watched once connected: a TLS
+    handshake is bounded by the per-read timeout, the rest of the attempt by the deadline.)"""
 
     class Connection(base):  # type: ignore[valid-type,misc]
         def connect(self) -> None:
             given = getattr(self, "timeout", None)  # may be socket's "default" sentinel
             per_read = float(given) if isinstance(given, int | float) else deadline.seconds
             self.timeout = min(per_read, deadline.remaining())
+            checked = pick_address(
+                _resolve(self.host, self.port), host=self.host, allow_private=allow_private
+            )
+
+            def create_connection(
+                address: tuple[str, int], timeout: Any = None, source: Any = None
+            ) -> socket.socket:
+                return socket.create_connection((checked, address[1]), timeout, source)
+
+            self._create_connection = create_connection
             super().connect()
             deadline.watch(self.sock)
 
@@ -125,33 +149,59 @@ def _guarded(base: type[http.client.HTTPConnection], deadline: _Deadline) -> Any
 
 
 class _HTTPHandler(urllib.request.HTTPHandler):
-    def __init__(self, deadline: _Deadline) -> None:
+    def __init__(self, deadline: _Deadline, allow_private: bool) -> None:
         super().__init__()
         self._deadline = deadline
+        self._allow_private = allow_private
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_guarded(http.client.HTTPConnection, self._deadline), req)
+        connection = _guarded(http.client.HTTPConnection, self._deadline, self._allow_private)
+        return self.do_open(connection, req)
 
 
 class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, deadline: _Deadline) -> None:
+    def __init__(self, deadline: _Deadline, allow_private: bool) -> None:
         super().__init__()
         self._deadline = deadline
+        self._allow_private = allow_private
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_guarded(http.client.HTTPSConnection, self._deadline), req)
+        connection = _guarded(http.client.HTTPSConnection, self._deadline, self._allow_private)
+        return self.do_open(connection, req)
+
+
+def _failure(exc: BaseException) -> str:
+    """What a failed attempt records: a class of failure, never the socket error's text. The
+    delivery log is readable with a read token; errno texts ("connection refused" against a
+    silent drop) would tell which ports of a host are open."""
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, TargetNotAllowed):
+        return f"target not allowed: {reason}"
+    if isinstance(reason, socket.gaierror):
+        return "name did not resolve"
+    if isinstance(reason, TimeoutError | socket.timeout):
+        return "timed out"
+    if isinstance(reason, ssl.SSLError):
+        return "TLS handshake or certificate failed"
+    if isinstance(exc, http.client.HTTPException):
+        return "invalid HTTP answer"
+    return "connection failed"
 
 
 def _deadline_error(timeout: float) -> str:
     return f"no complete answer within the attempt's deadline of {timeout:g} s"
 
 
-def send_http(url: str, body: bytes, headers: dict[str, str], timeout: float) -> SendResult:
+def send_http(
+    url: str, body: bytes, headers: dict[str, str], timeout: float, *, allow_private: bool = False
+) -> SendResult:
     """POST ``body`` to ``url`` with the standard library (the service needs no HTTP client).
 
     ``timeout`` is the attempt's total deadline (connect, send, status line and headers), not
     a per-read timeout. The answer's status acknowledges the delivery: its body is read only
-    while time is left, and never decides the outcome.
+    while time is left, and never decides the outcome. Only addresses webhooks may reach are
+    connected to (``allow_private``: any); proxies from the environment are not used (the
+    address checked must be the one connected to).
     """
     started = time.monotonic()
 
@@ -161,7 +211,10 @@ def send_http(url: str, body: bytes, headers: dict[str, str], timeout: float) ->
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     with _Deadline(timeout) as deadline:
         opener = urllib.request.build_opener(
-            _NoRedirect, _HTTPHandler(deadline), _HTTPSHandler(deadline)
+            urllib.request.ProxyHandler({}),
+            _NoRedirect,
+            _HTTPHandler(deadline, allow_private),
+            _HTTPSHandler(deadline, allow_private),
         )
         try:
             with opener.open(request, timeout=timeout) as response:
@@ -180,8 +233,7 @@ def send_http(url: str, body: bytes, headers: dict[str, str], timeout: float) ->
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
             if deadline.expired:
                 return SendResult(None, _deadline_error(timeout), took())
-            reason = getattr(exc, "reason", exc)
-            return SendResult(None, f"{type(exc).__name__}: {reason}", took())
+            return SendResult(None, _failure(exc), took())
 
 
 Sender = Callable[[str, bytes, dict[str, str], float], SendResult]
@@ -206,7 +258,7 @@ def deliver_round(
     factory: sessionmaker[Session],
     settings: Settings,
     *,
-    send: Sender = send_http,
+    send: Sender | None = None,
     clock: Callable[[], datetime] = utcnow,
     wall: Callable[[], float] = time.time,
     rng: Callable[[], float] = random.random,
@@ -229,12 +281,22 @@ def deliver_round(
     if not jobs:
         return 0
 
+    sender = send or partial(send_http, allow_private=settings.webhook_allow_private)
+    box = box_for(settings)
+
     def attempt(job: DeliveryJob) -> SendResult:
-        headers = signature_headers(job.secret, str(job.id), int(wall()), job.body)
         try:
-            return send(job.url, job.body, headers, settings.webhook_timeout_s)
+            secret = box.open(job.secret) if job.secret else None
+        except SecretUnavailable as exc:
+            # Never send unsigned what the receiver expects signed: a failed attempt, retried
+            # (the operator may fix the key) until the delivery gives up.
+            return SendResult(None, exc.message, 0.0)
+        headers = signature_headers(secret, str(job.id), int(wall()), job.body)
+        try:
+            return sender(job.url, job.body, headers, settings.webhook_timeout_s)
         except Exception as exc:  # a transport bug must not lose the outcome
-            return SendResult(None, f"{type(exc).__name__}: {exc}", 0.0)
+            log.exception("webhook delivery %s: the transport failed", job.id)
+            return SendResult(None, f"internal error ({type(exc).__name__})", 0.0)
 
     def record(job: DeliveryJob, result: SendResult) -> None:
         # Any failure here is logged and leaves this delivery to its lease's expiry; it must

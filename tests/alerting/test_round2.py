@@ -113,7 +113,7 @@ def test_an_attempt_has_a_total_deadline_not_a_per_read_timeout(
 ) -> None:
     """Defect 1: each byte arrives well within the timeout; the attempt still ends."""
     result = send_http(f"{slow_receiver.url}/hook", b"{}", {"Content-Type": "application/json"},
-                       1.0)
+                       1.0, allow_private=True)
     assert not result.ok and result.status_code is None
     assert result.error is not None and "deadline" in result.error
     # The receiver was still trickling when the sender hung up.
@@ -301,7 +301,7 @@ def test_a_webhook_deleted_mid_delivery_loses_no_other_outcome(
         for path in ("/gone", "/kept"):
             hooks.append(webhook_store.create_webhook(
                 s, project=project, webhook_in=WebhookIn(url=f"http://127.0.0.1:9{path}"),
-                now=utcnow(), allowed_project=None).id)
+                stored_secret=None, now=utcnow(), allowed_project=None).id)
     run_id = uuid.uuid4()
     with session_scope(factory) as s:
         run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),

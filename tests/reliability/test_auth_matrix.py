@@ -53,6 +53,7 @@ SCOPES = [
     ("PUT", "/api/v1/projects/{project}/rules/{rule}", "admin"),
     ("POST", "/api/v1/projects/{project}/webhooks", "admin"),
     ("DELETE", "/api/v1/projects/{project}/webhooks/{webhook_id}", "admin"),
+    ("DELETE", "/api/v1/runs/{run_id}", "admin"),
 ]
 #: Dashboard pages and their data (hidden from the schema): a read token, header or cookie.
 PAGES = {
@@ -160,8 +161,8 @@ QUERY: dict[str, Any] = {"/api/v1/runs/{run_id}/forecast/target": {"loss": "2.5"
 
 
 def _request(w: World, route: Route, headers: dict[str, str],
-             webhook_id: int | None = None) -> httpx.Response:
-    values = {"run_id": w.run_id, "alert_id": str(w.alert_id), "project": w.victim,
+             webhook_id: int | None = None, run_id: str | None = None) -> httpx.Response:
+    values = {"run_id": run_id or w.run_id, "alert_id": str(w.alert_id), "project": w.victim,
               "rule": "non_finite", "webhook_id": str(webhook_id or w.webhook_id),
               "path:path": f"runs/{w.run_id}", "name": "nothing.js"}
     path = re.sub(r"\{([^}]+)\}", lambda m: values[m.group(1)], route.path)
@@ -336,14 +337,20 @@ def test_the_right_scope_is_enough(world: World, routes: list[Route]) -> None:
             if ORDER[scope] < ORDER[route.needs]:
                 continue
             headers = {"Authorization": f"Bearer {world.tokens[scope]}"}
-            webhook_id = None
-            if route.method == "DELETE":  # delete a webhook made for the purpose
+            webhook_id = run_id = None
+            if (route.method, route.path) == ("DELETE", "/api/v1/runs/{run_id}"):
+                run_id = str(uuid.uuid4())  # delete a run made for the purpose
+                made = httpx.put(f"{world.server.url}/api/v1/runs/{run_id}",
+                                 headers={"Authorization": f"Bearer {world.tokens['admin']}"},
+                                 json={"project": world.victim})
+                assert made.status_code == 201, made.text
+            elif route.method == "DELETE":  # delete a webhook made for the purpose
                 webhook_id = httpx.post(
                     f"{world.server.url}/api/v1/projects/{world.victim}/webhooks",
                     headers={"Authorization": f"Bearer {world.tokens['admin']}"},
                     json={"url": "http://127.0.0.1:9/to-delete", "enabled": False},
                 ).json()["id"]
-            resp = _request(world, route, headers, webhook_id=webhook_id)
+            resp = _request(world, route, headers, webhook_id=webhook_id, run_id=run_id)
             where = f"{scope} token: {route.method} {route.path}"
             assert resp.status_code in (200, 201, 204, 303), (where, resp.status_code,
                                                                resp.text[:300])

@@ -150,6 +150,19 @@ def observations(
     ]
 
 
+def run_settings(ctx: EvalContext) -> str:
+    """The run's weight decay and warmups as its config states them (for alert advice)."""
+    rc = ctx.run_config
+
+    def show(value: float | None) -> str:
+        return "not in the run config" if value is None else f"{value:g}"
+
+    return (
+        f"This run: weight_decay (AdamC lambda) {show(rc.weight_decay)}, warmup_steps "
+        f"{show(rc.warmup_steps)}, c_warmup {show(rc.c_warmup)}."
+    )
+
+
 def factor_text(value: float) -> str:
     """A ratio for people: ``x2.50``, or ``x0.40 (/2.50)`` for a fall."""
     if not math.isfinite(value):
@@ -266,7 +279,8 @@ class RuleOutput:
 Evaluator = Callable[[Mapping[str, Series], EvalContext, RuleConfig, dict[str, Any]], RuleOutput]
 #: An evaluator of one series: ``(series, its key, context, cfg, memory) -> output``.
 SeriesEvaluator = Callable[[Series, str, EvalContext, RuleConfig, dict[str, Any]], RuleOutput]
-Describer = Callable[[float, RuleConfig, str | None], tuple[str, str]]
+#: ``(value, cfg, key, context) -> (summary, description)`` of an alert.
+Describer = Callable[[float, RuleConfig, str | None, EvalContext], tuple[str, str]]
 Lookback = Callable[[EvalContext, RuleConfig, Mapping[str, Any]], int]
 
 
@@ -281,7 +295,8 @@ class RuleSpec:
         severity: default severity.
         params: the thresholds.
         evaluate: the pure evaluator.
-        describe: ``(value, cfg, key) -> (summary, description)`` for an alert.
+        describe: ``(value, cfg, key, context) -> (summary, description)`` for an alert
+            (the context gives the run's config: its λ and warmups, for advice).
         for_auto: ``(context) -> steps`` for ``for_steps=None``.
         resolve_auto: ``(context) -> steps`` for ``resolve_for_steps=None``.
         lookback: ``(context, cfg, memory) -> first step the evaluator needs``.

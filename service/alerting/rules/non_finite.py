@@ -75,7 +75,9 @@ def _evaluate(
     )
 
 
-def _describe(value: float, cfg: RuleConfig, key: str | None) -> tuple[str, str]:
+def _describe(
+    value: float, cfg: RuleConfig, key: str | None, _ctx: EvalContext
+) -> tuple[str, str]:
     return (
         f"non-finite values in {key or 'the run'}",
         f"{key or 'A metric'} is NaN or infinite. The run has diverged (or a batch produced "

@@ -39,6 +39,7 @@ from curvecast.service.alerting.rules.framework import (
     observations,
     on_first_input,
     run_fraction,
+    run_settings,
 )
 from curvecast.service.alerting.rules.stats import log_positive, rolling_median
 
@@ -117,7 +118,9 @@ def _eval_grad(
     return RuleOutput(observations(at, active, clear, np.exp(d)), memory, key)
 
 
-def _describe_grad(value: float, cfg: RuleConfig, key: str | None) -> tuple[str, str]:
+def _describe_grad(
+    value: float, cfg: RuleConfig, key: str | None, _ctx: EvalContext
+) -> tuple[str, str]:
     direction = "risen" if value >= 1 else "fallen"
     ref = (
         "its level after the burn-in"
@@ -238,7 +241,9 @@ def _weight_lookback(ctx: EvalContext, cfg: RuleConfig, memory: Mapping[str, Any
     )
 
 
-def _describe_weight(value: float, cfg: RuleConfig, key: str | None) -> tuple[str, str]:
+def _describe_weight(
+    value: float, cfg: RuleConfig, key: str | None, ctx: EvalContext
+) -> tuple[str, str]:
     direction = "grown" if value >= 1 else "shrunk"
     return (
         f"weight norm of {cfg.params['which']} has {direction} {factor_text(value)}",
@@ -246,7 +251,7 @@ def _describe_weight(value: float, cfg: RuleConfig, key: str | None) -> tuple[st
         f"({key}) has {direction} by {factor_text(value)}: beyond rise_factor (fall_factor) "
         "relative to its level after the burn-in, or beyond rate_factor within rate_steps. "
         "Growing weight norms point to too little weight decay; shrinking ones drive "
-        "gradient norms (and the effective learning rate) up.",
+        f"gradient norms (and the effective learning rate) up. {run_settings(ctx)}",
     )
 
 

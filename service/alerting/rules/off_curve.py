@@ -261,7 +261,9 @@ def _lookback(ctx: EvalContext, cfg: RuleConfig, memory: Mapping[str, Any]) -> i
     return max(0, ctx.after_step - window - ref_len - 1)
 
 
-def _describe(value: float, cfg: RuleConfig, key: str | None) -> tuple[str, str]:
+def _describe(
+    value: float, cfg: RuleConfig, key: str | None, _ctx: EvalContext
+) -> tuple[str, str]:
     by = f" by {value:.3g}" if math.isfinite(value) else ""
     return (
         f"{key or 'loss'} is above its forecast interval",

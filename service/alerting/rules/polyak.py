@@ -67,7 +67,9 @@ def _spike_lookback(ctx: EvalContext, cfg: RuleConfig, memory: Mapping[str, Any]
     return max(0, ctx.after_step - ref_len - int(cfg.params["window_steps"]))
 
 
-def _describe_spike(value: float, cfg: RuleConfig, key: str | None) -> tuple[str, str]:
+def _describe_spike(
+    value: float, cfg: RuleConfig, key: str | None, _ctx: EvalContext
+) -> tuple[str, str]:
     return (
         f"Polyak step size jumped {factor_text(value)} above its recent median",
         f"{key or 'eta'} is {factor_text(value)} its median over the preceding stretch. A "
@@ -137,7 +139,9 @@ def _collapse_lookback(ctx: EvalContext, cfg: RuleConfig, memory: Mapping[str, A
     return max(0, ctx.after_step - _collapse_window(ctx, cfg))
 
 
-def _describe_collapse(value: float, cfg: RuleConfig, key: str | None) -> tuple[str, str]:
+def _describe_collapse(
+    value: float, cfg: RuleConfig, key: str | None, _ctx: EvalContext
+) -> tuple[str, str]:
     pct = f"{100 * value:.0f}%" if math.isfinite(value) else "most"
     return (
         "Polyak step size collapsed to zero",

@@ -20,12 +20,14 @@ from curvecast.service.alerting.rules.norms import GRAD_NORM_DRIFT, WEIGHT_NORM_
 from curvecast.service.alerting.rules.off_curve import OFF_CURVE
 from curvecast.service.alerting.rules.polyak import POLYAK_COLLAPSE, POLYAK_SPIKE
 from curvecast.service.alerting.rules.stalled import STALLED
+from curvecast.service.alerting.rules.trend import GRAD_NORM_TREND
 
 #: Every rule by name, in the order the API lists them and the engine evaluates them.
 RULES: dict[str, RuleSpec] = {
     spec.name: spec
     for spec in (
         GRAD_NORM_DRIFT,
+        GRAD_NORM_TREND,
         WEIGHT_NORM_DRIFT,
         POLYAK_SPIKE,
         POLYAK_COLLAPSE,

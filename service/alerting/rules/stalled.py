@@ -39,7 +39,9 @@ def _inputs(_cfg: RuleConfig) -> list[list[str]]:
     return []
 
 
-def _describe(value: float, cfg: RuleConfig, key: str | None) -> tuple[str, str]:
+def _describe(
+    value: float, cfg: RuleConfig, key: str | None, _ctx: EvalContext
+) -> tuple[str, str]:
     minutes = value / 60 if math.isfinite(value) else math.nan
     return (
         f"run has sent nothing for {minutes:.0f} min",
