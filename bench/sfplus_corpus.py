@@ -273,6 +273,49 @@ def train(spec: Spec) -> dict[str, Any]:
     return summary
 
 
+def report() -> str:
+    """The corpus as it is on disk: one row per run, with how it was made."""
+    from bench._report import markdown_table
+
+    rows = []
+    total_s = 0.0
+    for s in planned():
+        path = DATA_DIR / f"{s.name}.json"
+        if not path.exists():
+            rows.append([s.name, s.optimizer, *["-"] * 8, "not trained"])
+            continue
+        meta = json.loads(path.read_text())
+        total_s += float(meta["train_seconds"])
+        cfg = meta["config"]
+        final = meta["final_eval_loss"]
+        rows.append([
+            s.name, s.optimizer, f"{s.d_model}x{s.n_layers}", s.batch_size, s.steps,
+            f"{s.lr:g}", f"{s.weight_decay:g}", s.warmup_steps,
+            cfg["c_warmup"] if cfg["c_warmup"] is not None else "-",
+            f"{'anneal' if s.anneal else '-'} / r={s.r:g}",
+            "diverged (NaN)" if final != final else f"{final:.3f}",
+        ])
+    size = sum(f.stat().st_size for f in DATA_DIR.glob("*.csv.gz"))
+    return (
+        "How the corpus under `bench/data/sfplus_corpus` was made: `python -m bench.sfplus_corpus "
+        "--jobs 2` (the module's docstring lists the series and their cadence). Each run trains "
+        "`examples.charlm.CharTransformer` (block 64, 4 heads) on the Python standard library's "
+        "source with one torch thread, seed 0 unless named, the same batches for the same seed; "
+        "eval loss at x on 8 fixed held-out batches every 1% of the run. ScheduleFree+ runs use "
+        "`ScheduleFreePlus(lr, weight_decay=lambda, warmup_steps, c_warmup, anneal_steps=steps "
+        "if annealed, r)`; `sf_adamw` is schedule-free AdamW (bench/_sf_adamw.py); `adamw_*` is "
+        "`torch.optim.AdamW(betas=(0.9, 0.95), weight_decay=0.1)` with linear warmup then a "
+        "constant, linear-to-0 or cosine-to-0 learning rate.\n\n"
+        + markdown_table(
+            ["run", "optimizer", "d_model x layers", "batch", "steps", "lr", "lambda", "warmup",
+             "c_warmup", "beta anneal / r", "final eval loss"],
+            rows,
+        )
+        + f"\n\n{sum(1 for r in rows if r[-1] != 'not trained')} runs, "
+        f"{size / 2**20:.1f} MiB of gzip CSV, {total_s / 3600:.1f} CPU-hours of training."
+    )
+
+
 def _done(spec: Spec) -> bool:
     return (DATA_DIR / f"{spec.name}.json").exists() and (DATA_DIR / f"{spec.name}.csv.gz").exists()
 
@@ -282,8 +325,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the planned runs and stop")
     parser.add_argument("--only", nargs="*", default=None, help="train these runs (again)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once")
+    parser.add_argument("--report", action="store_true",
+                        help="only write the corpus table to BENCHMARKS.md")
     args = parser.parse_args(argv)
     specs = planned()
+    if args.report:
+        from bench._report import write_section
+
+        write_section("sfplus_corpus", "The ScheduleFree+ corpus (how it was made)", report())
+        return 0
     if args.list:
         for s in specs:
             print(

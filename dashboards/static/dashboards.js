@@ -167,10 +167,14 @@
 
   function draw(id, fig, onFirst) {
     var gd = document.getElementById("chart-" + id);
-    if (!gd || !fig) return Promise.resolve();
+    // Without plotly.js (it failed to load) the server's static preview stays.
+    if (!gd || !fig || typeof Plotly === "undefined") return Promise.resolve();
     prepare(fig);
     if (!drawn[id]) {
       drawn[id] = true;
+      // The server's static preview of this chart (if any) gives way to the interactive one.
+      var preview = gd.querySelector(".static-preview");
+      if (preview) preview.remove();
       return Plotly.newPlot(gd, fig.data, fig.layout, PLOT_CONFIG).then(function () {
         var now = performance.now();
         bench.rendered[id] = now;

@@ -16,9 +16,11 @@ from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
+from markupsafe import Markup
 
 from curvecast.contract import MAX_STEP
 from curvecast.dashboards import palette, views
+from curvecast.dashboards.figures.static_svg import static_svg
 from curvecast.service.deps import SessionDep, SettingsDep
 from curvecast.service.errors import ServiceError
 from curvecast.service.schemas import PROJECT_FILTER_PATTERN, Principal, RunStatus
@@ -119,10 +121,15 @@ def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
                        for k, v in sorted(run.config.items())]
         config = _config(settings, "run", run_id=str(run_id), run_status=run.status,
                          charts=list(views.RUN_CHARTS))
+        # The loss chart drawn by the server too: it shows at first paint, before plotly.js
+        # (megabytes of JavaScript on a first visit) has loaded and drawn the real one.
+        loss = views.run_figures(reads.run_page(session, principal, run_id, ["loss"],
+                                                (None, None)), ["loss"])["loss"]
         return page("run.html", title=run.name or str(run_id), run=run.model_dump(mode="json"),
                     config_rows=config_rows, config=config,
                     compare_href=compare_href([str(run_id)]),
-                    first_data=f"/dashboards/api/runs/{run_id}/figures")
+                    first_data=f"/dashboards/api/runs/{run_id}/figures",
+                    loss_preview=Markup(static_svg(loss)))
 
     return _serve(request, settings, render)
 

@@ -562,3 +562,31 @@ def test_compare_picker_adds_a_run_of_the_same_project_first(
     page.wait_for_url(f"{live}/compare?runs={other}")
     assert page.locator(".chip-remove").count() == 0  # the last run stays
     tab.no_errors()
+
+
+# --- the first chart before plotly.js -------------------------------------------------------
+
+
+def test_the_loss_chart_shows_before_plotly_and_gives_way_to_it(
+    tab: Tab, live: str, streaming_run: tuple[uuid.UUID, str], artifacts_dir: Path
+) -> None:
+    """With plotly.js never arriving, the run page still shows the loss chart the server drew
+    (axes, ticks, the curves); with it, the interactive chart replaces it in the same box."""
+    run_id, _ = streaming_run
+    tab.page.route("**/static/plotly.min.js*", lambda route: route.abort())
+    tab.page.goto(f"{live}/runs/{run_id}")
+    preview = tab.page.locator("#chart-loss svg.static-preview")
+    box = preview.bounding_box()
+    assert box is not None and box["width"] > 600 and box["height"] > 300
+    assert preview.locator("path[stroke]").count() >= 2  # training and eval loss
+    labels = preview.locator("text").all_text_contents()
+    assert len(labels) >= 6 and any("static preview" in t for t in labels)
+    assert not any(t.startswith("-") for t in labels), labels  # no negative loss axis
+    shot(tab, artifacts_dir, "run-static-preview")
+    tab.page.unroute("**/static/plotly.min.js*")
+    tab.errors.clear()  # the aborted script's error was the point of the first half
+    tab.page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(("loss",))
+    assert tab.page.locator("#chart-loss svg.static-preview").count() == 0
+    assert tab.page.locator("#chart-loss .main-svg").count() >= 1
+    tab.no_errors()

@@ -101,7 +101,8 @@ def _drift_lookback(window_frac: float, ref_frac: float) -> Lookback:
 _GRAD_WINDOW, _GRAD_REF = 0.015, 0.10
 
 
-def _grad_inputs(cfg: RuleConfig) -> list[list[str]]:
+def grad_inputs(cfg: RuleConfig) -> list[list[str]]:
+    """The gradient norm a rule reads: its ``keys``, else ``grad_<norm>`` (L1 or L2)."""
     return given_keys_or(cfg, telemetry_keys(f"grad_{cfg.params['norm']}"))
 
 
@@ -164,12 +165,12 @@ GRAD_NORM_DRIFT = RuleSpec(
         "reference_steps": auto_int("reference stretch; auto: 10% of total_steps (>= 20)"),
         "burn_in_steps": BURN_IN,
     },
-    evaluate=on_first_input(_grad_inputs, _eval_grad),
+    evaluate=on_first_input(grad_inputs, _eval_grad),
     describe=_describe_grad,
     for_auto=run_fraction(0.01, 10, 100),
     resolve_auto=run_fraction(0.02, 20, 200),
     lookback=_drift_lookback(_GRAD_WINDOW, _GRAD_REF),
-    inputs=_grad_inputs,
+    inputs=grad_inputs,
     for_doc="auto: 1% of total_steps (>= 10; 100 if unknown)",
 )
 
