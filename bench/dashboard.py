@@ -175,7 +175,8 @@ def fresh_profile_loads(pw: Any, url: str, run_id: uuid.UUID, loads: int) -> dic
                 "document.querySelector('#chart-loss svg.static-preview') !== null",
                 polling="raf")
             preview = page.evaluate("performance.now()")
-            page.wait_for_function(f"Object.keys(window.__cc.rendered).length === {CHARTS}")
+            page.wait_for_function(
+                f"window.__cc && Object.keys(window.__cc.rendered).length === {CHARTS}")
             first, rendered, plotly_js, dom = page.evaluate("""() => [
                 window.__cc.firstChart, window.__cc.rendered,
                 performance.getEntriesByType('resource')

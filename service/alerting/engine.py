@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -74,8 +74,7 @@ def evaluate_round(
         if not cfg.enabled:
             if life.state != "inactive":
                 # Disabling a rule closes its open alert (resolved, people are told).
-                event = Event("resolved" if life.state == "firing" else "cancelled",
-                              life.step or 0, math.nan, life.since_step or 0)
+                event = _closing(life, math.nan)
                 out.append(_transition(name, event, cfg, previous.get("key"), ctx))
             new_state.pop(name, None)
             continue
@@ -107,14 +106,17 @@ def _close_all(
             continue
         cfg = configs.get(name) or rule_config(name)
         value = life.value if life.value is not None else math.nan
-        event = Event(
-            "resolved" if life.state == "firing" else "cancelled",
-            life.step or 0, value, life.since_step or 0,
-        )
-        transition = _transition(name, event, cfg, previous.get("key"), ctx)
+        transition = _transition(name, _closing(life, value), cfg, previous.get("key"), ctx)
         out.append(replace(transition, reason=reason))
         state[name] = {**previous, "lifecycle": RuleLifecycle().to_dict()}
     return out
+
+
+def _closing(life: RuleLifecycle, value: float) -> Event:
+    """The event that closes an open alert from outside its rule: a firing one resolves (people
+    are told), a pending one is cancelled."""
+    kind: Literal["resolved", "cancelled"] = "resolved" if life.state == "firing" else "cancelled"
+    return Event(kind, life.step or 0, value, life.since_step or 0)
 
 
 def _transition(

@@ -403,22 +403,6 @@ def read_series(
     return MetricsOut(run_id=run_id, series=series)
 
 
-def iter_points(
-    session: Session, *, run_id: uuid.UUID, keys: Sequence[str] | None, allowed_project: str | None
-) -> list[tuple[str, int, float, float | None]]:
-    """Every point of a run as (key, step, value, wall_time) rows, in memory: for small runs
-    (tests, the offline tools). Exports page through :func:`export_page` instead."""
-    rows: list[tuple[str, int, float, float | None]] = []
-    for key, sid in export_series(
-        session, run_id=run_id, keys=keys, allowed_project=allowed_project
-    ):
-        after = -1
-        while page := export_page(session, series_id=sid, after_step=after, limit=EXPORT_PAGE):
-            rows += [(key, st, v, w) for st, v, w in page]
-            after = page[-1][0]
-    return rows
-
-
 #: Points read per query by an export: bounds the memory an export holds at any moment.
 EXPORT_PAGE = 20_000
 
