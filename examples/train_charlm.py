@@ -30,9 +30,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--weight-decay", type=float, default=10.0, help="AdamC lambda")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="ScheduleFreePlus warmup (default: a quarter of the run; the optimizer's own default, "
+        "500 steps, is meant for runs of a few thousand steps and more)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     return p.parse_args(argv)
@@ -52,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         n_heads=4,
         block_size=args.block_size,
     )
-    warmup = max(1, args.steps // 20)
-    opt = ScheduleFreePlus(model.parameters(), warmup_steps=warmup, weight_decay=args.weight_decay)
+    # The optimizer's defaults (AdamC decay 5, sf_beta 0.8), with a warmup sized to this short run.
+    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, args.steps // 4)
+    opt = ScheduleFreePlus(model.parameters(), warmup_steps=warmup)
     batches = torch.Generator().manual_seed(args.seed)
 
     mon = Monitor(

@@ -119,4 +119,13 @@ def validate(values: dict[str, Any], *, where: str) -> dict[str, Any]:
     if foreach is not None and not isinstance(foreach, bool):
         raise ValueError(f"Invalid foreach{where}: {foreach!r} (must be None, True or False)")
     out["foreach"] = foreach
+    fused = values.get("fused")  # absent from checkpoints written before it existed
+    if fused is not None and not isinstance(fused, bool):
+        raise ValueError(f"Invalid fused{where}: {fused!r} (must be None, True or False)")
+    if fused and foreach:
+        raise ValueError(
+            f"Invalid fused{where}: fused=True and foreach=True are mutually exclusive "
+            f"(the fused kernel replaces the multi-tensor one); pass one of them"
+        )
+    out["fused"] = fused
     return out

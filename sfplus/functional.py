@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from curvecast.sfplus import _fused
+
 __all__ = [
     "CPU_BLOCK",
     "CPU_BLOCK_THREADED",
@@ -345,6 +347,7 @@ def update(
     sf_beta_prev: float,
     foreach: bool,
     block: int | None = None,
+    fused: bool = False,
 ) -> None:
     """One in-place ScheduleFree+ update of ``y`` (the parameters), ``delta``, and Adam's moments.
 
@@ -366,6 +369,9 @@ def update(
         sf_beta_prev: SF beta that formed the current ``y``.
         foreach: use the ``torch._foreach_*`` multi-tensor kernels.
         block: per-tensor path only: block size in elements for contiguous tensors (CPU).
+        fused: use the compiled one-pass kernel (:mod:`curvecast.sfplus._fused`) for tensors of
+            at least ``FUSED_MIN_NUMEL`` elements, the per-tensor path for the rest and for
+            everything if compilation is unavailable. Takes precedence over ``foreach``.
     """
     if not params:
         return
@@ -398,7 +404,9 @@ def update(
             [exp_avg_sqs[i] for i in idx],
             [deltas[i] for i in idx],
         )
-        if foreach:
+        if fused:
+            _update_fused(sel[0], sel[1], ms, vs, ds, coeffs, block)
+        elif foreach:
             _update_foreach(sel[0], sel[1], ms, vs, ds, coeffs)
         else:
             for y, g, m, v, d in zip(sel[0], sel[1], ms, vs, ds, strict=True):
@@ -459,6 +467,32 @@ def _update_foreach(
             torch._foreach_addcdiv_(yl, ml, denom, k.y_dir)
             torch._foreach_mul_(dl, k.delta_keep)
             torch._foreach_addcdiv_(dl, ml, denom, k.delta_dir)
+
+
+def _update_fused(
+    ys: list[Tensor],
+    gs: list[Tensor],
+    ms: list[Tensor],
+    vs: list[Tensor],
+    ds: list[Tensor],
+    k: _StepCoefficients,
+    block: int | None,
+) -> None:
+    kernel = _fused.fused_kernel()
+    scalars = (
+        k.one_minus_beta1, k.beta2, k.one_minus_beta2, k.eps_eff,
+        k.wd_fold if k.decay else 0.0, k.y_delta, k.y_dir, k.delta_keep, k.delta_dir,
+    )
+    for y, g, m, v, d in zip(ys, gs, ms, vs, ds, strict=True):
+        if (
+            kernel is not None
+            and y.numel() >= _fused.FUSED_MIN_NUMEL
+            and _all_contiguous(y, g, m, v, d)
+            and _fused.run(kernel, (y, g, m, v, d), scalars)
+        ):
+            continue
+        kernel = _fused.fused_kernel()  # None from now on if the call above failed to compile
+        _update_tensor(y, g, m, v, d, k, block)
 
 
 def _update_tensor(

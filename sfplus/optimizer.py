@@ -26,6 +26,9 @@ from curvecast.sfplus import functional as F
 __all__ = ["ScheduleFreePlus"]
 
 LossLike = Tensor | float
+
+#: Hyper-parameters added after the first release, with the value that means "as before".
+_ADDED_LATER: dict[str, Any] = {"fused": None}
 Closure = Callable[[], LossLike]
 
 
@@ -76,14 +79,24 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         eps: Adam's epsilon, and the initial ``gamma_max``.
         weight_decay: fully decoupled AdamC ``lambda``: ``z -= alpha^2 * lambda * y``. Not on the
             AdamW scale: the paper uses 5-50 and calls it necessary with the Polyak step, which
-            otherwise grows as weight norms grow and gradient norms shrink. The default 0 keeps
-            the public signature; small models are unstable without it (BENCHMARKS.md,
-            "train_quality").
+            otherwise grows as weight norms grow and gradient norms shrink. The default 5 is the
+            paper's most used value; measured here it is the best of the paper's 5/20/50 on the
+            0.1M and 0.4M models of the corpus (by 10-12%) and 1.3% behind 20 at 1M parameters
+            (BENCHMARKS.md, "train_quality" and "sfplus_corpus"); keep ``alpha**2 * lambda``
+            well below 1 (a 0.1M model with 50 diverged). ``0`` turns the decay off.
         sf_beta: Schedule-Free interpolation ``beta`` in ``(0, 1)`` (initial value if annealed).
+            The default 0.8 is the paper's starting value (its long runs anneal 0.8 -> 0.965; its
+            shorter ones keep 0.9). Measured here, 0.9 makes the eval loss at x climb for a few
+            hundred steps once averaging starts (the paper's "hump") and ends higher
+            (BENCHMARKS.md, "train_quality").
         sf_beta_max: final ``beta`` when annealing.
         anneal_steps: if ``> 0``, anneal ``beta`` log-linearly from ``sf_beta`` to ``sf_beta_max``
             over this many steps (the paper anneals 0.9 -> 0.965 over the run).
         warmup_steps: length of the linear multiplicative warmup ``min(1, t / warmup_steps)``.
+            The paper: "a learning rate warmup is still needed" (its runs: 400-2,000 steps).
+            On a 1M-parameter, 3,000-step run (BENCHMARKS.md, "train_quality") 100 steps ended
+            4.5% above the default 500 (with ``sf_beta`` 0.9: 11%, and no warmup 19%); for runs
+            shorter than a few thousand steps use 10-20% of the run. ``0`` turns it off.
         c_warmup: steps without averaging (``c = 1``, so ``x`` follows ``z``); ``None`` means
             ``2 * warmup_steps``, the paper's heuristic.
         r: averaging weights grow as ``t^r`` (the paper recommends ``r = 1`` for long runs).
@@ -100,6 +113,12 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         foreach: use the ``torch._foreach_*`` multi-tensor kernels. ``None`` picks them when all
             of a group's parameters are on an accelerator and the per-tensor path on CPU, where
             it walks tensors in cache-sized blocks and is faster.
+        fused: compile the per-tensor update into one loop (CPU) or kernel (CUDA) with
+            ``torch.compile``, which reads and writes each buffer once instead of about eleven
+            times. ``None`` (default) and ``False`` use the eager paths. The first step of a
+            process pays the compilation (tens of seconds on CPU; BENCHMARKS.md, "optimizer",
+            has the step and compile times); where compilation is unavailable the eager path is
+            used with a warning. Tensors under 32K elements always take the eager path.
         process_group: the data-parallel group over which the loss is averaged under
             ``torch.distributed``; ``None`` means the default group.
 
@@ -107,7 +126,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         ValueError: for any invalid hyper-parameter; the message names it.
 
     Example:
-        >>> opt = ScheduleFreePlus(model.parameters(), warmup_steps=100, weight_decay=10.0)
+        >>> opt = ScheduleFreePlus(model.parameters())  # weight_decay=5, warmup_steps=500
         >>> for batch in loader:
         ...     loss = model(batch)
         ...     loss.backward()
@@ -129,11 +148,11 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         lr: float = 1.0,
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        sf_beta: float = 0.9,
+        weight_decay: float = 5.0,
+        sf_beta: float = 0.8,
         sf_beta_max: float = 0.965,
         anneal_steps: int = 0,
-        warmup_steps: int = 0,
+        warmup_steps: int = 500,
         c_warmup: int | None = None,
         r: float = 0.0,
         weight_lr_power: float = 2.0,
@@ -141,6 +160,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         f_star: float = 0.0,
         foreach: bool | None = None,
         *,
+        fused: bool | None = None,
         process_group: Any = None,
     ) -> None:
         defaults: dict[str, Any] = dict(  # noqa: C408 - mirrors the signature, like torch.optim
@@ -158,6 +178,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             polyak_beta=polyak_beta,
             f_star=f_star,
             foreach=foreach,
+            fused=fused,
         )
         defaults = _hparams.validate(defaults, where="")
         super().__init__(params, defaults)
@@ -195,6 +216,10 @@ class ScheduleFreePlus(torch.optim.Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restore from a pickle or ``load_state_dict``; fill defaults added since a checkpoint."""
         super().__setstate__(state)
+        # A pickle from before a hyper-parameter existed has neither it in its groups nor in its
+        # own defaults: those get the value that reproduces the old behaviour.
+        for key, value in _ADDED_LATER.items():
+            self.defaults.setdefault(key, value)
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
@@ -351,15 +376,37 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         if loss is None:
+            loss = self.__dict__.pop("_provided_loss", None)
+        if loss is None:
             raise ValueError(
                 "ScheduleFreePlus.step() needs the loss at the current parameters for its Polyak "
                 "step size: call optimizer.step(loss=loss) (a float or 0-d tensor) or "
-                "optimizer.step(closure)."
+                "optimizer.step(closure); under a trainer that calls step() with no arguments, "
+                "hand it over first with optimizer.provide_loss(loss) (the Hugging Face "
+                "Trainer: add curvecast's CurvecastCallback, which does)."
             )
         _check_loss_type(loss)
         _hparams.check_shared(self.param_groups)
         self._step(loss, glob)
         return loss
+
+    def provide_loss(self, loss: LossLike) -> None:
+        """Give the loss for the next :meth:`step` that is called without one.
+
+        For training loops that call ``optimizer.step()`` with no arguments (the Hugging Face
+        ``Trainer``): whoever sees the loss hands it over just before. Used once, then
+        forgotten; never saved in ``state_dict()``. A ``loss=`` or ``closure`` passed to
+        ``step()`` takes precedence and leaves it for the next step.
+
+        Args:
+            loss: the loss of the optimizer step about to be taken, at ``y`` (with gradient
+                accumulation: the mean over the micro-batches); a float or a 0-d tensor.
+
+        Raises:
+            ValueError: if the loss is neither a real number nor a tensor.
+        """
+        _check_loss_type(loss)
+        self._provided_loss = loss
 
     def _step(self, loss: LossLike, glob: dict[str, Any]) -> None:
         g0 = self.param_groups[0]
@@ -431,6 +478,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
 
             # 4. The in-place update of this group's tensors.
             foreach = self._use_foreach(group)
+            fused = bool(group["fused"])
             beta1, beta2 = group["betas"]
             F.update(
                 w.params,
@@ -449,6 +497,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
                 sf_beta_prev=beta_prev,
                 foreach=foreach,
                 block=block,
+                fused=fused,
             )
             F.rescale_for_beta(
                 w.skipped_params,

@@ -59,6 +59,66 @@ def test_matches_reference_over_300_steps(reference_run, foreach: bool) -> None:
     assert max_rel_diff(params_of(model), ref_x) < 1e-6
 
 
+def test_the_compiled_fused_update_matches_reference_over_300_steps(
+    reference_run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fused=True: torch.compile of the one-pass kernel (tens of seconds to compile on CPU)."""
+    from curvecast.sfplus import _fused
+
+    calls = []
+    real_run = _fused.run
+
+    def counting_run(*args, **kwargs):  # type: ignore[no-untyped-def]
+        ok = real_run(*args, **kwargs)
+        calls.append(ok)
+        return ok
+
+    # The test model's tensors are small; route every one of them through the kernel.
+    monkeypatch.setattr(_fused, "FUSED_MIN_NUMEL", 0)
+    monkeypatch.setattr(_fused, "run", counting_run)
+    ref_y, ref_x, ref_last = reference_run
+    model = make_model()
+    opt = ScheduleFreePlus(model.parameters(), fused=True, **FULL)
+    train(model, opt, batches(300))
+    n_tensors = len(list(model.parameters()))
+    assert len(calls) == 300 * n_tensors and all(calls), "the compiled kernel did not run"
+    assert max_rel_diff(params_of(model), ref_y) < 1e-6
+    assert opt.stats()["eta"] == pytest.approx(ref_last["eta"], rel=1e-6)
+    opt.eval()
+    assert max_rel_diff(params_of(model), ref_x) < 1e-6
+
+
+def test_fused_falls_back_to_the_eager_update_where_compilation_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from curvecast.sfplus import _fused
+
+    def no_compiler(*args: object) -> None:
+        raise OSError("no C++ compiler found")
+
+    monkeypatch.setattr(_fused, "FUSED_MIN_NUMEL", 0)
+    monkeypatch.setattr(_fused, "_failed", None)
+    monkeypatch.setattr(_fused, "_kernel", no_compiler)
+    runs = []
+    for fused in (True, False):
+        model = make_model()
+        opt = ScheduleFreePlus(model.parameters(), fused=fused, foreach=None, **FULL)
+        if fused:
+            with pytest.warns(RuntimeWarning, match="torch.compile is unavailable here"):
+                train(model, opt, batches(5))
+        else:
+            train(model, opt, batches(5))
+        runs.append(params_of(model))
+    assert _fused.fused_kernel() is None  # disabled for the rest of the process
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_fused_and_foreach_are_exclusive() -> None:
+    with pytest.raises(ValueError, match="fused=True and foreach=True are mutually exclusive"):
+        ScheduleFreePlus(make_model().parameters(), fused=True, foreach=True)
+
+
 def test_foreach_and_per_tensor_paths_agree_in_float32() -> None:
     # Same elementwise maths in the same order; only the summation order of the two global
     # reductions differs (per tensor vs per 64K block), so a short float32 run agrees closely.

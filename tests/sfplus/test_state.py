@@ -107,6 +107,44 @@ def test_old_checkpoints_get_defaults_for_missing_hyperparameters() -> None:
     assert fresh.step_count == 5
 
 
+def test_checkpoints_from_before_the_new_defaults_keep_their_hyperparameters() -> None:
+    """The defaults became weight_decay=5, warmup_steps=500; a checkpoint written with the old
+    ones (0, 0, stored in its parameter groups) must resume as it was trained, bit for bit."""
+    data = batches(6)
+    model, reference_model = make_model(), make_model()
+    reference_model.load_state_dict(model.state_dict())
+    old = ScheduleFreePlus(model.parameters(), weight_decay=0.0, warmup_steps=0)
+    reference = ScheduleFreePlus(reference_model.parameters(), weight_decay=0.0, warmup_steps=0)
+    train(model, old, data[:3])
+    train(reference_model, reference, data)
+    ckpt = torch.load(io.BytesIO(_save(model, old)), weights_only=True)
+
+    resumed_model = make_model()
+    resumed_model.load_state_dict(ckpt["model"])
+    resumed = ScheduleFreePlus(resumed_model.parameters())  # today's defaults
+    assert resumed.defaults["weight_decay"] == 5.0 and resumed.defaults["warmup_steps"] == 500
+    resumed.load_state_dict(ckpt["opt"])
+    assert resumed.param_groups[0]["weight_decay"] == 0.0
+    assert resumed.param_groups[0]["warmup_steps"] == 0
+    train(resumed_model, resumed, data[3:])
+    for p, q in zip(resumed_model.parameters(), reference_model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+    # A pickled optimizer (``torch.save(opt)``) goes through __setstate__ and keeps them too,
+    # even one pickled before ``fused`` existed (absent from its groups and its own defaults).
+    old.defaults.pop("fused")
+    for group in old.param_groups:
+        group.pop("fused")
+    unpickled = copy.deepcopy(old)
+    assert unpickled.param_groups[0]["weight_decay"] == 0.0
+    assert unpickled.param_groups[0]["warmup_steps"] == 0
+    assert unpickled.param_groups[0]["fused"] is None
+    for param in (q for group in unpickled.param_groups for q in group["params"]):
+        param.grad = torch.ones_like(param)  # the copy holds copies of the parameters
+    unpickled.step(loss=1.0)
+    assert unpickled.step_count == 4
+
+
 def test_optimizer_survives_deepcopy() -> None:
     model = make_model()
     opt = ScheduleFreePlus(model.parameters())
