@@ -13,7 +13,11 @@ exactly once. CPU is sampled with psutil for the service processes, PostgreSQL's
 whole cluster: it is shared with whatever else runs on the machine), the load generator and
 the machine.
 
-Usage: ``python -m bench.load [--clients 32] [--rate 1000] [--duration 60] [--quick]``
+With ``--profile`` the service's processes (the uvicorn workers and the background worker)
+are sampled by ``py-spy`` during the load window, and the functions holding the most samples
+(own time, and time including callees for the service's own code) are added to the report.
+
+Usage: ``python -m bench.load [--clients 32] [--rate 1000] [--duration 60] [--quick] [--profile]``
 """
 
 from __future__ import annotations
@@ -295,6 +299,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 })
                 time.sleep(max(0.0, start_at - time.time()))
                 sampler.thread.start()
+                profiler = _start_profiler(server.proc.pid, args, Path(tmp)) if args.profile \
+                    else None
                 reader_threads = readers.start()
                 time.sleep(args.duration)
                 readers.stop.set()
@@ -304,12 +310,78 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results = pending.get(timeout=args.duration + 900)
             drained_at = time.time()
             rows = count_rows(database_url, run_ids)
+            profile = _finish_profiler(profiler) if profiler is not None else None
         finally:
             server.stop()
         log = server.log()
     return {"results": results, "readers": readers, "sampler": sampler, "rows": rows,
             "start_at": start_at, "drained_at": drained_at, "server_log": log,
-            "steps_per_second": steps_per_second}
+            "steps_per_second": steps_per_second, "profile": profile}
+
+
+def _start_profiler(pid: int, args: argparse.Namespace, tmp: Path) -> tuple[Any, Path]:
+    """py-spy sampling the service's process tree for the load window (raw collapsed stacks)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    output = tmp / "profile.txt"
+    proc = subprocess.Popen(
+        [exe, "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--rate", "50",
+         "--duration", str(max(1, int(args.duration))), "--format", "raw", "--output",
+         str(output)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    return proc, output
+
+
+def _finish_profiler(profiler: tuple[Any, Path]) -> dict[str, Any]:
+    """Wait for py-spy and sum its samples per function: own samples and, for curvecast's
+    own functions, samples including callees."""
+    proc, output = profiler
+    _, err = proc.communicate(timeout=120)
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    text = output.read_text() if output.exists() else ""
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        # "process ...;thread ...;" prefixes come first; frames are "name (file:line)".
+        frames = [f.rsplit(":", 1)[0] + ")" if ":" in f else f
+                  for f in stack.split(";")
+                  if " (" in f and not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames):
+            if "curvecast" in frame:
+                inclusive[frame] = inclusive.get(frame, 0) + count
+    return {"total": total, "own": own, "inclusive": inclusive, "error": err.strip()[-500:]}
+
+
+def _profile_tables(profile: dict[str, Any], top: int = 15) -> str:
+    from bench._report import markdown_table
+
+    total = profile["total"] or 1
+
+    def rows(counts: dict[str, int]) -> list[list[object]]:
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return [[f"`{name}`", n, f"{100 * n / total:.1f}%"] for name, n in ranked]
+
+    return (
+        f"Profile of the service's processes during the load window (py-spy, 50 samples/s per "
+        f"thread, {profile['total']:,} samples of running threads). py-spy counts a thread "
+        f"blocked in a Python-level wait as running: psycopg's `Connection.wait` (a query's "
+        f"round trip to PostgreSQL) and `Condition.wait` rows are waiting, not CPU. Own time, "
+        f"the top {top} functions:\n\n"
+        + markdown_table(["function (file)", "samples", "share"], rows(profile["own"]))
+        + f"\n\ncurvecast's own functions, time including what they call (top {top}):\n\n"
+        + markdown_table(["function (file)", "samples", "share"], rows(profile["inclusive"]))
+    )
 
 
 def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]:
@@ -397,6 +469,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--processes", type=int, default=4, help="load generator processes")
     parser.add_argument("--quick", action="store_true", help="8 clients, 10 s, no BENCHMARKS.md")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the service with py-spy and add its top functions")
     args = parser.parse_args()
     if args.quick:
         args.clients, args.duration, args.processes = 8, 10.0, 2
@@ -409,6 +483,8 @@ def main() -> None:
     body, ok = summarise(args, out)
     body += (f"\n\nLoad average before the run: {load_before[0]:.1f} (1 min), "
              f"{load_before[1]:.1f} (5 min).")
+    if out.get("profile"):
+        body += "\n\n" + _profile_tables(out["profile"])
     print(body)
     if not args.quick:
         from bench._report import write_section
