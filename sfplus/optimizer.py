@@ -96,7 +96,8 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             The paper: "a learning rate warmup is still needed" (its runs: 400-2,000 steps).
             On a 1M-parameter, 3,000-step run (BENCHMARKS.md, "train_quality") 100 steps ended
             4.5% above the default 500 (with ``sf_beta`` 0.9: 11%, and no warmup 19%); for runs
-            shorter than a few thousand steps use 10-20% of the run. ``0`` turns it off.
+            shorter than a few thousand steps use a tenth to a quarter of the run. ``0`` turns it
+            off.
         c_warmup: steps without averaging (``c = 1``, so ``x`` follows ``z``); ``None`` means
             ``2 * warmup_steps``, the paper's heuristic.
         r: averaging weights grow as ``t^r`` (the paper recommends ``r = 1`` for long runs).
