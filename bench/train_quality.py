@@ -1,8 +1,8 @@
 """Training quality at a fair horizon: ScheduleFreePlus's defaults vs tuned AdamW schedules.
 
-Run from the repository root (trains in the background on CPU; about 25 minutes with two jobs on
-two idle cores; finished runs are kept under ``bench/data/train_quality_3k`` and reused, so an
-interrupted bench resumes)::
+Run from the repository root (trains in the background on CPU: 13 runs of 7-10 minutes each, so
+about an hour with two jobs on two cores; finished runs are kept under
+``bench/data/train_quality_3k`` and reused, so an interrupted bench resumes)::
 
     python -m bench.train_quality --jobs 2      # train what is missing, write BENCHMARKS.md
     python -m bench.train_quality --fresh       # re-train every run
