@@ -366,7 +366,9 @@ def _finish_profiler(profiler: tuple[Any, Path]) -> dict[str, Any]:
 def _profile_tables(profile: dict[str, Any], top: int = 15) -> str:
     from bench._report import markdown_table
 
-    total = profile["total"] or 1
+    if not profile["total"]:
+        return f"Profile: py-spy recorded no samples ({profile['error'] or 'no message'})."
+    total = profile["total"]
 
     def rows(counts: dict[str, int]) -> list[list[object]]:
         ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import inspect
 import io
 import math
 import os
@@ -88,10 +89,24 @@ class Spec:
     diagnostic: bool = False
 
 
+def sfplus_defaults() -> dict[str, Any]:
+    """The optimizer's own defaults (the headline row's settings), with the effective c_warmup."""
+    from curvecast.sfplus import ScheduleFreePlus
+    from curvecast.sfplus.functional import resolve_c_warmup
+
+    params = inspect.signature(ScheduleFreePlus).parameters
+    out = {k: params[k].default for k in ("lr", "weight_decay", "warmup_steps", "sf_beta")}
+    out["c_warmup"] = resolve_c_warmup(params["c_warmup"].default, out["warmup_steps"])
+    return out
+
+
 def planned() -> list[Spec]:
     """The headline rows first, so that a short session still gets them."""
+    defaults = sfplus_defaults()
+    shown = ", ".join(f"{k}={defaults[k]:g}" for k in ("lr", "weight_decay", "warmup_steps",
+                                                      "sf_beta"))
     return [
-        Spec("sfplus", "sfplus", "defaults (lr=1, weight_decay=5, warmup_steps=500, sf_beta=0.8)"),
+        Spec("sfplus", "sfplus", f"defaults ({shown})"),
         *(
             Spec(f"adamw_linear_{lr:.0e}", "adamw_linear", f"linear decay, lr {lr:g}",
                  (("lr", lr),))
@@ -247,7 +262,8 @@ def _why(by_name: dict[str, Run], setup: Setup, n_params: int) -> str:
     sf = by_name["sfplus"]
     linear = min((r for r in by_name.values() if r.spec.kind == "adamw_linear"),
                  key=lambda r: r.final)
-    c_warmup = 1000  # the defaults' (warmup_steps 500; c_warmup None = 2 x warmup_steps)
+    defaults = sfplus_defaults()
+    c_warmup, warmup = defaults["c_warmup"], defaults["warmup_steps"]
     tokens_per_param = setup.steps * setup.batch_size * setup.block_size / n_params
     behind = [int(setup.steps * m) for m in MARKS
               if sf.val_at(int(setup.steps * m)) >= linear.val_at(int(setup.steps * m))]
@@ -261,8 +277,8 @@ def _why(by_name: dict[str, Run], setup: Setup, n_params: int) -> str:
         parts.append(
             f"ScheduleFreePlus is behind the linear-decay run at step(s) "
             f"{', '.join(map(str, behind))}: "
-            + ("before c_warmup = 1000 x is z itself, unaveraged, and the 500-step warmup has "
-               "only just ended." if any(m < c_warmup for m in behind) else "")
+            + (f"before c_warmup = {c_warmup} x is z itself, unaveraged, and the {warmup}-step "
+               f"warmup has only just ended." if any(m < c_warmup for m in behind) else "")
         )
     start, peak, peak_step = _hump(sf, c_warmup)
     rise = peak - start

@@ -41,7 +41,7 @@ from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_charlm.py"
-# d_model, layers. "small" (0.4M parameters) trains 1,000 steps in about 1.5 minutes on 2 cores
+# d_model, layers. "small" (0.4M parameters) trains 1,000 steps in about a minute on 2 cores
 # with an eval curve that stays smooth when averaging starts (BENCHMARKS.md, "demo_run").
 SIZES = {"tiny": ("32", "1"), "small": ("128", "2")}
 DEFAULT_DIR = "curvecast-demo"

@@ -26,10 +26,10 @@ from curvecast.sfplus import functional as F
 __all__ = ["ScheduleFreePlus"]
 
 LossLike = Tensor | float
+Closure = Callable[[], LossLike]
 
 #: Hyper-parameters added after the first release, with the value that means "as before".
 _ADDED_LATER: dict[str, Any] = {"fused": None}
-Closure = Callable[[], LossLike]
 
 
 class ScheduleFreePlus(torch.optim.Optimizer):

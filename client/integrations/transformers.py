@@ -149,7 +149,12 @@ class CurvecastCallback(TrainerCallback):
         self, args: TrainingArguments, optimizer: Any, model: Any, lr_scheduler: Any
     ) -> None:
         inner = unwrap_optimizer(optimizer) if optimizer is not None else None
-        if not self._switch or inner is None or not callable(getattr(inner, "provide_loss", None)):
+        if not (
+            self._switch
+            and inner is not None
+            and callable(getattr(inner, "provide_loss", None))
+            and is_schedule_free(inner)
+        ):
             return
         self._schedule_free = inner
         if model is not None and self._loss_hook is None:
@@ -241,7 +246,7 @@ class CurvecastCallback(TrainerCallback):
         if self._loss_hook is not None:
             self._loss_hook.remove()
             self._loss_hook = None
-        if self._schedule_free is not None and is_schedule_free(self._schedule_free):
+        if self._schedule_free is not None:
             self._schedule_free.eval()
         if self._handle is not None:
             self._handle.remove()
