@@ -1,28 +1,32 @@
 """Turning logged records into columnar request bodies, and the bounded in-memory outbox.
 
-``Monitor.log`` appends ``(step, wall_time, {key: value})`` records to a deque and returns. The
-batcher thread drains that deque, reads tensors (one stacked device-to-host copy per device per
-batch, in the background thread), and encodes columnar batches in the service's format::
+``Monitor.log`` (and ``watch()``'s hook) append ``(step, wall_time, {key: value}, key map)``
+records to a deque and return. The batcher thread drains that deque, turns the records into
+columns (by shape: a loop logs the same keys every step, so one ``zip`` per shape, not a loop
+over every value), reads tensors (one stacked device-to-host copy per device and dtype per batch,
+in the background thread), and encodes columnar batches in the service's format::
 
     {"steps": [...], "wall_time": [...], "values": {"loss": [...], "opt/eta": [...]}}
 
 Records of the same step are merged into one row (the first value of a (key, step) wins, as on
 the server). Encoded bodies are kept as bytes: about 20 bytes per point, ready both to send and
-to append to the spool verbatim.
+to append to the spool verbatim. ``json.dumps`` is most of the batcher's CPU: formatting each
+float (shortest round-trip ``repr``) is the floor of the text format.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import operator
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 log = logging.getLogger("curvecast.client")
-
 
 
 class KeyMap:
@@ -38,15 +42,19 @@ class KeyMap:
         self.prefix = prefix
         self._names: dict[str, str | None] = dict.fromkeys(skip)
 
-    def apply(self, metrics: dict[str, Any]) -> dict[str, Any]:
+    def name(self, key: str) -> str | None:
+        """The metric name of ``key``, or None when it is skipped or invalid (logged once)."""
+        names = self._names
+        if key in names:
+            return names[key]
+        full = names[key] = self._name(key)
+        return full
+
+    def apply(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """``metrics`` with prefixed names; invalid names are dropped (and logged once)."""
         out = {}
-        names = self._names
         for key, value in metrics.items():
-            if key in names:
-                full = names[key]
-            else:
-                full = names[key] = self._name(key)
+            full = self.name(key)
             if full is not None:
                 out[full] = value
         return out
@@ -62,7 +70,19 @@ class KeyMap:
 
 
 #: ``(step, wall_time, {key: value}, key map or None)``; values are float, int or 0-d tensors.
-Record = tuple[int, float, dict[str, Any], KeyMap | None]
+#: The dict is never changed once it is in a record (the batcher reads it in another thread).
+Record = tuple[int, float, Mapping[str, Any], KeyMap | None]
+
+#: A batch's columns: metric name -> one value (or None) per row.
+Columns = dict[str, Sequence[Any]]
+
+_STEP = operator.itemgetter(0)
+_WALL = operator.itemgetter(1)
+_METRICS = operator.itemgetter(2)
+_VALUES = operator.methodcaller("values")
+_DTYPE = operator.attrgetter("dtype")
+_NDIM = operator.attrgetter("ndim")
+_NOTHING_TO_CONVERT = frozenset({float, type(None)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,25 +98,113 @@ def encode_records(
 ) -> tuple[list[Batch], int]:
     """Encode records into columnar batches of at most ``max_points`` points and ``max_keys`` keys.
 
+    Records of the same step share a row; where a key is given twice at the same step, the first
+    value wins (as on the server). A row's wall time is that of a record of its step (they are
+    logged within the same training step).
+
     Returns:
         The batches, and how many values could not be read (a tensor whose device failed); those
         are dropped and logged rather than failing the whole batch.
     """
+    if not isinstance(records, list):
+        records = list(records)
     batches: list[Batch] = []
     unreadable = 0
+    for chunk in _chunks(records, max_points):
+        steps, walls, columns = _columns(chunk)
+        unreadable += _finish_columns(columns)
+        batches.extend(_encode(steps, walls, columns, max_keys))
+    return batches, unreadable
+
+
+def _chunks(records: list[Record], max_points: int) -> list[list[Record]]:
+    """``records`` cut after each record that brings its run to ``max_points`` values."""
+    sizes = list(map(len, map(_METRICS, records)))
+    if sum(sizes) < max_points:
+        return [records] if records else []
+    out, start, total = [], 0, 0
+    for i, size in enumerate(sizes):
+        total += size
+        if total >= max_points:
+            out.append(records[start : i + 1])
+            start, total = i + 1, 0
+    if start < len(records):
+        out.append(records[start:])
+    return out
+
+
+def _columns(records: list[Record]) -> tuple[list[int], list[float], Columns]:
+    """Rows (one per step) and columns of ``records``.
+
+    Records are grouped by shape (key map and key order): a training loop logs the same keys
+    every step, so a batch holds a few shapes, and each shape's columns come out of one
+    ``zip`` instead of a loop over every value. A step twice in one shape, or a name at the same
+    step in two shapes, sends the batch through :func:`_columns_by_row` (first value wins, in
+    record order).
+    """
+    groups: dict[tuple[Any, ...], list[Record]] = {}
+    for record in records:
+        shape = (record[3], *record[2])
+        try:
+            groups[shape].append(record)
+        except KeyError:
+            groups[shape] = [record]
+    plan: list[tuple[list[str | None], list[int], list[Record]]] = []
+    steps_of: dict[str, set[int]] = {}  # the steps each name already has values at
+    for (keymap, *keys), group in groups.items():
+        names: list[str | None] = [keymap.name(k) for k in keys] if keymap is not None else keys
+        steps = list(map(_STEP, group))
+        here = set(steps)
+        if len(here) < len(steps):
+            return _columns_by_row(records)  # a step twice in one shape
+        for name in names:
+            if name is not None:
+                taken = steps_of.get(name)
+                if taken is None:
+                    steps_of[name] = here
+                elif taken.isdisjoint(here):
+                    steps_of[name] = taken | here
+                else:
+                    return _columns_by_row(records)  # a name twice at one step
+        plan.append((names, steps, group))
+    if len(plan) == 1:
+        row_steps, walls = plan[0][1], list(map(_WALL, plan[0][2]))
+    else:
+        # In step order: the service stores a batch with increasing steps without sorting it.
+        row_steps = sorted(set(chain.from_iterable(steps for _, steps, _ in plan)))
+        wall_of: dict[int, float] = {}
+        for _, steps, group in reversed(plan):  # the first shape of a step gives its wall time
+            wall_of.update(zip(steps, map(_WALL, group), strict=True))
+        walls = list(map(wall_of.__getitem__, row_steps))
+    n_rows = len(row_steps)
+    row_of: dict[int, int] | None = None
+    columns: Columns = {}
+    for names, steps, group in plan:
+        values = zip(*map(_VALUES, map(_METRICS, group)), strict=True)
+        if steps == row_steps:  # the usual case: this shape was logged at every step
+            for name, column in zip(names, values, strict=True):
+                if name is not None:
+                    columns[name] = column
+            continue
+        if row_of is None:
+            row_of = dict(zip(row_steps, range(n_rows), strict=True))
+        rows = list(map(row_of.__getitem__, steps))
+        for name, column in zip(names, values, strict=True):
+            if name is not None:
+                full = columns.get(name)
+                if full is None:
+                    full = columns[name] = [None] * n_rows
+                assert isinstance(full, list)  # shapes sharing a name cover some rows each
+                deque(map(full.__setitem__, rows, column), maxlen=0)
+    return row_steps, walls, columns
+
+
+def _columns_by_row(records: list[Record]) -> tuple[list[int], list[float], Columns]:
+    """:func:`_columns` one value at a time: the first value of a (key, step) wins."""
     steps: list[int] = []
     walls: list[float] = []
     columns: dict[str, list[Any]] = {}
     rows: dict[int, int] = {}
-    points = 0
-
-    def flush() -> None:
-        nonlocal steps, walls, columns, rows, points, unreadable
-        if points:
-            unreadable += _finish_columns(columns, len(steps))
-            batches.extend(_encode(steps, walls, columns, max_keys))
-        steps, walls, columns, rows, points = [], [], {}, {}, 0
-
     for step, wall, metrics, keymap in records:
         if keymap is not None:
             metrics = keymap.apply(metrics)
@@ -116,23 +224,27 @@ def encode_records(
                 column.append(value)
             elif column[row] is None:
                 column[row] = value
-            else:
-                continue  # same key and step twice: the first value wins, as on the server
-            points += 1
-        if points >= max_points:
-            flush()
-    flush()
-    return batches, unreadable
-
-
-def _finish_columns(columns: dict[str, list[Any]], n_rows: int) -> int:
-    """Pad columns to ``n_rows`` and turn every value into a float (or None). Returns the number
-    of unreadable tensor values (set to None)."""
-    tensors: list[tuple[list[Any], int, Any]] = []
-    unreadable = 0
+            # else: same key and step twice: the first value wins, as on the server
     for column in columns.values():
-        if len(column) < n_rows:
-            column.extend([None] * (n_rows - len(column)))
+        if len(column) < len(steps):
+            column.extend([None] * (len(steps) - len(column)))
+    return steps, walls, dict(columns)
+
+
+def _finish_columns(columns: Columns) -> int:
+    """Turn every value into a float (or None), in place. Returns the number of unreadable
+    tensor values (set to None)."""
+    tensors: list[tuple[list[Any], int, Any]] = []
+    tensor_columns: list[list[Any]] = []
+    unreadable = 0
+    for name, values in columns.items():
+        kinds = set(map(type, values))
+        if kinds <= _NOTHING_TO_CONVERT:
+            continue  # the usual column: floats only, checked without a Python loop
+        column = columns[name] = list(values)
+        if len(kinds) == 1 and hasattr(column[0], "device") and hasattr(column[0], "reshape"):
+            tensor_columns.append(column)  # e.g. a loss logged as a tensor at every step
+            continue
         for i, value in enumerate(column):
             kind = type(value)
             if kind is float or value is None:
@@ -147,7 +259,39 @@ def _finish_columns(columns: dict[str, list[Any]], n_rows: int) -> int:
                 except (TypeError, ValueError, OverflowError):
                     column[i] = None
                     unreadable += 1
+    if tensor_columns:
+        tensors.extend(_read_tensor_columns(tensor_columns))
     return unreadable + (_read_tensors(tensors) if tensors else 0)
+
+
+def _read_tensor_columns(columns: list[list[Any]]) -> list[tuple[list[Any], int, Any]]:
+    """Read columns of 0-d tensors, one stacked copy per dtype (so one sync per device and
+    dtype, as :func:`_read_tensors`) without a Python loop over the values. Returns the values
+    left for :func:`_read_tensors` (columns of mixed dtypes, devices or shapes)."""
+    import torch  # a tensor was logged, so torch is already imported
+
+    by_dtype: dict[Any, list[list[Any]]] = {}
+    rest: list[tuple[list[Any], int, Any]] = []
+    for column in columns:
+        dtypes = set(map(_DTYPE, column))
+        if len(dtypes) == 1 and set(map(_NDIM, column)) == {0}:
+            by_dtype.setdefault(dtypes.pop(), []).append(column)
+        else:
+            rest.extend((column, i, t) for i, t in enumerate(column))
+    for dtype, group in by_dtype.items():
+        try:
+            with torch.no_grad():
+                values = torch.stack(list(chain.from_iterable(group))).tolist()
+        except Exception:  # on several devices, or a device failed: value by value
+            rest.extend((column, i, t) for column in group for i, t in enumerate(column))
+            continue
+        if not dtype.is_floating_point:
+            values = list(map(_int_to_float, values))
+        start = 0
+        for column in group:
+            column[:] = values[start : start + len(column)]
+            start += len(column)
+    return rest
 
 
 def _int_to_float(value: int) -> float:
@@ -158,18 +302,22 @@ def _int_to_float(value: int) -> float:
 
 
 def _read_tensors(items: list[tuple[list[Any], int, Any]]) -> int:
-    """Read 0-d tensors with one stacked copy per device (one sync per device, not per value)."""
+    """Read 0-d tensors with one stacked copy per device and dtype (one sync per device, not
+    per value; no conversion, so every value is read exactly)."""
     import torch  # a tensor was logged, so torch is already imported
 
-    by_device: dict[Any, list[tuple[list[Any], int, Any]]] = {}
+    by_kind: dict[tuple[Any, Any], list[tuple[list[Any], int, Any]]] = {}
     for item in items:
-        by_device.setdefault(item[2].device, []).append(item)
+        tensor = item[2]
+        by_kind.setdefault((tensor.device, tensor.dtype), []).append(item)
     unreadable = 0
-    for device, group in by_device.items():
-        dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+    for (device, _), group in by_kind.items():
+        values: list[Any]
         try:
             with torch.no_grad():
-                values = torch.stack([t.reshape(()).to(dtype) for _, _, t in group]).tolist()
+                values = torch.stack(
+                    [t if t.ndim == 0 else t.reshape(()) for _, _, t in group]
+                ).tolist()
         except Exception:
             values = []
             for _, _, tensor in group:
@@ -182,13 +330,11 @@ def _read_tensors(items: list[tuple[list[Any], int, Any]]) -> int:
                 log.exception("curvecast: could not read %d tensor value(s) on %s", bad, device)
                 unreadable += bad
         for (column, i, _), value in zip(group, values, strict=True):
-            column[i] = value
+            column[i] = value if type(value) is not int else _int_to_float(value)
     return unreadable
 
 
-def _encode(
-    steps: list[int], walls: list[float], columns: dict[str, list[Any]], max_keys: int
-) -> list[Batch]:
+def _encode(steps: list[int], walls: list[float], columns: Columns, max_keys: int) -> list[Batch]:
     keys = list(columns)
     out = []
     for start in range(0, len(keys), max_keys):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from curvecast.client._api import Api, Backoff
-from curvecast.client._batcher import KeyMap, Outbox, Record
+from curvecast.client._batcher import Outbox, Record
 from curvecast.client._pipeline import Pipeline
 from curvecast.client._sender import (
     HEARTBEAT_INTERVAL,
@@ -39,6 +39,8 @@ from curvecast.client._sigterm import SigtermExit
 from curvecast.client._spool import Spool, default_spool_dir
 from curvecast.client._transport import HTTPTransport, Transport
 from curvecast.client._validate import (
+    NOT_REAL_DTYPES,
+    TENSOR_TYPES,
     check_config,
     check_key,
     check_project,
@@ -47,7 +49,7 @@ from curvecast.client._validate import (
     check_step,
     check_value,
 )
-from curvecast.client._watch import optimizer_config, watch_optimizer
+from curvecast.client._watch import Sink, optimizer_config, watch_optimizer
 from curvecast.contract import FINAL_RUN_STATUSES, MAX_STEP, TELEMETRY_PREFIX
 
 log = logging.getLogger("curvecast.client")
@@ -184,6 +186,8 @@ class Monitor:
         self._max_buffer = max_buffer
         self._wake_at = min(max_buffer, 1024)
         self._dropped_calls = 0
+        # What watch()'s hooks append to (they keep their own count of points logged).
+        self._sink = Sink(self._buffer, self._wall, self._wake_at, self._buffer_filling)
 
         self._counters = Counters()
         self._outbox = Outbox(max_pending_bytes)
@@ -264,24 +268,17 @@ class Monitor:
                 self._went_backwards(key, step, prev)
             kind = type(value)
             if kind is not float and kind is not int:
-                kwargs[key] = check_value(key, value)
+                if kind in TENSOR_TYPES and not value.ndim and value.dtype not in NOT_REAL_DTYPES:
+                    # check_value's answer for a tensor type it has seen, without the calls
+                    if value.requires_grad:
+                        kwargs[key] = value.detach()
+                else:
+                    kwargs[key] = check_value(key, value)
             last[key] = step
         # Counted here, not when batched, so stats() agrees with what the caller did.
         self._counters.points_logged += len(kwargs)
         buf = self._buffer
         buf.append((step, self._wall(), kwargs, None))
-        if len(buf) >= self._wake_at:
-            self._buffer_filling()
-
-    def _record(self, step: int, metrics: dict[str, Any], keymap: KeyMap | None = None) -> None:
-        """``log()`` for the optimizer hook: names are mapped (and values read) in the
-        background, so the training thread only appends."""
-        if self._closing:
-            return
-        # The key map drops the optimizer's own "step" entry (see _watch.watch_optimizer).
-        self._counters.points_logged += len(metrics) - (keymap is not None and "step" in metrics)
-        buf = self._buffer
-        buf.append((step, self._wall(), metrics, keymap))
         if len(buf) >= self._wake_at:
             self._buffer_filling()
 
@@ -356,7 +353,7 @@ class Monitor:
             The hook handle; ``handle.remove()`` stops logging.
         """
         every = self.norms_every if norms_every is None else norms_every
-        handle = watch_optimizer(optimizer, self._record, norms_every=every, prefix=prefix,
+        handle = watch_optimizer(optimizer, self._sink, norms_every=every, prefix=prefix,
                                  step_fn=step_fn)
         if log_config:
             self.update_config(optimizer_config(optimizer))
@@ -473,6 +470,7 @@ class Monitor:
             return False
         deadline = time.monotonic() + (self.flush_timeout if timeout is None else timeout)
         self._closing = True
+        self._sink.open = False
         self._pipe.wake_batcher()
         self._pipe.wait_for(self._pipe.idle_batcher, deadline)
         self._sender.begin_finish(status, reason)
@@ -543,6 +541,7 @@ class Monitor:
         rtts = [r * 1000 for r in self._sender.rtts]
         return {
             **vars(c),
+            "points_logged": c.points_logged + self._sink.points,
             "online": self._sender.online,
             "run_created": self._sender.created,
             "buffered": len(self._buffer),

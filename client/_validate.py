@@ -61,20 +61,21 @@ def check_step(step: object) -> int:
 
 
 # Types seen to be tensors, and the dtypes that are not real numbers: once filled, checking a
-# tensor is a set lookup, a numel() call and a dtype lookup (about 1 µs, no device sync).
-_TENSOR_TYPES: set[type] = set()
-_NOT_REAL_DTYPES: set[Any] = set()
+# tensor is a set lookup, an ndim read and a dtype lookup (no device sync). Monitor.log() reads
+# both sets to check a tensor of a type seen before without calling check_value.
+TENSOR_TYPES: set[type] = set()
+NOT_REAL_DTYPES: set[Any] = set()
 
 
 def _is_tensor(value: object) -> bool:
     kind = type(value)
-    if kind in _TENSOR_TYPES:
+    if kind in TENSOR_TYPES:
         return True
     torch: Any = sys.modules.get("torch")  # never import torch: a tensor implies it is loaded
     if torch is not None and isinstance(value, torch.Tensor):
-        _TENSOR_TYPES.add(kind)
-        if not _NOT_REAL_DTYPES:
-            _NOT_REAL_DTYPES.update(
+        TENSOR_TYPES.add(kind)
+        if not NOT_REAL_DTYPES:
+            NOT_REAL_DTYPES.update(
                 {torch.bool, torch.complex32, torch.complex64, torch.complex128}
             )
         return True
@@ -103,7 +104,7 @@ def check_value(key: str, value: object) -> Any:
                 f"metric {key!r}: a tensor of shape {tuple(tensor.shape)} is not a scalar "
                 f"(0-d) tensor; log a 0-d tensor (e.g. loss, or {hint})"
             )
-        if tensor.dtype in _NOT_REAL_DTYPES:
+        if tensor.dtype in NOT_REAL_DTYPES:
             raise TypeError(f"metric {key!r}: a {tensor.dtype} tensor is not a real number")
         # A tensor that still carries its autograd graph would keep activations alive until the
         # background thread reads it; detaching is cheap and needs no sync.

@@ -1,28 +1,53 @@
 """``Monitor.watch()``: the optimizer hook, and the run-config keys an optimizer contributes.
 
-The hook runs in the training thread after every ``optimizer.step()``: it only reads what the
-optimizer already has on the host and appends it (names are mapped and values checked later, in
-the batcher thread), so watching costs a few dict operations per step.
+The hook runs in the training thread after every ``optimizer.step()``: it only appends a
+reference to the statistics the optimizer already has on the host (ScheduleFree+'s
+``step_stats``, not copied; names are mapped and values checked later, in the batcher thread),
+so watching costs a few operations per step.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from curvecast.client._batcher import KeyMap
+from curvecast.client._batcher import KeyMap, Record
 from curvecast.client._validate import check_key, check_value
 
 log = logging.getLogger("curvecast.client")
 
-#: How the hook hands a step's statistics to the monitor: ``(step, stats, key map or None)``.
-RecordFn = Callable[[int, dict[str, Any], KeyMap | None], None]
+
+@dataclass(eq=False, slots=True)
+class Sink:
+    """Where the optimizer hooks put each step's statistics: the monitor's buffer (shared with
+    ``Monitor.log``). The hook appends ``(step, wall time, stats, key map)`` records itself, in
+    one frame: run once per training step, its code and data are out of the CPU caches, so each
+    further call or object touched costs more than its instructions.
+
+    Attributes:
+        buffer: the monitor's record buffer (drained by the batcher thread).
+        wall: the source of each point's wall time.
+        wake_at: buffer length at which to call ``on_full``.
+        on_full: ``Monitor._buffer_filling`` (wakes the batcher; bounds memory).
+        open: False once the monitor finishes: the hooks stop appending.
+        points: points appended by the hooks (``Monitor.stats()`` adds them to
+            ``points_logged``).
+    """
+
+    buffer: deque[Record]
+    wall: Callable[[], float]
+    wake_at: int
+    on_full: Callable[[], None]
+    open: bool = True
+    points: int = 0
 
 
 def watch_optimizer(
     optimizer: Any,
-    record: RecordFn,
+    sink: Sink,
     *,
     norms_every: int,
     prefix: str,
@@ -33,7 +58,7 @@ def watch_optimizer(
     Args:
         optimizer: a ``torch.optim.Optimizer``; ScheduleFree+ (anything with ``stats()``) logs
             its statistics, any other its learning rate(s).
-        record: where each step's statistics go (``Monitor._record``).
+        sink: where each step's statistics go (the monitor's).
         norms_every: also log the weight and gradient norms every this many steps (0: never).
         prefix: prefix of the metric names.
         step_fn: returns the step to log at; default: the optimizer's own count.
@@ -53,6 +78,8 @@ def watch_optimizer(
     check_key(prefix + "x")  # a bad prefix fails here, in the caller's thread
     keymap = KeyMap(prefix, skip=("step",))
     names: dict[str, str] = {}
+    buffer, wall, wake_at, on_full = sink.buffer, sink.wall, sink.wake_at, sink.on_full
+    append = buffer.append
 
     def name(stat: str) -> str:
         full = names.get(stat)
@@ -60,23 +87,38 @@ def watch_optimizer(
             full = names[stat] = check_key(prefix + stat)
         return full
 
+    def put(step: int, metrics: Mapping[str, Any], keys: KeyMap | None, points: int) -> None:
+        """One record (the per-step path of ``sfplus_hook`` spells this out inline)."""
+        if sink.open:
+            sink.points += points
+            append((step, wall(), metrics, keys))
+            if len(buffer) >= wake_at:
+                on_full()
+
     # Mutable cells the closures share: the step count since watch(), and whether a failure
     # was already reported (a broken hook logs once, not every step).
     counter = [0]
     failed = [False]
 
     def sfplus_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
-        # Runs after every step: keep it to a few dict operations (names are mapped and
-        # values checked in the batcher thread).
+        # Runs after every step: it only appends a reference to the step's statistics (names
+        # are mapped and values checked in the batcher thread). Kept to one frame.
         try:
             counter[0] += 1
-            stats = opt.stats()
-            if not stats:
+            stats = opt.step_stats if view else opt.stats()
+            if not stats or not sink.open:
                 return
             step = step_fn() if step_fn else int(stats.get("step") or counter[0])
+            sink.points += len(stats) - ("step" in stats)  # the key map skips "step"
+            append((step, wall(), stats, keymap))
+            if len(buffer) >= wake_at:
+                on_full()
             if norms_every and step % norms_every == 0:
-                stats = opt.stats(norms=True)
-            record(step, stats, keymap)
+                # A record of their own: the per-step records keep the same keys, which is
+                # what lets the batcher turn them into columns in one go.
+                norms = {k: v for k, v in opt.stats(norms=True).items() if k not in stats}
+                if norms:
+                    put(step, norms, keymap, len(norms))
         except Exception:
             if not failed[0]:
                 failed[0] = True
@@ -94,13 +136,15 @@ def watch_optimizer(
             for key, value in lrs.items():
                 if type(value) is not float:  # a tensor LR: checked like a logged value
                     lrs[key] = check_value(key, value)
-            record(step, lrs, None)
+            put(step, lrs, None, len(lrs))
         except Exception:
             if not failed[0]:
                 failed[0] = True
                 log.exception("curvecast: reading the learning rate failed (ignored)")
 
     is_sfplus = callable(getattr(optimizer, "stats", None))
+    # ScheduleFree+'s step_stats: the same values as stats(), without a copy per step.
+    view = isinstance(getattr(type(optimizer), "step_stats", None), property)
     return register(sfplus_hook if is_sfplus else lr_hook)
 
 

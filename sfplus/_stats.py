@@ -9,7 +9,6 @@ Moved out of :mod:`curvecast.sfplus.optimizer`, whose ``stats(norms=True)`` call
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable
 
 import torch
@@ -37,33 +36,48 @@ def weight_norms(
     """
     # ||p + k delta||^2 = ||p||^2 + 2k <p, delta> + k^2 ||delta||^2 for any k: the norms of
     # x, y and z come from three sums without materialising x or z.
-    buckets: dict[_dist.ShardKey | None, list[Tensor]] = defaultdict(list)
+    # Per shard key, the partial sums of <p, p>, <p, delta>, <delta, delta> and <g, g>: a few
+    # tensor operations per parameter (the reductions), the rest once per quantity.
+    buckets: dict[_dist.ShardKey | None, tuple[list[Tensor], ...]] = {}
     device: torch.device | None = None
+    one_device = True
     for p, delta in params:
         pl = _dist.local(p)
         if device is None:
             device = pl.device
-        dl = _dist.local(delta) if delta is not None else None
-        gl = _dist.local(p.grad) if p.grad is not None else None
-        acc = F.accumulate_dtype(pl.device)
-        zero = torch.zeros((), dtype=acc, device=pl.device)
-        parts = [
-            F.sumsq(pl),
-            F.dot(pl, dl) if dl is not None else zero,
-            F.sumsq(dl) if dl is not None else zero,
-            F.sumsq(gl) if gl is not None else zero,
-        ]
-        sq = torch.stack([q.to(acc) for q in parts])
-        buckets[_dist.shard_key(p)].append(sq)
+        elif pl.device != device:
+            one_device = False
+        key = _dist.shard_key(p)
+        parts = buckets.get(key)
+        if parts is None:
+            parts = buckets[key] = ([], [], [], [])
+        parts[0].append(F.sumsq(pl))
+        if delta is not None:
+            dl = _dist.local(delta)
+            parts[1].append(F.dot(pl, dl))
+            parts[2].append(F.sumsq(dl))
+        if p.grad is not None:
+            parts[3].append(F.sumsq(_dist.local(p.grad)))
     assert device is not None
-    replicated = torch.zeros(4, dtype=F.accumulate_dtype(device), device=device)
+    acc = F.accumulate_dtype(device)
+    zero = torch.zeros((), dtype=acc, device=device)
+
+    def total(sums: list[Tensor]) -> Tensor:
+        if not sums:
+            return zero
+        if not one_device:
+            sums = [q.to(device) for q in sums]
+        # Stacking promotes to the widest dtype (exact), then the sum runs in ``acc``.
+        return torch.stack(sums).to(acc).sum()
+
+    replicated = torch.zeros(4, dtype=acc, device=device)
     sharded: dict[_dist.ShardKey, Tensor] = {}
-    for key, sums in buckets.items():
-        total = torch.stack([q.to(device) for q in sums]).sum(0)
+    for key, parts in buckets.items():
+        sums = torch.stack([total(q) for q in parts])
         if key is None:
-            replicated += total
+            replicated += sums
         else:
-            sharded[key] = total
+            sharded[key] = sums
     _, (pp, pd, dd, gg) = _dist.fetch_global(None, replicated, sharded)
     inv = 1.0 / sf_beta_prev
     if train_mode:  # p = y;  z = y + delta;  x = y + (1 - 1/beta') delta

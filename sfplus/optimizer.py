@@ -12,7 +12,7 @@ The names of the statistics are :mod:`curvecast.contract`'s ``OPTIMIZER_STATS`` 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -556,6 +556,15 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         if norms and out:
             out.update(self._norms())
         return out
+
+    @property
+    def step_stats(self) -> Mapping[str, float]:
+        """:meth:`stats` (without norms) as it is, not copied: for a hook that runs every step.
+
+        Each step makes a new mapping and never changes it afterwards, so a reference to it
+        keeps that step's values. Read-only: ``stats()`` returns a copy to change.
+        """
+        return self._stats
 
     def _norms(self) -> dict[str, float]:
         glob = self._global()

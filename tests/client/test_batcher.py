@@ -76,3 +76,96 @@ def test_keymap_prefixes_in_the_background_and_drops_bad_names() -> None:
     stats = {"step": 3.0, "eta": 0.5, "bad name": 1.0, "n": 2}
     [data] = decode(encode_records([(3, 0.0, stats, keymap)])[0])
     assert data["values"] == {"opt/eta": [0.5], "opt/n": [2.0]}
+
+
+def _points(batches) -> dict[tuple[str, int], float]:
+    """(key, step) -> value of every non-null value in ``batches``."""
+    out: dict[tuple[str, int], float] = {}
+    for data in decode(batches):
+        for key, column in data["values"].items():
+            for step, value in zip(data["steps"], column, strict=True):
+                if value is not None:
+                    assert (key, step) not in out  # a point appears once
+                    out[key, step] = value
+    return out
+
+
+def _first_wins(records) -> dict[tuple[str, int], float]:
+    """What encoding must keep: the first value of each (name, step), in record order."""
+    from curvecast.client._batcher import KeyMap
+
+    out: dict[tuple[str, int], float] = {}
+    for step, _, metrics, keymap in records:
+        for key, value in metrics.items():
+            name = keymap.name(key) if isinstance(keymap, KeyMap) else key
+            if name is not None:
+                out.setdefault((name, step), float(value))
+    return out
+
+
+def test_shapes_are_columns_and_first_values_win_in_record_order() -> None:
+    """Records are turned into columns by shape (key map and key order); every mix of shapes
+    keeps exactly the first value of each (name, step), and each row the wall time of a record
+    of its step."""
+    from curvecast.client._batcher import KeyMap
+
+    keymap = KeyMap("opt/", skip=("step",))
+    stats = [(s, 100.0 + s, {"step": float(s), "eta": s / 3, "c": 0.5}, keymap)
+             for s in range(1, 9)]
+    logged = [(s, 200.0 + s, {"loss": s / 7, "tokens": 64 * s}, None) for s in range(1, 9)]
+    norms = [(s, 300.0 + s, {"x_l2": s * 1.5}, keymap) for s in (4, 8)]
+    evals = [(s, 400.0 + s, {"eval/loss": s / 11, "loss": 9.0}, None) for s in (3, 6)]
+    cases = {
+        "aligned": [r for pair in zip(stats, logged, strict=True) for r in pair],
+        "sparse shapes": [*stats, *logged, *norms],
+        # eval records repeat "loss" at steps 3 and 6: the step's earlier "loss" wins...
+        "shared name": [r for pair in zip(logged, stats, strict=True) for r in pair] + evals,
+        # ...and when the eval record comes first, its value wins.
+        "shared name first": [*evals, *logged],
+        "step twice": [*logged, (2, 500.0, {"loss": 5.0, "tokens": 1}, None)],
+        "keys in another order": [*logged, (9, 600.0, {"tokens": 1, "loss": 2.0}, None)],
+        "going backwards": [*logged[4:], *logged[:4]],
+    }
+    for name, records in cases.items():
+        batches, bad = encode_records(records)
+        assert bad == 0, name
+        assert _points(batches) == _first_wins(records), name
+        assert sum(b.points for b in batches) == len(_first_wins(records)), name
+        for data in decode(batches):
+            for step, wall in zip(data["steps"], data["wall_time"], strict=True):
+                assert wall in {w for s, w, _, _ in records if s == step}, name
+
+
+def test_columns_of_tensors_are_read_exactly_in_one_go() -> None:
+    """A column of 0-d tensors (a loss logged as a tensor every step) is read with one stack per
+    dtype; values are exact (no float32 detour) and a column mixing dtypes or numbers works."""
+    big = 2**40 + 1  # exact in float64, not in float32
+    records = [
+        (s, 0.0, {"f32": torch.tensor(s / 3, dtype=torch.float32),
+                  "f64": torch.tensor(s / 3, dtype=torch.float64),
+                  "bf16": torch.tensor(s + 0.5, dtype=torch.bfloat16),
+                  "i64": torch.tensor(big + s),
+                  "mixed": torch.tensor(s / 3) if s % 2 else s / 3,
+                  "dtypes": torch.tensor(s) if s % 2 else torch.tensor(s / 4)}, None)
+        for s in range(6)
+    ]
+    [data] = decode(encode_records(records)[0])
+    v = data["values"]
+    assert v["f32"] == [float(torch.tensor(s / 3, dtype=torch.float32)) for s in range(6)]
+    assert v["f64"] == [s / 3 for s in range(6)]
+    assert v["bf16"] == [s + 0.5 for s in range(6)]
+    assert v["i64"] == [float(big + s) for s in range(6)]
+    assert v["mixed"] == [s / 3 if s % 2 == 0 else float(torch.tensor(s / 3)) for s in range(6)]
+    assert v["dtypes"] == [float(s) if s % 2 else float(torch.tensor(s / 4)) for s in range(6)]
+
+
+def test_rows_are_in_step_order_when_shapes_interleave() -> None:
+    """A key logged with an extra one every few steps makes two shapes; the rows still come out
+    in step order (what the service stores without sorting)."""
+    records = [(s, float(s), {"loss": s / 7, "acc": 0.5} if s % 3 == 0 else {"loss": s / 7},
+                None) for s in range(1, 10)]
+    [data] = decode(encode_records(records)[0])
+    assert data["steps"] == list(range(1, 10))
+    assert data["wall_time"] == [float(s) for s in range(1, 10)]
+    assert data["values"]["loss"] == [s / 7 for s in range(1, 10)]
+    assert data["values"]["acc"] == [0.5 if s % 3 == 0 else None for s in range(1, 10)]

@@ -71,10 +71,22 @@ def test_accepted_values(mon: Monitor) -> None:
 
 def test_tensor_with_grad_is_detached(mon: Monitor) -> None:
     w = torch.ones((), requires_grad=True)
-    loss = w * 2
-    mon.log(1, loss=loss)
-    _, _, stored, _ = mon._buffer[-1]
-    assert not stored["loss"].requires_grad
+    for step in (1, 2):  # the second call takes log()'s path for a tensor type seen before
+        loss = w * 2
+        mon.log(step, loss=loss)
+        _, _, stored, _ = mon._buffer[-1]
+        assert not stored["loss"].requires_grad and stored["loss"] == 2.0
+
+
+def test_a_tensor_type_seen_before_is_still_checked(mon: Monitor) -> None:
+    mon.log(1, loss=torch.tensor(0.5))
+    with pytest.raises(ValueError, match=r"shape \(1,\) is not a scalar"):
+        mon.log(2, loss=torch.tensor([0.5]))
+    with pytest.raises(TypeError, match="torch.bool tensor is not a real number"):
+        mon.log(2, loss=torch.tensor(True))
+    with pytest.raises(TypeError, match="not a real number"):
+        mon.log(2, loss=torch.tensor(1 + 2j))
+    mon.log(2, loss=torch.tensor(7))  # an int tensor is a number
 
 
 def test_step_going_backwards_warns_once_per_key(mon: Monitor) -> None:
@@ -143,6 +155,7 @@ def test_logging_a_tensor_reads_it_only_in_the_background(spool_dir: Path) -> No
     loss = torch.tensor(0.75).as_subclass(_Recorder)
     _Recorder.calls.clear()
     monitor.log(1, loss=loss)
+    monitor.log(2, loss=loss)  # a tensor type seen before: log()'s own check, no read either
     in_training_thread = {name for thread, name in _Recorder.calls
                           if thread == threading.current_thread().name}
     assert in_training_thread <= {"numel", "__get__"}, in_training_thread  # metadata only
@@ -150,4 +163,4 @@ def test_logging_a_tensor_reads_it_only_in_the_background(spool_dir: Path) -> No
     background = {name for thread, name in _Recorder.calls if thread.startswith("curvecast")}
     assert background & {"to", "stack", "reshape"}
     [body] = [b for m, _, b in transport.requests if m == "POST"]
-    assert b'"loss":[0.75]' in body
+    assert b'"loss":[0.75,0.75]' in body
