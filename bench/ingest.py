@@ -3,8 +3,9 @@
 Starts a real ``curvecast serve`` process per backend (SQLite file and a fresh PostgreSQL
 database), streams columnar batches from 1, 4 and 16 concurrent writers (one run each), and
 measures in the same run the baseline: psycopg ``COPY ... FROM STDIN (FORMAT BINARY)`` of the same
-points straight into the same ``metric_points`` table. Then stores a 10^6-point series and times
-``GET .../metrics?max_points=2000``.
+points straight into the same ``metric_points`` table. Then measures the service's CPU per point
+for batches shaped like the client hook's (100 steps × 10 keys, with wall times), stores a
+10^6-point series and times ``GET .../metrics?max_points=2000``.
 
 Usage: ``python -m bench.ingest [--quick]``
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import psycopg
 
 from bench._report import markdown_table, write_section
@@ -79,6 +81,77 @@ def http_ingest(url: str, writers: int, bodies: list[bytes]) -> float:
         raise RuntimeError(f"{len(errors)} ingest errors, first: {errors[0]}")
     points = writers * len(bodies) * len(json.loads(bodies[0])["steps"]) * len(KEYS)
     return points / elapsed
+
+
+#: The client hook's batch: about a second of a run logging 10 metrics at 100 steps/s.
+HOOK_STEPS, HOOK_KEYS = 100, tuple(f"metric_{i}" for i in range(10))
+
+
+def hook_bodies(n_batches: int) -> list[bytes]:
+    """Bodies as ``Monitor`` sends them: compact JSON with wall times, consecutive steps."""
+    rng = np.random.default_rng(1)
+    bodies = []
+    for b in range(n_batches):
+        steps = np.arange(b * HOOK_STEPS, (b + 1) * HOOK_STEPS)
+        bodies.append(json.dumps(
+            {"steps": steps.tolist(), "wall_time": (1.7e9 + steps * 0.01).tolist(),
+             "values": {k: rng.random(HOOK_STEPS).tolist() for k in HOOK_KEYS}},
+            separators=(",", ":")).encode())
+    return bodies
+
+
+def _cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
+    out = {}
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            out[proc.pid] = times.user + times.system
+        except psutil.Error:
+            pass
+    return out
+
+
+def _postgres_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["name"])
+            if p.info["name"] in ("postgres", "postmaster")]
+
+
+def _used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two readings; a process that started meanwhile (a new database
+    connection) counts whole."""
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
+
+
+def cpu_per_point(url: str, pid: int, writers: int, n_batches: int) -> tuple[float, float]:
+    """Service CPU (µs, process CPU time of the server's process tree) and PostgreSQL CPU (µs,
+    the whole cluster's processes; ~0 for SQLite) per point stored, ``writers`` concurrent
+    clients each streaming ``n_batches`` hook-shaped batches into a run of its own."""
+    bodies = hook_bodies(n_batches)
+    run_ids = [uuid.uuid4() for _ in range(writers)]
+    with httpx.Client(timeout=120) as client:
+        for run_id in run_ids:
+            client.put(f"{url}/api/v1/runs/{run_id}", json={"project": "bench"}).raise_for_status()
+            # The run's first batch creates its series: not what a streaming run pays.
+            client.post(f"{url}/api/v1/runs/{run_id}/metrics", content=bodies[0],
+                        headers={"content-type": "application/json"}).raise_for_status()
+
+    def writer(run_id: uuid.UUID) -> None:
+        with httpx.Client(timeout=120, headers={"content-type": "application/json"}) as client:
+            for body in bodies[1:]:
+                client.post(f"{url}/api/v1/runs/{run_id}/metrics", content=body
+                            ).raise_for_status()
+
+    server = psutil.Process(pid)
+    procs = [server, *server.children(recursive=True)]
+    service0, pg0 = _cpu_seconds(procs), _cpu_seconds(_postgres_processes())
+    threads = [threading.Thread(target=writer, args=(r,)) for r in run_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    points = writers * (n_batches - 1) * HOOK_STEPS * len(HOOK_KEYS)
+    return (_used(service0, _cpu_seconds(procs)) * 1e6 / points,
+            _used(pg0, _cpu_seconds(_postgres_processes())) * 1e6 / points)
 
 
 def copy_baseline(pg_url: str, n_points: int, prebuilt: bool) -> float:
@@ -181,7 +254,7 @@ def main() -> int:
     pg_url = Settings(database_url=create_pg_database()).database_url
     sqlite_path = tmp / "bench.db"
     backends = {"sqlite": f"sqlite:///{sqlite_path}", "postgres": pg_url}
-    rows, read_rows, storage = [], [], {}
+    rows, read_rows, cpu_rows, storage = [], [], [], {}
     try:
         upgrade(pg_url)
         copy_rate = copy_baseline(pg_url, total_per_config, prebuilt=False)
@@ -203,8 +276,20 @@ def main() -> int:
                 print(f"{name} read {big_series} -> 2000: median {med:.0f} ms", flush=True)
             finally:
                 server.stop()
-        storage["postgres"] = bytes_per_point_pg(pg_url)
-        storage["sqlite"] = bytes_per_point_sqlite(sqlite_path)
+            storage[name] = (bytes_per_point_pg(pg_url) if name == "postgres"
+                             else bytes_per_point_sqlite(sqlite_path))
+            # Ingest alone: a server of its own without the background worker (which would
+            # evaluate alert rules on the new points meanwhile).
+            server = start_server_process(url, tmp, env={"CURVECAST_WORKER_ENABLED": "false"})
+            try:
+                service_us, pg_us = cpu_per_point(server.url, server.proc.pid, 4,
+                                                  26 if args.quick else 151)
+            finally:
+                server.stop()
+            cpu_rows.append([name, f"{service_us:.2f}",
+                             f"{pg_us:.2f}" if name == "postgres" else "(in the service)"])
+            print(f"{name} CPU per point: service {service_us:.2f} µs, "
+                  f"PostgreSQL {pg_us:.2f} µs", flush=True)
     finally:
         drop_pg_database(pg_url)
 
@@ -218,6 +303,14 @@ def main() -> int:
         + markdown_table(
             ["backend", "writers", "points/s over HTTP", "vs COPY write_row",
              "vs COPY pre-encoded"], rows)
+        + f"\n\nCPU per point stored, batches shaped like the client hook's ({HOOK_STEPS} steps × "
+        f"{len(HOOK_KEYS)} keys with wall times, compact JSON), 4 writers each streaming "
+        f"{150 * HOOK_STEPS * len(HOOK_KEYS):,} points into a run of its own, one `curvecast "
+        "serve` process with the background worker off: process CPU time of the service's "
+        "processes and of the PostgreSQL cluster's (shared with anything else using it) over "
+        "the stream, divided by the points stored. #19's goal for the service is ≤ 10 µs for "
+        "everything it does under load (`bench.load`); this is ingest alone:\n\n"
+        + markdown_table(["backend", "service µs/point", "PostgreSQL µs/point"], cpu_rows)
         + "\n\nStorage per stored point: points table, its primary key and the rollups "
         "(SQLite: the whole database file when `dbstat` is not compiled in). "
         "MLflow needs ≈ 250 B:\n\n"

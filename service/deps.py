@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
@@ -18,8 +19,10 @@ from curvecast.service.store import tokens
 PRINCIPAL_STATE = "curvecast_principal"
 
 
-def get_settings(request: Request) -> Settings:
-    """The settings the app was created with."""
+async def get_settings(request: Request) -> Settings:
+    """The settings the app was created with. (The dependencies that do no I/O are ``async``:
+    FastAPI runs a plain ``def`` dependency in the thread pool, a hand-over that cost more than
+    the check itself, several times per request.)"""
     settings: Settings = request.app.state.settings
     return settings
 
@@ -55,7 +58,16 @@ def bearer_token(header: str | None) -> str:
     return value.strip()
 
 
-def get_principal(request: Request, settings: SettingsDep) -> Principal:
+def _known_principal(request: Request, settings: Settings) -> Principal | None:
+    """The caller, when no token needs looking up: everyone with auth off, or a write's token
+    that :class:`curvecast.service.edge.EdgeGuard` already checked."""
+    if not settings.auth_enabled:
+        return Principal(project=None, scope="admin")
+    checked = getattr(request.state, PRINCIPAL_STATE, None)
+    return checked if isinstance(checked, Principal) else None
+
+
+def get_principal(request: Request, settings: Settings) -> Principal:
     """Who is calling. With auth off (loopback only) everyone is an admin of every project.
 
     The token is checked in a short session of its own, so the route's session starts its
@@ -63,12 +75,20 @@ def get_principal(request: Request, settings: SettingsDep) -> Principal:
     one; see service.db.WRITE_OPTION). A write's token was already checked from the headers,
     before its body was read (:class:`curvecast.service.edge.EdgeGuard`): that answer is reused.
     """
-    if not settings.auth_enabled:
-        return Principal(project=None, scope="admin")
-    checked = getattr(request.state, PRINCIPAL_STATE, None)
-    if isinstance(checked, Principal):
-        return checked
+    known = _known_principal(request, settings)
+    if known is not None:
+        return known
     return principal_of_token(request, bearer_token(request.headers.get("authorization")))
+
+
+async def current_principal(request: Request, settings: SettingsDep) -> Principal:
+    """:func:`get_principal` as a dependency: the database is asked (in the thread pool) only
+    when a token needs looking up."""
+    known = _known_principal(request, settings)
+    if known is not None:
+        return known
+    token = bearer_token(request.headers.get("authorization"))
+    return await run_in_threadpool(principal_of_token, request, token)
 
 
 def authenticate_token(sessions: sessionmaker[Session], token: str) -> Principal:
@@ -84,9 +104,10 @@ def principal_of_token(request: Request, token: str) -> Principal:
 
 
 def require(scope: TokenScope) -> Callable[[Principal], Principal]:
-    """A dependency that admits callers whose token scope includes ``scope``."""
+    """A check that admits principals whose token scope includes ``scope`` (the pages call it
+    on the principal they found)."""
 
-    def _check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    def _check(principal: Principal) -> Principal:
         if not principal.can(scope):
             raise Forbidden(f"this token has scope {principal.scope!r}; this needs {scope!r}")
         return principal
@@ -94,6 +115,17 @@ def require(scope: TokenScope) -> Callable[[Principal], Principal]:
     return _check
 
 
-ReadPrincipal = Annotated[Principal, Depends(require("read"))]
-IngestPrincipal = Annotated[Principal, Depends(require("ingest"))]
-AdminPrincipal = Annotated[Principal, Depends(require("admin"))]
+def _requirement(scope: TokenScope) -> Callable[[Principal], Awaitable[Principal]]:
+    """A dependency that admits callers whose token scope includes ``scope``."""
+    check = require(scope)
+
+    async def _dependency(principal: Annotated[Principal, Depends(current_principal)]
+                          ) -> Principal:
+        return check(principal)
+
+    return _dependency
+
+
+ReadPrincipal = Annotated[Principal, Depends(_requirement("read"))]
+IngestPrincipal = Annotated[Principal, Depends(_requirement("ingest"))]
+AdminPrincipal = Annotated[Principal, Depends(_requirement("admin"))]

@@ -10,28 +10,42 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from curvecast.contract import KEY_PATTERN, MAX_STEP, is_valid_key
+from curvecast.service.api._json import FastJSONRoute
 from curvecast.service.db import session_scope
 from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
 from curvecast.service.errors import InvalidInput, TooManyPoints
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut
 from curvecast.service.store import metrics as metric_store
 
-router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["metrics"])
+router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["metrics"], route_class=FastJSONRoute)
+
+
+def _store_batch(
+    factory: sessionmaker[Session], run_id: uuid.UUID, batch: MetricBatch, project: str | None
+) -> IngestResult:
+    # The request's one hand-over to the thread pool: session, statements and commit together.
+    with session_scope(factory) as session:
+        return metric_store.ingest_batch(
+            session, run_id=run_id, batch=batch, allowed_project=project
+        )
 
 
 @router.post("/metrics", response_model=IngestResult, summary="Ingest a columnar batch")
-def post_metrics(
+async def post_metrics(
     run_id: uuid.UUID,
     batch: MetricBatch,
     request: Request,
-    session: SessionDep,
     settings: SettingsDep,
     principal: IngestPrincipal,
 ) -> IngestResult:
     """Store a batch of points. Idempotent: a (run, key, step) already stored is kept and
     counted in ``duplicates``. The batch is stored whole or not at all."""
+    # async, with the database work in one thread-pool call: FastAPI would hand a plain def
+    # route, its session dependency (twice) and its answer's serialisation to the thread pool
+    # one by one, each hand-over costing more CPU than the checks here.
     if len(batch.values) > settings.max_keys_per_request:
         raise TooManyPoints(
             f"values: {len(batch.values)} keys in one request; the limit is "
@@ -49,8 +63,8 @@ def post_metrics(
             f"{n_points} points in one request; the limit is {settings.max_points_per_request}: "
             "split the batch"
         )
-    result = metric_store.ingest_batch(
-        session, run_id=run_id, batch=batch, allowed_project=principal.project
+    result = await run_in_threadpool(
+        _store_batch, request.app.state.sessionmaker, run_id, batch, principal.project
     )
     request.app.state.notify_ingest(run_id)
     return result

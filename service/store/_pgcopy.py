@@ -1,14 +1,17 @@
-"""Encode metric points in PostgreSQL's binary COPY format with numpy (no per-row Python).
+"""PostgreSQL's binary formats, encoded with numpy (no per-row Python): whole columns as array
+parameters (:class:`PgArray`, what ingest sends), and rows for ``COPY`` (:func:`encode_rows`,
+the raw-COPY baseline of ``bench/ingest.py``).
 
-A row is (series_id int4, step int8, value float8 | NULL, wall_time float8 | NULL). NaN values
-and missing wall times are NULLs, which have a different byte layout, so rows are grouped by
-their NULL pattern and each group is packed as one fixed-size numpy record array. COPY does not
-care about row order.
+A COPY row is (series_id int4, step int8, value float8 | NULL, wall_time float8 | NULL). NaN
+values and missing wall times are NULLs, which have a different byte layout, so rows are grouped
+by their NULL pattern and each group is packed as one fixed-size numpy record array. COPY does
+not care about row order.
 """
 
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -63,3 +66,71 @@ def encode_rows(
             chunks.append(rec.tobytes())
     chunks.append(_TRAILER)
     return b"".join(chunks)
+
+
+# --- Binary array parameters -------------------------------------------------------------------
+#
+# A query parameter holding a whole numpy column, sent in PostgreSQL's binary array format
+# (built by numpy, no per-element Python): psycopg's own list dumper walks every element in
+# Python, which made the rollup upsert a quarter of ingest's CPU (BENCHMARKS.md, "load").
+
+
+class PgArray:
+    """A one-dimensional array parameter, pre-encoded; pass it with a ``%(name)b`` placeholder
+    to a connection that :func:`register_array_dumpers` prepared."""
+
+    __slots__ = ("payload",)
+
+    #: (element type oid, array type oid, numpy big-endian dtype); set by each subclass.
+    elem_oid = 0
+    array_oid = 0
+    dtype = ""
+
+    def __init__(self, values: np.ndarray) -> None:
+        n = len(values)
+        if n == 0:
+            self.payload = struct.pack(">iii", 0, 0, self.elem_oid)
+            return
+        rec = np.empty(n, dtype=[("len", ">i4"), ("v", self.dtype)])
+        rec["len"] = np.dtype(self.dtype).itemsize
+        rec["v"] = values
+        # One dimension, no NULL elements (NaN travels as NaN; SQL turns it into NULL where the
+        # column means that), lower bound 1.
+        self.payload = struct.pack(">iiiii", 1, 0, self.elem_oid, n, 1) + rec.tobytes()
+
+
+class Int2Array(PgArray):
+    elem_oid, array_oid, dtype = 21, 1005, ">i2"
+
+
+class Int4Array(PgArray):
+    elem_oid, array_oid, dtype = 23, 1007, ">i4"
+
+
+class Int8Array(PgArray):
+    elem_oid, array_oid, dtype = 20, 1016, ">i8"
+
+
+class Float8Array(PgArray):
+    elem_oid, array_oid, dtype = 701, 1022, ">f8"
+
+
+def register_array_dumpers(conn: Any) -> None:
+    """Teach a psycopg connection to send :class:`PgArray` parameters (idempotent, cheap)."""
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    adapters = conn.adapters
+    if getattr(adapters, "_curvecast_arrays", False):
+        return
+    for cls in (Int2Array, Int4Array, Int8Array, Float8Array):
+
+        class _Dumper(Dumper):
+            format = Format.BINARY
+            oid = cls.array_oid
+
+            def dump(self, obj: PgArray) -> bytes:
+                return obj.payload
+
+        adapters.register_dumper(cls, _Dumper)
+    adapters._curvecast_arrays = True

@@ -1,53 +1,124 @@
 """Metric points: bulk, idempotent ingest and (downsampled) reads.
 
-Ingest is set-based, inside one transaction — a batch is stored whole or not at all. On
-PostgreSQL the points go in with one binary ``COPY`` (new points are the common case); only when
-that hits a stored point do they go through a temporary staging table merged with ``INSERT ...
-ON CONFLICT DO NOTHING``. On SQLite, one ``executemany`` of the points not stored yet. The run's
-row is updated first, which takes its row lock: concurrent batches for the same run are
-serialised (no deadlocks between overlapping batches), batches for different runs run in
-parallel.
+Ingest is set-based, inside one transaction (a batch is stored whole or not at all), and costs
+the same few statements whatever the batch's size; the columns travel as numpy arrays, never as
+one Python object per point on the way to the database.
+
+PostgreSQL, three round trips:
+
+1. ``UPDATE runs ... RETURNING`` joined with the batch's series: checks the run is visible,
+   records progress, takes the run row's lock (concurrent batches of one run, from any number of
+   service processes, are serialised and cannot deadlock; different runs go in parallel) and
+   reads the series ids. Keys the run does not have yet cost one ``INSERT`` and one ``SELECT``
+   more (a run's first batch).
+2. One statement inserts the points (binary arrays, numpy-encoded, through ``unnest``, ``ON
+   CONFLICT DO NOTHING``), folds them into every rollup level when every point was new (the
+   common case; otherwise it returns which points were new and one more statement folds just
+   those), and adds the count to ``runs.n_points``.
+3. ``COMMIT``.
+
+SQLite (in process, so the number of statements matters less than what each one does): the run
+and its series in one ``SELECT``; the points in one ``executemany`` inside a savepoint — if any
+point was already stored, the savepoint is rolled back and the batch is inserted again, minus
+the points found stored; the rollups in one ``executemany``; the run's row in one ``UPDATE``.
+The write transaction (``BEGIN IMMEDIATE``) excludes other writers.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
 from typing import Any
 
 import numpy as np
-from sqlalchemy import case, select, text, update
+from sqlalchemy import Dialect, select, text
 from sqlalchemy.orm import Session
 
 from curvecast.contract import MAX_STEP
-from curvecast.service.errors import ReadTooLarge, RunNotFound
+from curvecast.service.errors import InvalidInput, ReadTooLarge, RunNotFound
 from curvecast.service.models import MetricPoint, Project, Run, Series
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
-from curvecast.service.store._common import insert_ignore, is_postgres, utcnow, write_connection
-from curvecast.service.store._pgcopy import encode_rows
-from curvecast.service.store.rollups import Buckets, choose_level, read_buckets, update_rollups
+from curvecast.service.store._common import utcnow, write_connection
+from curvecast.service.store._pgcopy import (
+    Float8Array,
+    Int4Array,
+    Int8Array,
+    register_array_dumpers,
+)
+from curvecast.service.store.rollups import (
+    PG_UPSERT,
+    Buckets,
+    aggregate_levels,
+    choose_level,
+    pg_params,
+    read_buckets,
+    update_rollups,
+)
 from curvecast.service.store.runs import revive_values
 
-_COPY_POINTS = "COPY metric_points (series_id, step, value, wall_time) FROM STDIN (FORMAT BINARY)"
-_STAGING = (
-    "CREATE TEMP TABLE IF NOT EXISTS curvecast_ingest (series_id integer, step bigint,"
-    " value double precision, wall_time double precision) ON COMMIT DELETE ROWS"
+# --- PostgreSQL statements (psycopg placeholders; %(x)b is a binary PgArray) -------------------
+
+#: Keys travel as one comma-separated text (KEY_PATTERN has no comma): no per-key parameter.
+_PG_KEYS = "string_to_array(%(keys)s::text, ',')"
+_PG_VISIBLE = " AND project_id = (SELECT id FROM projects WHERE name = %(project)s)"
+_PG_TOUCH = (
+    "WITH run AS (UPDATE runs SET updated_at = %(now)s, last_ingest_at = %(now)s,"
+    " last_step = GREATEST(last_step, %(max_step)s::bigint), "
+    + revive_values().replace("%", "%%")
+    + " WHERE id = %(run)s{visible} RETURNING id)"
+    " SELECT s.key, s.id FROM run LEFT JOIN series s ON s.run_id = run.id"
+    f" AND s.key = ANY({_PG_KEYS})"
 )
-_COPY_STAGING = "COPY curvecast_ingest FROM STDIN (FORMAT BINARY)"
-_MERGE_STAGING = (
-    "INSERT INTO metric_points (series_id, step, value, wall_time)"
-    " SELECT series_id, step, value, wall_time FROM curvecast_ingest ORDER BY series_id, step"
-    " ON CONFLICT DO NOTHING RETURNING series_id, step"
+_PG_NEW_SERIES = (
+    f"INSERT INTO series (run_id, key) SELECT %(run)s, unnest({_PG_KEYS})"
+    " ON CONFLICT DO NOTHING"
 )
-_EXISTING_SQL = text(
-    "SELECT step FROM metric_points WHERE series_id = :sid AND step >= :lo AND step <= :hi"
+_PG_SERIES = f"SELECT key, id FROM series WHERE run_id = %(run)s AND key = ANY({_PG_KEYS})"
+_PG_POINTS = (
+    "WITH new AS (INSERT INTO metric_points (series_id, step, value, wall_time)"
+    " SELECT p_sid, p_step, NULLIF(p_value, 'NaN'::float8), NULLIF(p_wall, 'NaN'::float8)"
+    " FROM unnest(%(p_sid)b, %(p_step)b, %(p_value)b, %(p_wall)b)"
+    " AS p(p_sid, p_step, p_value, p_wall)"
+    " ON CONFLICT DO NOTHING RETURNING series_id, step),"
+    " counted AS (SELECT count(*) AS n FROM new),"
+    # The rollups of the batch as computed in Python assume every point is new: folded in only
+    # if that is so (else the caller folds the points that were).
+    " rolled AS ("
+    + PG_UPSERT.format(where=", counted WHERE counted.n = %(sent)s::bigint")
+    + "),"
+    " progress AS (UPDATE runs SET n_points = runs.n_points + counted.n FROM counted"
+    " WHERE runs.id = %(run)s)"
+    " SELECT counted.n,"
+    " CASE WHEN counted.n <> %(sent)s::bigint THEN (SELECT array_agg(series_id) FROM new) END,"
+    " CASE WHEN counted.n <> %(sent)s::bigint THEN (SELECT array_agg(step) FROM new) END"
+    " FROM counted"
+)
+
+# --- SQLite statements (named parameters) ------------------------------------------------------
+
+_SQLITE_VISIBLE = " AND r.project_id = (SELECT id FROM projects WHERE name = :project)"
+_SQLITE_SERIES = (
+    "SELECT s.key, s.id FROM runs r LEFT JOIN series s ON s.run_id = r.id"
+    " AND s.key IN (SELECT value FROM json_each(:keys)) WHERE r.id = :run{visible}"
+)
+_SQLITE_NEW_SERIES = "INSERT INTO series (run_id, key) VALUES (?, ?) ON CONFLICT DO NOTHING"
+_SQLITE_TOUCH = (
+    "UPDATE runs SET updated_at = :now, last_ingest_at = :now, n_points = n_points + :accepted,"
+    " last_step = CASE WHEN :max_step IS NULL THEN last_step"
+    " WHEN last_step IS NULL OR last_step < :max_step THEN :max_step ELSE last_step END, "
+    + revive_values()
+    + " WHERE id = :run"
 )
 _SQLITE_INSERT = (
     "INSERT INTO metric_points (series_id, step, value, wall_time) VALUES (?, ?, ?, ?) "
     "ON CONFLICT DO NOTHING"
 )
+_EXISTING_SQL = "SELECT step FROM metric_points WHERE series_id = ? AND step >= ? AND step <= ?"
 
 
 @dataclass(frozen=True)
@@ -64,59 +135,68 @@ class _Columns:
     wall: np.ndarray | None
     n_sent: int  # points in the request, counting repeats within it
 
-    def rows(self, mask: np.ndarray) -> list[tuple[int, int, float | None, float | None]]:
-        """Python rows of the masked points for DB-API ``executemany`` (NaN → None)."""
-        wall = self.wall if self.wall is not None else np.full(len(self.step), np.nan)
+    def rows(self, mask: np.ndarray | None = None) -> list[tuple[Any, ...]]:
+        """Python rows (of the masked points) for DB-API ``executemany`` (NaN → None)."""
+        pick = slice(None) if mask is None else mask
+        value = self.value[pick]
+        wall = self.wall[pick] if self.wall is not None else None
         return list(
             zip(
-                self.series_id[mask].tolist(),
-                self.step[mask].tolist(),
-                _nan_to_none(self.value[mask]),
-                _nan_to_none(wall[mask]),
+                self.series_id[pick].tolist(),
+                self.step[pick].tolist(),
+                _nan_to_none(value),
+                _nan_to_none(wall) if wall is not None else [None] * len(value),
                 strict=True,
             )
         )
 
 
-def _column_to_array(column: Sequence[float | str | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Values as float64 (strings "NaN"/"Infinity" parsed) and a mask of measured entries."""
-    present = np.fromiter((v is not None for v in column), dtype=bool, count=len(column))
-    if present.all():
-        return np.asarray(column, dtype=np.float64), present
-    filled = [0.0 if v is None else v for v in column]
-    return np.asarray(filled, dtype=np.float64), present
-
-
 def _flatten(batch: MetricBatch, series_ids: dict[str, int]) -> _Columns:
+    """The batch as parallel arrays in (series, step) order, with a handful of numpy calls:
+    Python work grows with the null and NaN entries only, not with the points."""
+    keys = sorted(batch.values, key=series_ids.__getitem__)
+    columns = [batch.values[key] for key in keys]
+    n = len(batch.steps)
+    # One conversion for all columns: numbers stay, "NaN"/"Infinity"/"-Infinity" parse, and a
+    # null becomes NaN too; only NaN entries are then looked at to tell the two apart.
+    values = np.array(columns, dtype=np.float64).reshape(len(keys), n)
+    present = np.ones(values.shape, dtype=bool)
+    rows, cols = np.nonzero(np.isnan(values))
+    if len(rows):
+        null = np.fromiter(
+            (columns[r][c] is None for r, c in zip(rows.tolist(), cols.tolist(), strict=True)),
+            dtype=bool, count=len(rows),
+        )  # fmt: skip
+        present[rows[null], cols[null]] = False
     steps = np.asarray(batch.steps, dtype=np.int64)
     wall = (
-        np.asarray([math.nan if w is None else w for w in batch.wall_time], dtype=np.float64)
-        if batch.wall_time is not None
-        else None
+        None
+        if batch.wall_time is None
+        else np.array(batch.wall_time, dtype=np.float64)  # null → NaN, "missing"
     )
-    sid_parts, step_parts, value_parts, wall_parts = [], [], [], []
-    for key, column in batch.values.items():
-        values, present = _column_to_array(column)
-        sid_parts.append(np.full(int(present.sum()), series_ids[key], dtype=np.int64))
-        step_parts.append(steps[present])
-        value_parts.append(values[present])
-        if wall is not None:
-            wall_parts.append(wall[present])
-    sid = np.concatenate(sid_parts)
-    step = np.concatenate(step_parts)
-    # Stable sort, then drop repeats of a (series, step) within the batch: the first
-    # occurrence wins, exactly like a point that was already stored.
-    order = np.lexsort((step, sid))
-    sid, step = sid[order], step[order]
-    keep = np.ones(len(step), dtype=bool)
-    keep[1:] = (sid[1:] != sid[:-1]) | (step[1:] != step[:-1])
-    return _Columns(
-        series_id=sid[keep],
-        step=step[keep],
-        value=np.concatenate(value_parts)[order][keep],
-        wall=np.concatenate(wall_parts)[order][keep] if wall is not None else None,
-        n_sent=len(order),
-    )
+    sid = np.repeat(np.array([series_ids[key] for key in keys], dtype=np.int64), n)
+    step = np.tile(steps, len(keys))
+    walls = np.tile(wall, len(keys)) if wall is not None else None
+    flat_present = present.ravel()
+    all_present = bool(flat_present.all())
+    if not all_present:
+        sid, step = sid[flat_present], step[flat_present]
+        walls = walls[flat_present] if walls is not None else None
+    value = values.ravel() if all_present else values.ravel()[flat_present]
+    n_sent = len(step)
+    if n > 1 and not bool((steps[1:] > steps[:-1]).all()):
+        # Steps out of order or repeated: stable sort, then drop repeats of a (series, step)
+        # within the batch: the first occurrence wins, exactly like a point already stored.
+        order = np.lexsort((step, sid))
+        sid, step, value = sid[order], step[order], value[order]
+        walls = walls[order] if walls is not None else None
+        keep = np.ones(len(step), dtype=bool)
+        keep[1:] = (sid[1:] != sid[:-1]) | (step[1:] != step[:-1])
+        sid, step, value = sid[keep], step[keep], value[keep]
+        walls = walls[keep] if walls is not None else None
+    # (Strictly increasing steps, the client's case: keys in series order already give
+    # (series, step) order, and there is nothing to drop.)
+    return _Columns(series_id=sid, step=step, value=value, wall=walls, n_sent=n_sent)
 
 
 def _nan_to_none(values: np.ndarray) -> list[float | None]:
@@ -126,35 +206,6 @@ def _nan_to_none(values: np.ndarray) -> list[float | None]:
     return out
 
 
-def _insert_postgres(dbapi: Any, cols: _Columns) -> np.ndarray:
-    """Optimistic binary COPY straight into the table; on a duplicate, fall back to a staging
-    table merged with ``ON CONFLICT DO NOTHING``. Returns the mask of points that were new.
-
-    New points are the common case (a client sends each point once; duplicates come from
-    retries), and COPY is the fastest way into PostgreSQL. The savepoint keeps the surrounding
-    transaction (the run's row lock, the series rows) intact when the optimistic path fails.
-    """
-    import psycopg
-
-    payload = encode_rows(cols.series_id, cols.step, cols.value, cols.wall)
-    with dbapi.cursor() as cur:
-        cur.execute("SAVEPOINT curvecast_copy")
-        try:
-            with cur.copy(_COPY_POINTS) as copy:
-                copy.write(payload)
-        except psycopg.errors.UniqueViolation:
-            cur.execute("ROLLBACK TO SAVEPOINT curvecast_copy")
-        else:
-            cur.execute("RELEASE SAVEPOINT curvecast_copy")
-            return np.ones(len(cols.step), dtype=bool)
-        cur.execute(_STAGING)
-        with cur.copy(_COPY_STAGING) as copy:
-            copy.write(payload)
-        cur.execute(_MERGE_STAGING)
-        inserted = np.array(cur.fetchall(), dtype=np.int64).reshape(-1, 2)
-    return _member_mask(cols, inserted[:, 0], inserted[:, 1])
-
-
 def _member_mask(cols: _Columns, sid: np.ndarray, step: np.ndarray) -> np.ndarray:
     """Mask of the batch's points whose (series, step) is among the given pairs."""
     pairs = set(zip(sid.tolist(), step.tolist(), strict=True))
@@ -162,88 +213,162 @@ def _member_mask(cols: _Columns, sid: np.ndarray, step: np.ndarray) -> np.ndarra
     return np.fromiter((pair in pairs for pair in batch), dtype=bool, count=len(cols.step))
 
 
-def _insert_sqlite(session: Session, dbapi: Any, cols: _Columns) -> np.ndarray:
+def _not_found(run_id: uuid.UUID) -> RunNotFound:
+    return RunNotFound(f"run {run_id} not found; create it with PUT /api/v1/runs/{run_id}")
+
+
+def _joined_keys(keys: list[str]) -> str:
+    # MetricBatch checks every key against KEY_PATTERN, which has no comma; a batch built
+    # without that check must not smuggle one in.
+    joined = ",".join(keys)
+    if joined.count(",") != len(keys) - 1:
+        raise InvalidInput("values: a metric key must not contain a comma")
+    return joined
+
+
+def _ingest_postgres(
+    dbapi: Any, run_id: uuid.UUID, batch: MetricBatch, allowed_project: str | None
+) -> tuple[int, int]:
+    """(accepted, sent) of a batch on PostgreSQL, in the caller's transaction."""
+    register_array_dumpers(dbapi)
+    keys = list(batch.values)
+    now = utcnow()
+    params: dict[str, Any] = {
+        "run": run_id, "now": now, "keys": _joined_keys(keys), "project": allowed_project,
+        "max_step": max(batch.steps) if batch.steps else None,
+    }  # fmt: skip
+    with dbapi.cursor() as cur:
+        cur.execute(_PG_TOUCH.format(visible="" if allowed_project is None else _PG_VISIBLE),
+                    params)
+        rows = cur.fetchall()
+        if not rows:
+            raise _not_found(run_id)
+        series_ids = {str(key): int(sid) for key, sid in rows if key is not None}
+        missing = [key for key in keys if key not in series_ids]
+        if missing:
+            # A concurrent batch of this run cannot create them meanwhile (it waits on the run
+            # row's lock), but another writer of series would only make ON CONFLICT skip them.
+            new_keys = {"run": run_id, "keys": _joined_keys(missing)}
+            cur.execute(_PG_NEW_SERIES, new_keys)
+            cur.execute(_PG_SERIES, new_keys)
+            series_ids.update((str(key), int(sid)) for key, sid in cur.fetchall())
+        cols = _flatten(batch, series_ids)
+        sent = len(cols.step)
+        if sent == 0:
+            return 0, cols.n_sent
+        wall = cols.wall if cols.wall is not None else np.full(sent, math.nan)
+        cur.execute(
+            _PG_POINTS,
+            {
+                "run": run_id, "sent": sent,
+                "p_sid": Int4Array(cols.series_id), "p_step": Int8Array(cols.step),
+                "p_value": Float8Array(cols.value), "p_wall": Float8Array(wall),
+                **pg_params(aggregate_levels(cols.series_id, cols.step, cols.value)),
+            },
+        )  # fmt: skip
+        row = cur.fetchone()
+    assert row is not None
+    accepted = int(row[0])
+    if accepted != sent:
+        # Some points were stored already (a retry): fold in only the ones that were new.
+        new = _member_mask(cols, np.array(row[1] or [], dtype=np.int64),
+                           np.array(row[2] or [], dtype=np.int64))
+        update_rollups(dbapi, cols.series_id[new], cols.step[new], cols.value[new], True)
+    return accepted, cols.n_sent
+
+
+@cache
+def _stamp_processor(dialect: Dialect) -> Any:
+    """How SQLAlchemy writes a timestamp on this dialect (SQLite keeps text in its own format:
+    a hand-written statement must store the same)."""
+    return Run.__table__.c.updated_at.type.bind_processor(dialect)
+
+
+def _insert_sqlite(cur: Any, cols: _Columns) -> np.ndarray:
     """Insert the points not stored yet; returns the mask of those that were new.
 
-    The write transaction (BEGIN IMMEDIATE) excludes other writers, so the points found
-    missing here are exactly the ones the insert adds.
+    New points are the common case: one ``executemany`` inside a savepoint, and its row count
+    says whether every point was new. If not, the savepoint is rolled back, the points already
+    stored are looked up per series, and only the others are inserted. The write transaction
+    (BEGIN IMMEDIATE) excludes other writers, so what is found here is what the insert adds.
     """
+    cur.execute("SAVEPOINT curvecast_points")
+    cur.executemany(_SQLITE_INSERT, cols.rows())
+    if cur.rowcount == len(cols.step):
+        cur.execute("RELEASE curvecast_points")
+        return np.ones(len(cols.step), dtype=bool)
+    cur.execute("ROLLBACK TO curvecast_points")
+    cur.execute("RELEASE curvecast_points")
     new = np.ones(len(cols.step), dtype=bool)
     bounds = np.flatnonzero(np.append(True, cols.series_id[1:] != cols.series_id[:-1]))
     for start, end in zip(bounds, np.append(bounds[1:], len(cols.step)), strict=True):
         sid = int(cols.series_id[start])
         lo, hi = int(cols.step[start]), int(cols.step[end - 1])
-        stored = session.execute(_EXISTING_SQL, {"sid": sid, "lo": lo, "hi": hi}).scalars().all()
+        stored = [r[0] for r in cur.execute(_EXISTING_SQL, (sid, lo, hi)).fetchall()]
         if stored:
             new[start:end] = ~np.isin(cols.step[start:end], np.array(stored, dtype=np.int64))
-    cursor = dbapi.cursor()
-    try:
-        cursor.executemany(_SQLITE_INSERT, cols.rows(new))
-    finally:
-        cursor.close()
+    cur.executemany(_SQLITE_INSERT, cols.rows(new))
     return new
 
 
-def _series_ids(session: Session, run_id: uuid.UUID, keys: Sequence[str]) -> dict[str, int]:
-    for key in keys:
-        session.execute(insert_ignore(session, Series.__table__, run_id=run_id, key=key))  # type: ignore[arg-type]
-    rows = session.execute(
-        select(Series.key, Series.id).where(Series.run_id == run_id, Series.key.in_(keys))
-    ).all()
-    return {str(key): int(sid) for key, sid in rows}
-
-
-def _touch_run(
-    session: Session, run_id: uuid.UUID, max_step: int | None, allowed_project: str | None
-) -> None:
-    """Lock the run's row and record the ingest; raise RunNotFound if it is not visible."""
-    now = utcnow()
-    new_last = (
-        Run.last_step
-        if max_step is None
-        else case(
-            (Run.last_step.is_(None), max_step),
-            (Run.last_step < max_step, max_step),
-            else_=Run.last_step,
-        )
-    )
-    stmt = update(Run).where(Run.id == run_id)
-    if allowed_project is not None:
-        stmt = stmt.where(
-            Run.project_id
-            == select(Project.id).where(Project.name == allowed_project).scalar_subquery()
-        )
-    result = session.execute(
-        # revive_values: points from a run the service marked crashed (silent) mean it lives.
-        stmt.values(updated_at=now, last_ingest_at=now, last_step=new_last, **revive_values()),
-        execution_options={"synchronize_session": False},
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        raise RunNotFound(f"run {run_id} not found; create it with PUT /api/v1/runs/{run_id}")
+def _ingest_sqlite(
+    dbapi: Any, dialect: Dialect, run_id: uuid.UUID, batch: MetricBatch,
+    allowed_project: str | None,
+) -> tuple[int, int]:  # fmt: skip
+    """(accepted, sent) of a batch on SQLite, in the caller's write transaction."""
+    keys = list(batch.values)
+    run = run_id.hex  # how the Uuid type stores it on SQLite
+    cur = dbapi.cursor()
+    try:
+        rows = cur.execute(
+            _SQLITE_SERIES.format(visible="" if allowed_project is None else _SQLITE_VISIBLE),
+            {"run": run, "keys": json.dumps(keys), "project": allowed_project},
+        ).fetchall()
+        if not rows:
+            raise _not_found(run_id)
+        series_ids = {str(key): int(sid) for key, sid in rows if key is not None}
+        missing = [key for key in keys if key not in series_ids]
+        if missing:
+            cur.executemany(_SQLITE_NEW_SERIES, [(run, key) for key in missing])
+            found = cur.execute(
+                "SELECT key, id FROM series WHERE run_id = ? AND key IN"
+                " (SELECT value FROM json_each(?))", (run, json.dumps(missing))
+            ).fetchall()
+            series_ids.update((str(key), int(sid)) for key, sid in found)
+        cols = _flatten(batch, series_ids)
+        accepted = 0
+        if len(cols.step):
+            new = _insert_sqlite(cur, cols)
+            accepted = int(new.sum())
+            update_rollups(dbapi, cols.series_id[new], cols.step[new], cols.value[new], False)
+        now: datetime = utcnow()
+        processor = _stamp_processor(dialect)
+        cur.execute(_SQLITE_TOUCH, {
+            "run": run, "now": processor(now) if processor else now, "accepted": accepted,
+            "max_step": max(batch.steps) if batch.steps else None,
+        })  # fmt: skip
+    finally:
+        cur.close()
+    return accepted, cols.n_sent
 
 
 def ingest_batch(
     session: Session, *, run_id: uuid.UUID, batch: MetricBatch, allowed_project: str | None
 ) -> IngestResult:
     """Store a columnar batch; points already stored are counted as duplicates and left as they
-    are (the first value of a (run, key, step) wins)."""
-    write_connection(session)
-    _touch_run(session, run_id, max(batch.steps) if batch.steps else None, allowed_project)
-    series_ids = _series_ids(session, run_id, list(batch.values))
-    cols = _flatten(batch, series_ids)
-    if cols.n_sent == 0:
-        return IngestResult(accepted=0, duplicates=0)
-    dbapi = session.connection().connection.dbapi_connection
+    are (the first value of a (run, key, step) wins).
+
+    Raises:
+        RunNotFound: the run does not exist, or ``allowed_project`` does not own it.
+    """
+    conn = write_connection(session)
+    dbapi = conn.connection.dbapi_connection
     assert dbapi is not None
-    postgres = is_postgres(session)
-    new = _insert_postgres(dbapi, cols) if postgres else _insert_sqlite(session, dbapi, cols)
-    accepted = int(new.sum())
-    update_rollups(session, dbapi, cols.series_id[new], cols.step[new], cols.value[new], postgres)
-    session.execute(
-        update(Run).where(Run.id == run_id).values(n_points=Run.n_points + accepted),
-        execution_options={"synchronize_session": False},
-    )
-    return IngestResult(accepted=accepted, duplicates=cols.n_sent - accepted)
+    if conn.dialect.name == "postgresql":
+        accepted, sent = _ingest_postgres(dbapi, run_id, batch, allowed_project)
+    else:
+        accepted, sent = _ingest_sqlite(dbapi, conn.dialect, run_id, batch, allowed_project)
+    return IngestResult(accepted=accepted, duplicates=sent - accepted)
 
 
 def _check_run(session: Session, run_id: uuid.UUID, allowed_project: str | None) -> None:

@@ -7,9 +7,8 @@ import base64
 import binascii
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, case, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from curvecast.contract import FINAL_RUN_STATUSES
@@ -51,16 +50,17 @@ def _marked_silent() -> ColumnElement[bool]:
     return and_(Run.status == "crashed", Run.status_reason.startswith(SILENT_REASON_PREFIX))
 
 
-def revive_values() -> dict[str, Any]:
-    """``UPDATE runs SET ...`` values that put a run the service marked ``crashed`` (its client
-    went silent) back to ``running``, and leave any other run as it is. Ingest applies them:
-    a run that sends points again is alive."""
-    silent = _marked_silent()
-    return {
-        "status": case((silent, "running"), else_=Run.status),
-        "status_reason": case((silent, None), else_=Run.status_reason),
-        "ended_at": case((silent, None), else_=Run.ended_at),
-    }
+def revive_values() -> str:
+    """The ``SET`` assignments (SQL, both backends) that put a run the service marked
+    ``crashed`` (its client went silent) back to ``running``, and leave any other run as it
+    is. Ingest applies them in its hand-written ``UPDATE runs``: a run that sends points again
+    is alive. (Each assignment reads the row as it was, so all three see the old status.)"""
+    silent = f"status = 'crashed' AND status_reason LIKE '{SILENT_REASON_PREFIX}%'"
+    return (
+        f"status = CASE WHEN {silent} THEN 'running' ELSE status END, "
+        f"status_reason = CASE WHEN {silent} THEN NULL ELSE status_reason END, "
+        f"ended_at = CASE WHEN {silent} THEN NULL ELSE ended_at END"
+    )
 
 
 def _silent(now: datetime, stalled_after_s: float, client_gone_after_s: float

@@ -95,6 +95,17 @@ def test_wall_time_round_trip(run_url: str) -> None:
         ({"values": {"a": [1]}}, 422, "steps: Field required"),
         ({"steps": [1], "values": {"a": [1]}, "extra": 1}, 422, "extra"),
         ([1, 2, 3], 422, "body"),
+        # A bad entry deep in a long array is named by its index, in whichever key it is.
+        ({"steps": list(range(100)),
+          "values": {"loss": [1.0] * 100, "eta": [0.1] * 57 + ["0.1"] + [0.1] * 42}},
+         422, "values.eta: item 57"),
+        ({"steps": [1, 2, 3], "wall_time": [1.0, 2.0, "3"], "values": {"a": [1, 2, 3]}},
+         422, "wall_time[2]"),
+        ({"steps": [1, 2, 3], "wall_time": [1.0, 2.0, "NaN"], "values": {"a": [1, 2, 3]}},
+         422, "wall_time[2]"),
+        ({"steps": ["Infinity"], "values": {"a": [1]}}, 422, "steps[0]"),
+        ({"steps": [1, 2], "values": {"a": [1, None], "b": [None, "nan"]}}, 422,
+         "values.b: item 1"),
     ],
 )
 def test_bad_input_names_the_field_and_stores_nothing(
@@ -231,3 +242,76 @@ def test_rollup_reads_match_brute_force(run_url: str) -> None:
         assert (got["values"][i] == "NaN") if np.isnan(expected_last) else (
             got["values"][i] == expected_last
         )
+
+
+def test_nulls_nan_strings_and_unsorted_steps_in_one_batch(run_url: str) -> None:
+    """Each column on its own: a null is no point, NaN (literal or string) is a point, a step
+    repeated within the batch keeps its first value, and steps may come in any order."""
+    raw = ('{"steps": [5, 3, 5, 4], "values": {"loss": [1.0, null, 9.0, "NaN"],'
+           ' "acc": [null, 0.5, null, Infinity], "lr": [-Infinity, NaN, 2.0, null]}}')
+    # loss: 5 -> 1.0 (9.0 repeats step 5), 4 -> NaN; acc: 3, 4; lr: 5, 3 (2.0 repeats step 5).
+    assert post_raw(run_url, raw).json() == {"accepted": 6, "duplicates": 2}
+    got = series(run_url)
+    assert (got["loss"]["steps"], got["loss"]["values"]) == ([4, 5], ["NaN", 1.0])
+    assert (got["acc"]["steps"], got["acc"]["values"]) == ([3, 4], [0.5, "Infinity"])
+    assert (got["lr"]["steps"], got["lr"]["values"]) == ([3, 5], ["NaN", "-Infinity"])
+    run = httpx.get(run_url).json()
+    assert run["n_points"] == 6 and run["last_step"] == 5
+    # Sent again in another order, with the gaps filled: only the gaps are new.
+    again = ('{"steps": [4, 5, 3], "values": {"loss": [0.0, 0.0, 0.0], "acc": [0.0, 0.0, 0.0],'
+             ' "lr": [0.0, 0.0, 0.0]}}')
+    assert post_raw(run_url, again).json() == {"accepted": 3, "duplicates": 6}
+    got = series(run_url)
+    assert got["loss"]["values"] == [0.0, "NaN", 1.0]  # step 3 was new
+    assert got["acc"]["values"] == [0.5, "Infinity", 0.0]  # step 5 was new
+    assert got["lr"]["values"] == ["NaN", 0.0, "-Infinity"]  # step 4 was new
+    assert httpx.get(run_url).json()["n_points"] == 9
+
+
+def test_numbers_beyond_a_double_and_literals_python_writes(run_url: str) -> None:
+    # 1e400 is what a float overflows to in Python's json: +Infinity, as a value.
+    raw = '{"steps": [1, 2, 3], "values": {"loss": [1e400, -1e400, NaN]}}'
+    assert post_raw(run_url, raw).json() == {"accepted": 3, "duplicates": 0}
+    assert series(run_url)["loss"]["values"] == ["Infinity", "-Infinity", "NaN"]
+    # ...but never as a step or a wall time.
+    too_big = post_raw(run_url, '{"steps": [123456789012345678901234567890], "values": {"a": [1]}}')
+    assert too_big.status_code == 422 and "steps[0]" in too_big.json()["message"]
+
+
+def test_a_body_in_utf16_decodes_as_before(run_url: str) -> None:
+    # The JSON standard library detects UTF-16 and UTF-32; the faster decoder only reads
+    # UTF-8 and hands such bodies over.
+    body = json.dumps({"steps": [1], "values": {"loss": [2.5]}}).encode("utf-16")
+    assert post_raw(run_url, body).json() == {"accepted": 1, "duplicates": 0}
+    assert series(run_url)["loss"]["values"] == [2.5]
+
+
+def test_an_all_null_batch_stores_nothing_and_records_progress(run_url: str) -> None:
+    assert post(run_url, {"steps": [7], "values": {"loss": [None]}}).json() == {
+        "accepted": 0, "duplicates": 0}
+    run = httpx.get(run_url).json()
+    assert run["n_points"] == 0 and run["last_step"] == 7
+    assert series(run_url)["loss"]["total_points"] == 0
+
+
+def test_a_key_first_seen_in_a_later_batch(run_url: str) -> None:
+    post(run_url, {"steps": [1, 2], "values": {"loss": [2.0, 1.5]}})
+    second = post(run_url, {"steps": [2, 3], "values": {"loss": [9.0, 1.0], "eval": [3.0, 2.0]}})
+    assert second.json() == {"accepted": 3, "duplicates": 1}
+    got = series(run_url)
+    assert got["loss"]["values"] == [2.0, 1.5, 1.0] and got["eval"]["steps"] == [2, 3]
+
+
+def test_a_run_deleted_and_created_again_stores_its_points_again(server: str, project: str
+                                                                  ) -> None:
+    run_url = f"{server}/api/v1/runs/{uuid.uuid4()}"
+    batch = {"steps": [0, 1], "values": {"loss": [3.0, 2.0]}}
+    assert httpx.put(run_url, json={"project": project}).status_code == 201
+    assert post(run_url, batch).json() == {"accepted": 2, "duplicates": 0}
+    assert httpx.delete(run_url, timeout=30).status_code == 204
+    assert post(run_url, batch).status_code == 404
+    assert httpx.put(run_url, json={"project": project}).status_code == 201
+    batch["values"]["loss"] = [5.0, 4.0]
+    assert post(run_url, batch).json() == {"accepted": 2, "duplicates": 0}
+    assert series(run_url)["loss"]["values"] == [5.0, 4.0]
+    assert httpx.get(run_url).json()["n_points"] == 2
