@@ -117,6 +117,11 @@ def main() -> int:
                                           (run_hex,)).fetchone()
             train = series(conn, run_hex, "loss")
             evals = series(conn, run_hex, "eval_loss")
+    # The demo's own verdict on its forecast from 20% of the run (#14: its 90% interval must
+    # hold the final eval loss), as its closing summary prints it.
+    verdict = re.search(r"forecast made at step (\d+) \((\d+)% of the run, status (\w+)\): "
+                        r"(\S+) \[(\S+), (\S+)\]\n\s+error ([+-][\d.]+)%; the loss reached is "
+                        r"(inside|outside)", proc.stdout)
     config = json.loads(config_text)
     c_warmup = int(config.get("c_warmup") or 0)
     training_seconds = train[-1][2] - train[0][2]
@@ -141,6 +146,11 @@ def main() -> int:
         f"jitter of the fixed-batch eval series instead, the rise is {rise / jitter:.0f}x: the "
         f"curve does turn up, by {100 * rise / evals[-1][1]:.1f}% of the final loss, for "
         f"about {_rise_length(after, rise_step)} steps.\n\n"
+        + (f"Goal (the summary's 90% interval at 20% holds the final eval loss): the forecast "
+           f"made at step {verdict[1]} ({verdict[2]}% of the run, status `{verdict[3]}`) said "
+           f"**{verdict[4]} [{verdict[5]}, {verdict[6]}]** against {evals[-1][1]:.3f} reached "
+           f"(error {verdict[7]}%): {'met' if verdict[8] == 'inside' else 'missed'}.\n\n"
+           if verdict else "The demo's summary quoted no forecast from 20% of the run.\n\n")
         + markdown_table(
             ["steps", "training s", "whole command s", "c_warmup", "eval loss first -> last",
              "largest rise after c_warmup @ step", "sampling noise (rise / it)",

@@ -6,8 +6,10 @@ relative error per group of curves. The plain baseline is ``scipy.optimize.curve
 default arguments on exactly the same points, as in the paper. Then:
 
 * interval coverage of the 90% intervals for the last loss, cross-validated by curve family
-  (the calibration table is refitted without the held-out fold; ``bench/forecast_calibrate``),
-  plus the naive delta-method intervals of the plain fit for comparison;
+  (the calibration tables are refitted without the held-out fold; ``bench/forecast_calibrate``),
+  plus the naive delta-method intervals of the plain fit for comparison; the answers of
+  ``too_early`` / ``no_asymptote`` fits (the transient table) are held out the same way in the
+  accuracy table too, since they move the forecast itself, not only its interval;
 * ``off_model``: how often it fires on anytime curves, and on cosine/WSD curves at 50%, 75% and
   100% of their decay phase;
 * refit time on a synthetic 10^6-point series (binning, cold and warm fits), against the plain
@@ -34,18 +36,25 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import OptimizeWarning, curve_fit
 
+from bench._corpus import load_runs
 from bench._report import markdown_table, write_section
 from bench.forecast_calibrate import (
     DEFAULT_CURVES,
+    N_FOLDS,
+    TRANSIENT,
     Curve,
+    collect_run_samples,
     collect_samples,
     cross_validated_coverage,
     fit_prefix,
+    fit_transient_table,
+    fold_of,
     load_corpus,
     prefix,
 )
 from curvecast.service.forecast import calibration as cal
 from curvecast.service.forecast.binning import bin_series
+from curvecast.service.forecast.fit import Fit, Interval
 from curvecast.service.forecast.solver import MIN_POINTS, fit_curve
 
 CUTS = (0.1, 0.2, 0.3, 0.5)
@@ -120,17 +129,40 @@ def plain_interval(t_pred: float, p: np.ndarray, cov: np.ndarray) -> tuple[float
 
 
 # --- accuracy and coverage -----------------------------------------------------------------------
-def run_accuracy(curves: Sequence[Curve]) -> pd.DataFrame:
-    """One row per (anytime curve, cut): errors and intervals of ours and of the plain fit."""
+def held_out_predict(fit: Fit, step: float, table: cal.TransientTable) -> Interval:
+    """``fit.predict(step)``, with a ``too_early`` or ``no_asymptote`` answer computed from a
+    transient table that never saw the curve (``table``) instead of the shipped one."""
+    if fit.status not in TRANSIENT or fit.level is None or fit.fitted_upto_step is None:
+        return fit.predict(step, CONFIDENCE)
+    floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
+    value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, step, fit.status,
+                                       fit.decay_rate, CONFIDENCE, table)
+    return Interval(max(value, floor), max(lo, floor), max(hi, floor))
+
+
+def fold_transient_tables(samples: pd.DataFrame, ours: pd.DataFrame
+                          ) -> dict[int, cal.TransientTable]:
+    """Per fold of curve families, the transient table fitted without that fold (and with all
+    of our runs, which are in no public fold)."""
+    folds = samples["family"].map(fold_of)
+    return {f: fit_transient_table(pd.concat([samples[folds != f], ours], ignore_index=True))
+            for f in range(N_FOLDS)}
+
+
+def run_accuracy(curves: Sequence[Curve], tables: dict[int, cal.TransientTable]
+                 ) -> pd.DataFrame:
+    """One row per (anytime curve, cut): errors and intervals of ours and of the plain fit.
+    Transient answers use the table of the curve's held-out fold (``tables``)."""
     rows = []
     for cv in curves:
         if not cv.anytime:
             continue
         total, truth = float(cv.steps[-1]), float(cv.losses[-1])
+        table = tables[fold_of(cv.family)]
         for k in CUTS:
             t, y = prefix(cv, k)
             fit = fit_curve(t, y)
-            iv = fit.predict(total)
+            iv = held_out_predict(fit, total, table)
             plain = plain_fit(t, y)
             if plain is None:
                 pv, plo, phi = math.nan, math.nan, math.nan
@@ -138,7 +170,7 @@ def run_accuracy(curves: Sequence[Curve]) -> pd.DataFrame:
                 pv, plo, phi = plain_interval(total, *plain)
             # the online variant: the whole prefix from the first logged step, burn-in from data
             m = cv.steps <= k * total
-            online = fit_curve(cv.steps[m], cv.losses[m]).predict(total).value
+            online = held_out_predict(fit_curve(cv.steps[m], cv.losses[m]), total, table).value
             rows.append({
                 "curve": cv.name, "k": k, "n": int(t.size), "status": fit.status,
                 "off_model": fit.off_model, "truth": truth, "ours": iv.value, "lo": iv.lo,
@@ -196,11 +228,11 @@ def accuracy_table(df: pd.DataFrame, curves: Sequence[Curve]) -> str:
     return markdown_table(headers, rows)
 
 
-def coverage_tables(df: pd.DataFrame, samples: pd.DataFrame, curves: Sequence[Curve]
-                    ) -> tuple[str, str]:
+def coverage_tables(df: pd.DataFrame, samples: pd.DataFrame, curves: Sequence[Curve],
+                    ours: pd.DataFrame) -> tuple[str, str]:
     """Pooled coverage by cut, and cross-validated coverage by group."""
-    cv_cov = cross_validated_coverage(samples, CONFIDENCE)
-    loso = cross_validated_coverage(samples, CONFIDENCE, by="source")
+    cv_cov = cross_validated_coverage(samples, CONFIDENCE, ours=ours)
+    loso = cross_validated_coverage(samples, CONFIDENCE, by="source", ours=ours)
     fin = samples["final"]
     n_any = sum(1 for c in curves if c.anytime)
     rows: list[list[object]] = []
@@ -298,11 +330,15 @@ def run_off_model(curves: Sequence[Curve], df: pd.DataFrame) -> tuple[str, str]:
     for k in (*CUTS, 1.0):
         d = full_df if k == 1.0 else df[df["k"] == k]
         ok = ~d["curve"].isin(div)
+        public = ~d["curve"].str.startswith("train_quality/")
+        pub = d["off_model"][public]
         any_rows.append([f"{k:.0%}", f"{d['off_model'].mean():.1%} ({int(d['off_model'].sum())}"
                          f"/{len(d)})", f"{d['off_model'][ok].mean():.1%}",
-                         "yes" if d["off_model"].mean() <= 0.05 else "**no**"])
+                         f"{pub.mean():.1%} ({int(pub.sum())}/{len(pub)})",
+                         "yes" if pub.mean() <= 0.05 else "**no**"])
     anytime = markdown_table(["cut", "anytime curves flagged", f"excluding {len(div)} diverged",
-                              "≤ 5%"], any_rows)
+                              "public curves only (not our train_quality runs)",
+                              "public ≤ 5%"], any_rows)
     rows = []
     for c in curves:
         if c.anytime:
@@ -400,10 +436,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         curves = curves[::5]
     anytime = [c for c in curves if c.anytime]
     print(f"{len(curves)} curves ({len(anytime)} anytime)", flush=True)
-    df = run_accuracy(anytime)
-    print(f"accuracy done ({time.perf_counter() - t_start:.0f}s)", flush=True)
     samples = collect_samples(anytime)
-    pooled, per_group = coverage_tables(df, samples, curves)
+    ours = collect_run_samples(load_runs())
+    df = run_accuracy(anytime, fold_transient_tables(samples, ours))
+    print(f"accuracy done ({time.perf_counter() - t_start:.0f}s)", flush=True)
+    pooled, per_group = coverage_tables(df, samples, curves, ours)
     print(f"coverage done ({time.perf_counter() - t_start:.0f}s)", flush=True)
     off_any, off_decay = run_off_model(curves, df)
     print(f"off-model done ({time.perf_counter() - t_start:.0f}s)", flush=True)

@@ -14,9 +14,19 @@ distance, relative to the loss). The table is fitted on the last-loss comparison
 question the product answers most ("where will this run end?"); coverage at intermediate horizons
 is reported by the backtest, not tuned.
 
-Honest coverage needs held-out curves: :func:`cross_validated_coverage` refits the table without
-a fold of curve *families* (all studies, train/val twins and horizons of one workload or model
-stay together) and scores that fold; ``python -m bench.forecast_backtest`` reports it.
+Fits whose status says the model cannot yet place the asymptote (``too_early``,
+``no_asymptote``) answer differently: they extend the current loss, ``level * (t / t_last) **
+-g`` (``calibration.transient_band``). Their comparisons are kept out of the table above and give
+the *transient table* instead: quantiles of the exponent ``g`` the run then showed (for
+``no_asymptote`` as a multiple of the decay rate the data showed at the cut). Those come from the
+public curves and from our own runs (``bench/_corpus.load_runs``: the ScheduleFree+ corpus, with
+each run's config, as the service fits it) -- the only source of ``too_early`` fits, which need a
+config that says when averaging starts.
+
+Honest coverage needs held-out curves: :func:`cross_validated_coverage` refits both tables
+without a fold of curve *families* (all studies, train/val twins and horizons of one workload or
+model stay together; one of our runs is one family) and scores that fold;
+``python -m bench.forecast_backtest`` and ``python -m bench.forecast_sfplus`` report it.
 
 Usage: ``python -m bench.forecast_calibrate [--curves DIR] [--quick] [--dry-run]``
 """
@@ -38,7 +48,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from curvecast.service.forecast.fit import Fit
+from bench._corpus import BenchRun, load_runs
+from curvecast.service.forecast import calibration as cal
+from curvecast.service.forecast.fit import NO_ASYMPTOTE, TOO_EARLY, Fit
 from curvecast.service.forecast.solver import fit_curve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,7 +149,12 @@ def fit_prefix(curve: Curve, k: float, **kwargs: object) -> Fit:
 
 # --- samples ----------------------------------------------------------------------------------
 SAMPLE_COLUMNS = ("curve", "family", "group", "k", "final", "ratio", "y", "y_hat", "se2",
-                  "sigma2", "drop", "status", "n_points", "n_eff", "level")
+                  "sigma2", "drop", "status", "n_points", "n_eff", "level", "h", "t_last",
+                  "cur_level", "decay_rate")
+#: The statuses whose answers extend the current loss (the transient table calibrates them).
+TRANSIENT = (TOO_EARLY, NO_ASYMPTOTE)
+#: A transient comparison counts only this far beyond the cut (closer, the exponent is noise).
+TRANSIENT_MIN_HORIZON = 1.25
 
 
 def horizon_indices(steps: np.ndarray, t0: float, tk: float) -> list[tuple[int, bool]]:
@@ -158,6 +175,23 @@ def horizon_indices(steps: np.ndarray, t0: float, tk: float) -> list[tuple[int, 
     return sorted(out.items())
 
 
+def _fit_samples(rows: list[tuple[object, ...]], name: str, family: str, group: str, k: float,
+                 fit: Fit, steps: np.ndarray, losses: np.ndarray) -> None:
+    """Append the comparisons of one fit with the observed losses after its last step."""
+    if not fit.has_forecast or fit.fitted_upto_step is None:
+        return
+    t0 = fit.fitted_from_step or 0.0
+    tk = fit.fitted_upto_step
+    for j, final in horizon_indices(steps, t0, tk):
+        h = float(steps[j])
+        if h <= tk:
+            continue
+        se2, s2, drop = fit.scale_components(h)
+        rows.append((name, family, group, k, final, fit.ratio(h), float(losses[j]),
+                     fit.predict(h).value, se2, s2, drop, fit.status, fit.n_points, fit.n_eff,
+                     fit._value(tk), h, tk, fit.level, fit.decay_rate))
+
+
 def collect_samples(curves: Iterable[Curve], cuts: Sequence[float] = CAL_CUTS,
                     group_of: Callable[[Curve], str] | None = None) -> pd.DataFrame:
     """Standardisation inputs for every (anytime curve, cut, horizon)."""
@@ -166,21 +200,84 @@ def collect_samples(curves: Iterable[Curve], cuts: Sequence[float] = CAL_CUTS,
         if not cv.anytime:
             continue
         for k in cuts:
-            fit = fit_prefix(cv, k)
-            if not fit.has_forecast or fit.fitted_upto_step is None:
-                continue
-            t0 = fit.fitted_from_step or 0.0
-            tk = fit.fitted_upto_step
-            for j, final in horizon_indices(cv.steps, t0, tk):
-                h = float(cv.steps[j])
-                if h <= tk:
-                    continue
-                se2, s2, drop = fit.scale_components(h)
-                rows.append((cv.name, cv.family, group_of(cv) if group_of else cv.source, k,
-                             final, fit.ratio(h), float(cv.losses[j]), fit.predict(h).value,
-                             se2, s2, drop, fit.status, fit.n_points, fit.n_eff,
-                             fit.predict(tk).value))
+            _fit_samples(rows, cv.name, cv.family, group_of(cv) if group_of else cv.source, k,
+                         fit_prefix(cv, k), cv.steps, cv.losses)
     return pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
+
+
+OURS = "ours"
+
+
+def collect_run_samples(runs: Iterable[BenchRun], cuts: Sequence[float] = CAL_CUTS
+                        ) -> pd.DataFrame:
+    """The same comparisons for our own anytime runs (``group`` "ours", one family per run):
+    the eval loss up to each cut, fitted with the run's config as the service fits it."""
+    rows: list[tuple[object, ...]] = []
+    for run in runs:
+        if not run.anytime:
+            continue
+        name = f"{OURS}/{run.name}"
+        for k in cuts:
+            et, ev, _, _ = run.upto(k)
+            _fit_samples(rows, name, name, OURS, k, fit_curve(et, ev, config=run.config),
+                         run.eval_steps.astype(float), run.eval_values)
+    return pd.DataFrame(rows, columns=list(SAMPLE_COLUMNS))
+
+
+# --- the transient table ------------------------------------------------------------------------
+def transient_exponents(samples: pd.DataFrame) -> pd.DataFrame:
+    """``status``, ``g`` (the exponent the loss showed from the cut's level to the horizon) and
+    ``decay_rate`` of every transient comparison at least ``TRANSIENT_MIN_HORIZON`` past its
+    cut."""
+    s = samples[samples["status"].isin(TRANSIENT)]
+    x = np.log(s["h"].to_numpy(float) / s["t_last"].to_numpy(float))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = -np.log(s["y"].to_numpy(float) / s["cur_level"].to_numpy(float)) / x
+    keep = (x >= math.log(TRANSIENT_MIN_HORIZON)) & np.isfinite(g)
+    return pd.DataFrame({"status": s["status"].to_numpy()[keep], "g": g[keep],
+                         "decay_rate": s["decay_rate"].to_numpy(float)[keep],
+                         "family": s["family"].to_numpy()[keep]})
+
+
+def _weighted_quantiles(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Quantiles at ``PROBS`` of a weighted sample (midpoint rule on the sorted values)."""
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cum = (np.cumsum(w) - 0.5 * w) / w.sum()
+    return np.interp(PROBS, cum, v)
+
+
+def _quantile_row(values: np.ndarray, families: np.ndarray) -> tuple[float, ...] | None:
+    """Quantiles at ``PROBS``, every curve family weighing the same (a long curve with many
+    cuts and horizons counts as one run, like a short one); ``None`` with fewer than 20
+    comparisons."""
+    ok = np.isfinite(values)
+    v, fam = values[ok], families[ok]
+    if v.size < 20:
+        return None
+    _, inverse, counts = np.unique(fam, return_inverse=True, return_counts=True)
+    q = np.maximum.accumulate(_weighted_quantiles(v, 1.0 / counts[inverse]))
+    return tuple(float(x) for x in q)
+
+
+def fit_transient_table(samples: pd.DataFrame, table_id: str = "") -> cal.TransientTable:
+    """Quantiles of the transient exponents (see the module docstring). A row with too few
+    comparisons falls back to the quantiles of every transient exponent."""
+    e = transient_exponents(samples)
+    fam = e["family"].to_numpy()
+    pooled = _quantile_row(e["g"].to_numpy(float), fam) or (0.0,) * len(PROBS)
+    early = (e["status"] == TOO_EARLY).to_numpy()
+    flat = (e["status"] == NO_ASYMPTOTE).to_numpy()
+    rate = e["decay_rate"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(flat & (rate > 0), e["g"].to_numpy(float) / rate, np.nan)
+    return cal.TransientTable(
+        probs=PROBS,
+        too_early=_quantile_row(np.where(early, e["g"], np.nan), fam) or pooled,
+        no_asymptote=_quantile_row(ratio, fam) or (1.0,) * len(PROBS),
+        no_asymptote_plain=_quantile_row(np.where(flat, e["g"], np.nan), fam) or pooled,
+        id=table_id,
+    )
 
 
 # --- the table ----------------------------------------------------------------------------------
@@ -213,8 +310,9 @@ def scale(samples: pd.DataFrame, gamma: float, kappa: float) -> np.ndarray:
 
 
 def fit_table_for(samples: pd.DataFrame, gamma: float, kappa: float) -> Table:
-    """Quantiles of z per ratio bin (bins with fewer than 40 samples are skipped)."""
-    samples = samples[samples["final"]]
+    """Quantiles of z per ratio bin (bins with fewer than 40 samples are skipped); the
+    transient statuses' comparisons are left out (their answers use the transient table)."""
+    samples = samples[samples["final"] & ~samples["status"].isin(TRANSIENT)]
     z = ((samples["y"].to_numpy(float) - samples["y_hat"].to_numpy(float))
          / scale(samples, gamma, kappa))
     r = samples["ratio"].to_numpy(float)
@@ -235,13 +333,26 @@ def fit_table_for(samples: pd.DataFrame, gamma: float, kappa: float) -> Table:
                  tuple(tuple(float(x) for x in row) for row in q))
 
 
-def bounds(samples: pd.DataFrame, table: Table, confidence: float = 0.9
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """Interval ends of every sample under ``table``."""
+def bounds(samples: pd.DataFrame, table: Table, confidence: float = 0.9,
+           transient: cal.TransientTable | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Interval ends of every sample under ``table`` (and, for the transient statuses, under
+    ``transient``; without it those samples get the main table's ends)."""
     lo, hi = table.multipliers(samples["ratio"].to_numpy(float), confidence)
     s = scale(samples, table.gamma, table.kappa)
     yh = samples["y_hat"].to_numpy(float)
-    return yh + lo * s, yh + hi * s
+    lo, hi = yh + lo * s, yh + hi * s
+    if transient is not None:
+        for i in np.flatnonzero(samples["status"].isin(TRANSIENT).to_numpy()):
+            row = samples.iloc[i]
+            _, lo[i], hi[i] = cal.transient_band(
+                float(row["cur_level"]), float(row["t_last"]), float(row["h"]),
+                str(row["status"]), _opt(row["decay_rate"]), confidence, transient)
+    return lo, hi
+
+
+def _opt(x: object) -> float | None:
+    v = float(x) if x is not None else math.nan  # type: ignore[arg-type]
+    return v if math.isfinite(v) else None
 
 
 def interval_score(samples: pd.DataFrame, table: Table, confidence: float = 0.9) -> np.ndarray:
@@ -267,26 +378,31 @@ def fit_table(samples: pd.DataFrame) -> Table:
     return best[1]
 
 
-def covered(samples: pd.DataFrame, table: Table, confidence: float = 0.9) -> np.ndarray:
+def covered(samples: pd.DataFrame, table: Table, confidence: float = 0.9,
+            transient: cal.TransientTable | None = None) -> np.ndarray:
     """Whether each sample's interval under ``table`` contains the observed loss."""
-    lo, hi = bounds(samples, table, confidence)
+    lo, hi = bounds(samples, table, confidence, transient)
     y = samples["y"].to_numpy(float)
     return (y >= lo) & (y <= hi)
 
 
 def cross_validated_coverage(samples: pd.DataFrame, confidence: float = 0.9,
-                             by: str = "fold") -> pd.Series:
-    """Per-sample coverage with each fold's table fitted on the other folds only.
+                             by: str = "fold", ours: pd.DataFrame | None = None) -> pd.Series:
+    """Per-sample coverage with each fold's tables fitted on the other folds only.
 
     ``by="fold"``: grouped k-fold by curve family. ``by="source"``: leave one source out.
+    The main table is fitted on the public curves of the other folds; the transient table on
+    those and on ``ours`` (our runs' comparisons, never in a public fold).
     """
     key = (samples["family"].map(fold_of) if by == "fold" else samples["curve"].str.split(
         "/").str[0])
+    extra = ours if ours is not None else samples.iloc[0:0]
     out = pd.Series(np.nan, index=samples.index)
     for g in key.unique():
         test = key == g
         table = fit_table(samples[~test])
-        out[test] = covered(samples[test], table, confidence).astype(float)
+        transient = fit_transient_table(pd.concat([samples[~test], extra]))
+        out[test] = covered(samples[test], table, confidence, transient).astype(float)
     return out
 
 
@@ -313,11 +429,37 @@ def render_module(table: Table, calibration_id: str) -> str:
     )
 
 
-def write_module(table: Table, calibration_id: str, path: Path = CAL_MODULE) -> None:
+def render_transient(table: cal.TransientTable) -> str:
+    """The GENERATED TRANSIENT block of calibration.py."""
+    def row(name: str, values: tuple[float, ...]) -> str:
+        body = textwrap.fill(", ".join(f"{x:.4f}" for x in values) + ",", width=99,
+                             initial_indent=" " * 8, subsequent_indent=" " * 8)
+        return f"    {name}=(\n{body}\n    ),\n"
+
+    return (
+        "# BEGIN GENERATED TRANSIENT\n"
+        "TRANSIENT: Final = TransientTable(\n"
+        "    probs=PROBS,\n"
+        + row("too_early", table.too_early) + row("no_asymptote", table.no_asymptote)
+        + row("no_asymptote_plain", table.no_asymptote_plain)
+        + f'    id="{table.id}",\n)\n'
+        "# END GENERATED TRANSIENT"
+    )
+
+
+def write_module(table: Table, calibration_id: str, transient: cal.TransientTable,
+                 path: Path = CAL_MODULE) -> None:
+    """Replace both generated blocks of calibration.py."""
     text = path.read_text()
-    block = render_module(table, calibration_id)
-    new = re.sub(r"# BEGIN GENERATED.*?# END GENERATED", lambda _m: block, text, flags=re.S)
-    path.write_text(new)
+    for begin, end, block in (
+        ("# BEGIN GENERATED", "# END GENERATED", render_module(table, calibration_id)),
+        ("# BEGIN GENERATED TRANSIENT", "# END GENERATED TRANSIENT", render_transient(transient)),
+    ):
+        pattern = rf"^{re.escape(begin)}$.*?^{re.escape(end)}$"
+        text, n = re.subn(pattern, lambda _m, b=block: b, text, flags=re.S | re.M)
+        if n != 1:
+            raise RuntimeError(f"{path}: expected one {begin!r} block, found {n}")
+    path.write_text(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -328,23 +470,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     t_start = time.perf_counter()
     curves = [c for c in load_corpus(args.curves) if c.anytime]
+    runs = load_runs()
     if args.quick:
-        curves = curves[::4]
+        curves, runs = curves[::4], runs[::4]
     samples = collect_samples(curves)
+    ours = collect_run_samples(runs)
     table = fit_table(samples)
     n_curves = samples["curve"].nunique()
     n_final = int(samples["final"].sum())
     cal_id = f"corpus-{n_curves}curves-{n_final}fits"
-    print(f"{len(samples)} samples ({n_final} last-loss) from {n_curves} curves in "
+    both = pd.concat([samples, ours], ignore_index=True)
+    e = transient_exponents(both)
+    transient = fit_transient_table(
+        both, f"transient-{ours['curve'].nunique()}runs-{n_curves}curves-{len(e)}comparisons")
+    print(f"{len(samples)} samples ({n_final} last-loss) from {n_curves} curves and "
+          f"{len(ours)} from {ours['curve'].nunique()} of our runs in "
           f"{time.perf_counter() - t_start:.0f}s; SE_FACTOR={table.kappa} "
-          f"DECAY_FACTOR={table.gamma}")
+          f"DECAY_FACTOR={table.gamma}; transient comparisons: "
+          f"{e['status'].value_counts().to_dict()}")
     print(render_module(table, cal_id))
+    print(render_transient(transient))
     fin = samples[samples["final"] & samples["k"].isin([0.1, 0.2, 0.3, 0.5])]
-    cv = cross_validated_coverage(samples)
+    cv = cross_validated_coverage(samples, ours=ours)
     print("cross-validated 90% coverage of the final loss by cut:",
           {k: round(float(cv[fin.index][fin["k"] == k].mean()), 3) for k in (0.1, 0.2, 0.3, 0.5)})
     if not args.dry_run and not args.quick:
-        write_module(table, cal_id)
+        write_module(table, cal_id, transient)
         print(f"wrote {CAL_MODULE.relative_to(ROOT)}")
     return 0
 

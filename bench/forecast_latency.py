@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -119,14 +120,17 @@ def refit_time(database_url: str, run_id: uuid.UUID, repeats: int) -> dict[str, 
         job = forecasts.FitJob(run_id=run_id, run_n_points=int(n), config=RunConfig())
         t = time.perf_counter()
         with session_scope(factory) as session:
-            data = forecasts.read_fit_input(session, job=job)
-        assert data is not None
+            inputs = forecasts.read_fit_inputs(session, job=job)
+        assert inputs
+        data = inputs[0]
         t1 = time.perf_counter()
         prev = data.previous_fit
         fit = fit_curve(data.steps, data.values, warm_start=prev.params if prev else None)
         t2 = time.perf_counter()
         with session_scope(factory) as session:
-            forecasts.save_fit(session, job=job, key=data.key, fit=fit, now=utcnow())
+            # previous_fit=None: store the row every time (the same data would be deduplicated)
+            forecasts.save_fits(session, job=job, fits=[(replace(data, previous_fit=None), fit)],
+                                now=utcnow())
         t3 = time.perf_counter()
         times["read"].append((t1 - t) * 1000)
         times["fit"].append((t2 - t1) * 1000)

@@ -18,8 +18,8 @@ source (nothing is downloaded) with one torch thread, a fixed seed and fixed dat
   (``total_steps``, ``warmup_steps``, ``c_warmup``, ``weight_decay``, ...), the model and batch,
   the final eval loss and the training time.
 
-Series (ScheduleFree+ runs; the AdamW runs log ``loss``, ``eval_loss``, ``opt/grad_l1`` and
-the norms):
+Series (ScheduleFree+ runs; the AdamW runs log ``loss``, ``eval_loss``, ``opt/grad_l1``, the
+norms and, every step, ``opt/lr``, the learning rate as ``Monitor.watch()`` logs it):
 
 * every step: ``loss`` (training loss at ``y``), ``opt/grad_l1``, ``opt/eta``, ``opt/alpha``,
   ``opt/numerator``;
@@ -69,6 +69,9 @@ class Spec:
     anneal: bool = False
     r: float = 0.0
     lr: float = 1.0
+    # The runs before the optimizer's defaults changed were trained with sf_beta 0.9 (the default
+    # then); the "defaults" family uses today's 0.8. Stated so that every run can be retrained.
+    sf_beta: float = 0.9
     seed: int = 0
     purpose: str = "forecast"
 
@@ -108,6 +111,33 @@ def planned() -> list[Spec]:
         Spec("m4-wd5", steps=2000, d_model=128, n_layers=4, weight_decay=5.0),
         Spec("l-wd10", steps=2000, d_model=256, weight_decay=10.0, anneal=True),
         Spec("s-b64-wd50-anneal-r1", batch_size=64, weight_decay=50.0, anneal=True, r=1.0),
+    ]
+    # The defaults family (forecast v2): the optimizer as users run it today -- sf_beta 0.8 and
+    # long warmups (the default 500, c_warmup twice that), so that the first 20-30% of a run is
+    # the warmup, the plateau and the averaging transient the forecast has to cope with.
+    specs += [
+        Spec("d-s-5k", steps=5000, weight_decay=5.0, warmup_steps=500, sf_beta=0.8),
+        Spec("d-m-5k", steps=5000, d_model=128, weight_decay=5.0, warmup_steps=500, sf_beta=0.8),
+        Spec("d-s-wd20-4k", steps=4000, weight_decay=20.0, warmup_steps=200, sf_beta=0.8),
+        Spec("d-s-b64-wd50-4k", steps=4000, batch_size=64, weight_decay=50.0, warmup_steps=300,
+             sf_beta=0.8),
+        Spec("d-m-b16-wd10-anneal-6k", steps=6000, d_model=128, batch_size=16,
+             weight_decay=10.0, warmup_steps=500, anneal=True, sf_beta=0.8),
+        Spec("d-s-r1-anneal-8k", steps=8000, weight_decay=5.0, warmup_steps=500, anneal=True,
+             r=1.0, sf_beta=0.8),
+        Spec("d-m4-3k", steps=3000, d_model=128, n_layers=4, weight_decay=5.0, warmup_steps=300,
+             sf_beta=0.8),
+        Spec("d-l-wd10-3k", steps=3000, d_model=256, weight_decay=10.0, warmup_steps=250,
+             sf_beta=0.8),
+        Spec("d-s-cw1000-5k", steps=5000, weight_decay=5.0, warmup_steps=200, c_warmup=1000,
+             sf_beta=0.8),
+        Spec("d-s-b128-3k", steps=3000, batch_size=128, weight_decay=5.0, warmup_steps=300,
+             sf_beta=0.8),
+        Spec("d-s-seed1-6k", steps=6000, weight_decay=5.0, warmup_steps=500, sf_beta=0.8,
+             seed=1),
+        Spec("d-s-warm100-3k", steps=3000, weight_decay=5.0, warmup_steps=100, sf_beta=0.8),
+    ]
+    specs += [
         # Not ScheduleFree+: anytime references and decaying schedules (the off_model negatives).
         Spec("s-sfadamw-lr3e-3", optimizer="sf_adamw", lr=3e-3, weight_decay=0.0, purpose=OTHER),
         Spec("s-sfadamw-lr1e-2", optimizer="sf_adamw", lr=1e-2, weight_decay=0.0, purpose=OTHER),
@@ -192,6 +222,7 @@ def train(spec: Spec) -> dict[str, Any]:
             c_warmup=c_warmup,
             anneal_steps=spec.steps if spec.anneal else 0,
             r=spec.r,
+            sf_beta=spec.sf_beta,
         )
     elif spec.optimizer == "sf_adamw":
         opt = ScheduleFreeAdamW(params, lr=spec.lr, warmup_steps=spec.warmup_steps)
@@ -232,6 +263,9 @@ def train(spec: Spec) -> dict[str, Any]:
             for group in opt.param_groups:
                 group["lr"] = spec.lr * factor(t)
             opt.step()
+            # What Monitor.watch() logs for an optimizer that is not ScheduleFree+: its first
+            # group's lr (schedule-free AdamW keeps its base rate there; warmup is inside).
+            rec.add("opt/lr", t, opt.param_groups[0]["lr"] if opt.param_groups else spec.lr)
             if t % NORM_EVERY == 0:
                 rec.add("opt/y_l2", t, _norms(params))
                 if averaged is not None:
@@ -258,6 +292,7 @@ def train(spec: Spec) -> dict[str, Any]:
             "weight_decay": spec.weight_decay,
             "anneal_steps": spec.steps if spec.anneal else 0,
             "r": spec.r,
+            "sf_beta": spec.sf_beta if spec.is_sfplus else None,
             "lr": spec.lr,
             "batch_size": spec.batch_size,
             "d_model": spec.d_model,
@@ -282,7 +317,7 @@ def report() -> str:
     for s in planned():
         path = DATA_DIR / f"{s.name}.json"
         if not path.exists():
-            rows.append([s.name, s.optimizer, *["-"] * 8, "not trained"])
+            rows.append([s.name, s.optimizer, *["-"] * 9, "not trained"])
             continue
         meta = json.loads(path.read_text())
         total_s += float(meta["train_seconds"])
@@ -292,6 +327,7 @@ def report() -> str:
             s.name, s.optimizer, f"{s.d_model}x{s.n_layers}", s.batch_size, s.steps,
             f"{s.lr:g}", f"{s.weight_decay:g}", s.warmup_steps,
             cfg["c_warmup"] if cfg["c_warmup"] is not None else "-",
+            f"{s.sf_beta:g}" if s.is_sfplus else "-",
             f"{'anneal' if s.anneal else '-'} / r={s.r:g}",
             "diverged (NaN)" if final != final else f"{final:.3f}",
         ])
@@ -303,12 +339,15 @@ def report() -> str:
         "source with one torch thread, seed 0 unless named, the same batches for the same seed; "
         "eval loss at x on 8 fixed held-out batches every 1% of the run. ScheduleFree+ runs use "
         "`ScheduleFreePlus(lr, weight_decay=lambda, warmup_steps, c_warmup, anneal_steps=steps "
-        "if annealed, r)`; `sf_adamw` is schedule-free AdamW (bench/_sf_adamw.py); `adamw_*` is "
+        "if annealed, r, sf_beta)`: the runs named `d-*` use the optimizer's current defaults "
+        "(sf_beta 0.8, long warmups: the forecast's hard case), the others the sf_beta of the "
+        "time they were trained (0.9); `sf_adamw` is schedule-free AdamW (bench/_sf_adamw.py); "
+        "`adamw_*` is "
         "`torch.optim.AdamW(betas=(0.9, 0.95), weight_decay=0.1)` with linear warmup then a "
         "constant, linear-to-0 or cosine-to-0 learning rate.\n\n"
         + markdown_table(
             ["run", "optimizer", "d_model x layers", "batch", "steps", "lr", "lambda", "warmup",
-             "c_warmup", "beta anneal / r", "final eval loss"],
+             "c_warmup", "sf_beta", "beta anneal / r", "final eval loss"],
             rows,
         )
         + f"\n\n{sum(1 for r in rows if r[-1] != 'not trained')} runs, "

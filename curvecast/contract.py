@@ -31,9 +31,11 @@ from typing import Any
 __all__ = [
     "ALERT_BURN_IN_C_WARMUPS",
     "ALERT_BURN_IN_FRACTION",
+    "CONSTANT_SCHEDULES",
     "EVAL_LOSS_KEYS",
     "FINAL_RUN_STATUSES",
     "KEY_CHARS",
+    "LR_STAT",
     "KEY_MAX_LENGTH",
     "KEY_PATTERN",
     "LEGACY_TELEMETRY_PREFIXES",
@@ -54,7 +56,9 @@ __all__ = [
     "is_valid_key",
     "fit_candidates",
     "fit_key",
+    "fit_ready",
     "loss_key",
+    "lr_key",
     "telemetry_key",
     "telemetry_keys",
     "telemetry_prefix",
@@ -115,6 +119,22 @@ OPTIMIZER_STATS = (
 NORM_STATS = ("x_l2", "y_l2", "z_l2", "grad_l2")
 
 
+#: The learning rate ``Monitor.watch()`` logs for any optimizer that is not ScheduleFree+
+#: (``opt/lr``; with several parameter groups ``opt/lr/0``, ``opt/lr/1``, ...). The forecast
+#: reads it: a decaying rate makes a fit ``off_model``.
+LR_STAT = "lr"
+
+
+def lr_key(present: Collection[str]) -> str | None:
+    """The logged learning rate among the ``present`` keys: ``opt/lr`` (or a legacy spelling,
+    or a plain ``lr`` the script logs itself), else the first parameter group's; ``None``."""
+    names = telemetry_keys(LR_STAT)
+    for key in (*names, *(name + "/0" for name in names)):
+        if key in present:
+            return key
+    return None
+
+
 def telemetry_key(stat: str) -> str:
     """The name the hook logs an optimizer statistic under (``opt/<stat>``)."""
     return TELEMETRY_PREFIX + stat
@@ -144,6 +164,9 @@ EVAL_LOSS_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation/
 TRAIN_LOSS_KEY = "loss"
 #: Names a densely logged training loss may carry.
 TRAIN_LOSS_KEYS = (TRAIN_LOSS_KEY, "train_loss", "train/loss")
+#: ``lr_schedule`` values that do not decay (a warmup is fine: the burn-in drops it).
+CONSTANT_SCHEDULES = ("constant", "constant_with_warmup", "schedule_free", "schedule-free",
+                      "none")
 #: What a forecast fits when nobody chose: the first evaluation loss present, else ``loss``.
 LOSS_KEYS = (*EVAL_LOSS_KEYS, TRAIN_LOSS_KEY)
 
@@ -189,6 +212,14 @@ def fit_candidates(config: RunConfig) -> tuple[str, ...]:
     return LOSS_KEYS
 
 
+def fit_ready(counts: Mapping[str, int]) -> list[str]:
+    """The series with enough points to fit, given each one's point count: any data, and for an
+    evaluation loss :data:`MIN_EVAL_POINTS`. :func:`fit_key` picks among these; the worker fits
+    all of them."""
+    return [k for k, n in counts.items()
+            if n > 0 and (k not in EVAL_LOSS_KEYS or n >= MIN_EVAL_POINTS)]
+
+
 def fit_key(
     counts: Mapping[str, int],
     config: RunConfig | Mapping[str, Any] | None = None,
@@ -201,8 +232,7 @@ def fit_key(
     over: there is nothing to fit. The worker's refit and the alert replay both ask this, so
     they fit the same series at the same point of a run.
     """
-    ready = [k for k, n in counts.items() if n > 0 and (k not in EVAL_LOSS_KEYS
-                                                        or n >= MIN_EVAL_POINTS)]
+    ready = fit_ready(counts)
     key = loss_key(ready, config, override)
     if key is not None and key in ready:
         return key
@@ -247,6 +277,14 @@ class RunConfig:
     c_warmup: int | None = None
     weight_decay: float | None = None
     fit_key: str | None = None
+    #: The lowest value the loss can take, when it is not 0 (a loss that can go negative, or
+    #: one with a known positive floor such as a label-noise entropy). Forecasts, intervals and
+    #: f* never go below it; without it a loss that was never negative has the floor 0.
+    loss_lower_bound: float | None = None
+    #: The learning-rate schedule, as the training framework names it ("constant", "linear",
+    #: "cosine", "wsd", ...; the Hugging Face callback sends ``lr_scheduler_type``). A decaying
+    #: one makes every forecast ``off_model``: a/sqrt(t+b)+c describes anytime runs.
+    lr_schedule: str | None = None
 
     @classmethod
     def read(cls, raw: Mapping[str, Any] | None) -> RunConfig:
@@ -257,13 +295,25 @@ class RunConfig:
         warmup = _positive(raw.get("warmup_steps", raw.get("warmup")))
         c_warmup = _positive(raw.get("c_warmup"))
         fit_key = raw.get("fit_key")
+        bound = raw.get("loss_lower_bound")
+        schedule = raw.get("lr_schedule")
         return cls(
             total_steps=int(total) if total is not None else None,
             warmup_steps=int(warmup) if warmup is not None else None,
             c_warmup=int(c_warmup) if c_warmup is not None else None,
             weight_decay=_non_negative(raw.get("weight_decay")),
             fit_key=fit_key if is_valid_key(fit_key) else None,
+            loss_lower_bound=(float(bound) if isinstance(bound, int | float)
+                              and not isinstance(bound, bool) and math.isfinite(bound)
+                              else None),
+            lr_schedule=(schedule.strip().lower() or None) if isinstance(schedule, str) else None,
         )
+
+    @property
+    def decaying_schedule(self) -> bool:
+        """Whether the config declares a learning-rate schedule that decays (anything but
+        :data:`CONSTANT_SCHEDULES`)."""
+        return self.lr_schedule is not None and self.lr_schedule not in CONSTANT_SCHEDULES
 
     def horizon(self, last_step: int | None) -> int | None:
         """The default forecast horizon: the planned ``total_steps``, else the last step logged.

@@ -169,11 +169,13 @@ class ForecastData:
     b: float
     c: float
     fitted_upto_step: float | None
-    f_star: Prediction | None  # step = NaN: f* has no step
+    f_star: Prediction | None  # step = NaN: f* has no step; None when not identifiable
     prediction: Prediction | None
     confidence: float
     off_model: bool
     message: str
+    f_star_at_most: float | None = None  # f* not identifiable yet: "at most" this (the loss now)
+    useful_from_step: float | None = None  # too_early: a useful forecast from this step on
 
     @classmethod
     def from_api(cls, item: Mapping[str, Any] | None) -> ForecastData | None:
@@ -181,15 +183,21 @@ class ForecastData:
         if not item:
             return None
         a, b, c = (to_float(item.get(k)) for k in ("a", "b", "c"))
+        if a == 0.0 and item.get("b") is None:
+            b = 0.0  # a flat fit: f(t) = c, whatever b
         if not all(math.isfinite(x) for x in (a, b, c)):
             return None
         star = item.get("f_star") or None
         f_star = None
+        at_most = None
         if star and math.isfinite(to_float(star.get("value"))):
             f_star = Prediction(
                 math.nan, to_float(star["value"]), to_float(star.get("lo")),
                 to_float(star.get("hi")),
             )
+        elif star and math.isfinite(to_float(star.get("hi"))):
+            at_most = to_float(star.get("hi"))
+        useful = to_float(item.get("useful_from_step"))
         upto = item.get("fitted_upto_step")
         return cls(
             status=str(item.get("status", "")),
@@ -203,6 +211,8 @@ class ForecastData:
             confidence=float(item.get("confidence") or 0.9),
             off_model=bool(item.get("off_model")),
             message=str(item.get("message") or ""),
+            f_star_at_most=at_most,
+            useful_from_step=useful if math.isfinite(useful) else None,
         )
 
     def curve(self, steps: FloatArray) -> FloatArray:

@@ -235,8 +235,13 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         detail = f"{fit.confidence:.0%} interval {fmt.interval(pred.lo, pred.hi)}"
         if total is None:
             detail += " (no total_steps: at the last step logged)"
-        kpis.append(Kpi("forecast", f"Forecast at {where}", fmt.loss(pred.value), detail,
-                        "warn" if fit.off_model else "good"))
+        if fit.useful_from_step is not None:
+            detail += f"; too early: a useful forecast from step {fmt.step(fit.useful_from_step)}"
+        elif status == "no_asymptote":
+            detail += ("; no asymptote yet: the current loss extended at the pace runs like "
+                       "this one kept")
+        tone = "good" if status == "ok" and not fit.off_model else "warn"
+        kpis.append(Kpi("forecast", f"Forecast at {where}", fmt.loss(pred.value), detail, tone))
     else:
         message = (page.forecast or {}).get("message") or "waiting for the first fit"
         kpis.append(Kpi("forecast", f"Forecast at {where}", "pending" if status == "pending"
@@ -245,8 +250,15 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         kpis.append(Kpi("f_star", "f* (asymptote c)", fmt.loss(fit.f_star.value),
                         f"{fit.confidence:.0%} interval "
                         f"{fmt.interval(fit.f_star.lo, fit.f_star.hi)}"))
+    elif fit is not None:
+        # The same truth as REST's f_star (value null, hi = at most): not identifiable yet.
+        detail = f"not identifiable yet ({str(status).replace('_', ' ')})"
+        if fit.f_star_at_most is not None:
+            detail += f": at most {fmt.loss(fit.f_star_at_most)}"
+        kpis.append(Kpi("f_star", "f* (asymptote c)", "—", detail, "warn"))
     else:
-        kpis.append(Kpi("f_star", "f* (asymptote c)", "—", "no fit yet"))
+        waiting = "no fit yet" if status == "pending" else str(status).replace("_", " ")
+        kpis.append(Kpi("f_star", "f* (asymptote c)", "—", waiting))
 
     if page.forecast and status != "pending":
         fitted_on = page.forecast.get("key") or "?"

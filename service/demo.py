@@ -5,8 +5,9 @@ It starts the service (SQLite file, loopback) in this process, runs
 ``examples/train_charlm.py`` (ScheduleFreePlus on a small character-level transformer, with the
 client hook) as a child process, and polls the REST API once a second to draw a progress line:
 step, loss, elapsed and remaining time, the forecast of the final loss with its interval, f*, and
-the ETA to a target loss. At the end it compares the forecast made at 20% of the run with the
-loss actually reached, then keeps serving the dashboard until Ctrl-C.
+the ETA to a target loss. At the end it compares the forecast made at 20% of the run, and the
+first one with status ``ok``, with the loss actually reached, then keeps serving the dashboard
+until Ctrl-C.
 
 The demo binds its listening socket itself before anything else and hands that socket to
 uvicorn, so the server the training run and the progress line talk to is necessarily this
@@ -197,20 +198,44 @@ class _Progress:
         left = elapsed * (self.steps - step) / step if step else None
         text = (
             f"step {step:>5}/{self.steps} [{'#' * done}{'.' * (width - done)}] "
-            f"{_duration(elapsed)} elapsed, ~{_duration(left)} left | loss {_fmt(loss)}"
+            f"{_duration(elapsed)} elapsed, ~{_duration(left)} left | train loss {_fmt(loss)}"
         )
         forecast = self.client.get(f"{base}/forecast", horizon=self.steps)
         if forecast and (forecast.get("prediction") or {}).get("value") is not None:
+            # Like with like: the forecast is of the fitted series (the eval loss once it has
+            # enough points), so its latest value is shown beside it, named.
+            key = forecast.get("key") or "loss"
+            now = loss
+            if key != "loss":
+                fitted = self.client.get(f"{base}/metrics", keys=key)
+                values = [v for v in ((fitted or {"series": [{"values": []}]})["series"][0]
+                                      ["values"]) if isinstance(v, float)]
+                now = values[-1] if values else None
+                text += f" | {key} {_fmt(now)}"
             p, fs = forecast["prediction"], forecast.get("f_star") or {}
-            half = (p["hi"] - p["lo"]) / 2 if p["hi"] is not None and p["lo"] is not None else None
-            text += f" | final {_fmt(p['value'])} ± {_fmt(half)} | f* {_fmt(fs.get('value'))}"
+            # [lo, hi], not ±: a too_early or no_asymptote interval is lopsided.
+            text += f" → final {key} {_fmt(p['value'])} [{_fmt(p['lo'])}, {_fmt(p['hi'])}]"
+            if forecast.get("status") != "ok":
+                text += f" ({forecast.get('status')})"
+            if fs.get("value") is not None:
+                text += f" | f* {_fmt(fs.get('value'))}"
+            elif fs.get("hi") is not None:
+                text += f" | f* ≤ {_fmt(fs.get('hi'))}"
             target = self.target
             if target is None and p["value"] is not None:
-                target = math.ceil(p["value"] * 20) / 20  # a round loss the run should reach
+                target = math.ceil(p["value"] * 20) / 20  # a round loss the run should reach ...
+                if now is not None and target >= now:
+                    target = math.floor(now * 20) / 20  # ... and has not reached yet
+                    if target >= now:
+                        target -= 0.05
             if target is not None:
                 ans = self.client.get(f"{base}/forecast/target", loss=target)
+                tgt = (ans or {}).get("target") or {}
                 eta = (ans or {}).get("eta") or {}
-                text += f" | ETA to {target:g}: {_duration(eta.get('seconds'))}"
+                if tgt.get("reached"):
+                    text += f" | {target:g} reached at step {int(tgt['step'])}"
+                else:
+                    text += f" | ETA to {target:g}: {_duration(eta.get('seconds'))}"
         elif forecast:
             text += f" | forecast: {forecast['status']}"
         return text
@@ -252,20 +277,31 @@ def _summary(client: _Api, run_id: str, steps: int) -> str:
     if early is None:
         lines.append("no forecast with a value was made from 20% of the run on")
     else:
-        f = early["final"]
-        lines.append(
-            f"forecast made at step {int(early['fitted_upto_step'])} "
-            f"({100 * early['fitted_upto_step'] / steps:.0f}% of the run, status "
-            f"{early.get('status')}): {_fmt(f['value'])} [{_fmt(f['lo'])}, {_fmt(f['hi'])}]"
-        )
-        if actual is not None and f["value"] is not None:
-            err = 100 * (f["value"] - actual) / actual
-            inside = f["lo"] is not None and f["hi"] is not None and f["lo"] <= actual <= f["hi"]
-            lines.append(
-                f"error {err:+.2f}%; the loss reached is "
-                f"{'inside' if inside else 'outside'} the 90% interval"
-            )
+        lines += _quoted(early, steps, actual)
+    # The first fit that knew (status ok): where a forecast became useful, and how good it was.
+    useful = next((p for p in history["points"] if p.get("status") == "ok"
+                   and (p.get("final") or {}).get("value") is not None), None)
+    if useful is None:
+        lines.append("no forecast reached status ok (still in the transient, or no asymptote)")
+    elif useful is not early:
+        lines += _quoted(useful, steps, actual)
     return "\n".join(lines)
+
+
+def _quoted(point: dict[str, Any], steps: int, actual: float | None) -> list[str]:
+    """A history point's forecast of the final loss, named by step and status, and its error."""
+    f = point["final"]
+    out = [
+        f"forecast made at step {int(point['fitted_upto_step'])} "
+        f"({100 * point['fitted_upto_step'] / steps:.0f}% of the run, status "
+        f"{point.get('status')}): {_fmt(f['value'])} [{_fmt(f['lo'])}, {_fmt(f['hi'])}]"
+    ]
+    if actual is not None and f["value"] is not None:
+        err = 100 * (f["value"] - actual) / actual
+        inside = f["lo"] is not None and f["hi"] is not None and f["lo"] <= actual <= f["hi"]
+        out.append(f"  error {err:+.2f}%; the loss reached is "
+                   f"{'inside' if inside else 'outside'} the 90% interval")
+    return out
 
 
 def run_demo(args: argparse.Namespace) -> int:

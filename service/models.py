@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     Uuid,
+    true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
@@ -149,7 +150,10 @@ class FitRecord(Base):
     """One stored forecast fit (the fit history). ``fit`` is ``Fit.to_dict()``."""
 
     __tablename__ = "fits"
-    __table_args__ = (Index("ix_fits_run_id_id", "run_id", "id"),)
+    __table_args__ = (
+        Index("ix_fits_run_id_id", "run_id", "id"),
+        Index("ix_fits_run_id_key_id", "run_id", "key", "id"),  # migration 0007
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
@@ -160,6 +164,11 @@ class FitRecord(Base):
     fitted_upto_step: Mapped[int | None] = mapped_column(BigInteger)
     fit: Mapped[dict[str, Any]] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    #: A fit of the run's default series (the contract's ``fit_key``), which every answer uses
+    #: unless a ``?key=`` names another (migration 0007).
+    is_default: Mapped[bool] = mapped_column(default=True, server_default=true())
+    #: The run's recent step rate when the fit was made: target ETAs read it with the fit.
+    steps_per_second: Mapped[float | None] = mapped_column(Double)
 
 
 # --- Alerts (migration 0003) ---------------------------------------------------------------------

@@ -115,7 +115,10 @@ class CurvecastCallback(TrainerCallback):
             options = dict(self._monitor_kwargs)
             # to_dict() masks secrets such as hub_token.
             trainer_args = args.to_dict()  # type: ignore[no-untyped-call]
-            options.setdefault("config", {"trainer": json_safe(trainer_args)})
+            # lr_schedule: a decaying schedule tells the forecast the curve is off its model.
+            kind = str(getattr(args, "lr_scheduler_type", "")).rsplit(".", 1)[-1].lower()
+            options.setdefault("config", {"trainer": json_safe(trainer_args),
+                                          "lr_schedule": kind or None})
             if state.max_steps and state.max_steps > 0:
                 options.setdefault("total_steps", int(state.max_steps))
             options.setdefault("run_name", args.run_name or None)

@@ -296,6 +296,7 @@
           " (" + Math.round(f.confidence * 100) + "% interval " + fmtLoss(p.lo) + " – " + fmtLoss(p.hi) + ")"];
         if (last !== null && last !== undefined && step <= last) nodes.push(" — this step is already behind the run: this is the fitted curve's value.");
         if (f.off_model) nodes.push(" Warning: the recent loss departs from the fitted curve.");
+        if (f.status === "too_early" || f.status === "no_asymptote") nodes.push(" (" + f.status.replace(/_/g, " ") + ": " + f.message + ")");
         answer("ask-step-answer", nodes);
       }, function (err) { answer("ask-step-answer", [err.message], true); });
     });
@@ -309,13 +310,21 @@
       getJSON(CFG.api + path).then(function (t) {
         var target = t.target;
         if (!target) { answer("ask-loss-answer", ["No forecast yet: the first fit comes seconds after the first points."], true); return; }
+        if (target.reached) {
+          // Answered from the data, not the model (the same answer as REST's reached: true).
+          answer("ask-loss-answer", ["Already reached: the smoothed " + (t.key || "loss") + " was at " +
+            fmtLoss(loss) + " or below from step ", el("b", { text: fmtStep(target.step) }), " on."]);
+          return;
+        }
         if (!target.reachable) {
-          answer("ask-loss-answer", ["Not reachable: a loss of " + fmtLoss(loss) +
-            " is at or below the fitted asymptote f* — the run is not forecast to get there."]);
+          answer("ask-loss-answer", ["Not reachable: a loss of " + fmtLoss(loss) + " is " +
+            (target.reason || "at or below the fitted asymptote f*") +
+            " — the run is not forecast to get there."]);
           return;
         }
         var nodes = ["Loss " + fmtLoss(loss) + " is forecast at step ", el("b", { text: fmtStep(target.step) }),
           " (interval " + fmtStep(target.lo) + " – " + (target.hi === null ? "beyond reach" : fmtStep(target.hi)) + ")"];
+        if (t.status && t.status !== "ok") nodes.push(" [fit status: " + t.status.replace(/_/g, " ") + "]");
         var eta = t.eta;
         if (eta && eta.seconds !== null && eta.seconds !== undefined) {
           nodes.push(eta.seconds <= 0 ? "; already reached." :

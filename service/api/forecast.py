@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from curvecast.contract import MAX_STEP, TRAIN_LOSS_KEY
+from curvecast.contract import KEY_MAX_LENGTH, KEY_PATTERN, MAX_STEP
 from curvecast.service.deps import ReadPrincipal, SessionDep
 from curvecast.service.forecast.answer import forecast_answer, history_answer, target_answer
 from curvecast.service.schemas.forecast import ForecastHistory, ForecastOut, TargetAnswer
@@ -23,6 +23,12 @@ from curvecast.service.store._common import utcnow
 router = APIRouter(prefix="/api/v1/runs/{run_id}/forecast", tags=["forecast"])
 
 Confidence = Annotated[float, Query(gt=0.5, lt=1.0, description="Interval coverage")]
+Key = Annotated[
+    str | None,
+    Query(min_length=1, max_length=KEY_MAX_LENGTH, pattern=KEY_PATTERN,
+          description="The series to forecast (default: an evaluation loss with enough points, "
+          "else loss; or the config's fit_key)"),
+]
 Horizon = Annotated[
     int | None,
     Query(ge=0, le=MAX_STEP, description="Default: the run's total_steps, else its last step"),
@@ -36,10 +42,11 @@ def get_forecast(
     principal: ReadPrincipal,
     horizon: Horizon = None,
     confidence: Confidence = 0.9,
+    key: Key = None,
 ) -> ForecastOut:
     """The loss at ``horizon`` with its interval, f* ≈ c, and the fit's parameters."""
     stored, run = forecast_store.latest_fit(
-        session, run_id=run_id, allowed_project=principal.project
+        session, run_id=run_id, allowed_project=principal.project, key=key
     )
     return forecast_answer(
         stored.fit if stored else None,
@@ -47,7 +54,7 @@ def get_forecast(
         last_step=run.last_step,
         horizon=horizon,
         confidence=confidence,
-        key=stored.key if stored else None,
+        key=stored.key if stored else key,
         fitted_at=stored.created_at if stored else None,
     )
 
@@ -59,28 +66,24 @@ def get_target(
     principal: ReadPrincipal,
     loss: Annotated[float, Query(allow_inf_nan=False, description="Target loss")],
     confidence: Confidence = 0.9,
+    key: Key = None,
 ) -> TargetAnswer:
     """The step at which the loss reaches ``loss`` (with interval) and a wall-clock ETA from
-    the run's recent step rate."""
+    the run's recent step rate. A target the data already reached is answered from the data
+    (``reached``); a finished run gets no ETA."""
     stored, run = forecast_store.latest_fit(
-        session, run_id=run_id, allowed_project=principal.project
+        session, run_id=run_id, allowed_project=principal.project, key=key
     )
-    rate = None
-    if stored is not None:
-        # The training loss is logged every step with its wall time: the best clock; the fitted
-        # series (an evaluation loss) is the fallback.
-        for key in dict.fromkeys((TRAIN_LOSS_KEY, stored.key)):
-            rate = forecast_store.recent_step_rate(session, run_id=run_id, key=key)
-            if rate is not None:
-                break
     return target_answer(
         stored.fit if stored else None,
         loss=loss,
         confidence=confidence,
-        key=stored.key if stored else None,
+        key=stored.key if stored else key,
         last_step=run.last_step,
-        steps_per_second=rate,
+        # The step rate the worker stored with the fit: the request reads nothing else.
+        steps_per_second=stored.steps_per_second if stored else None,
         now=utcnow(),
+        finished=run.finished,
     )
 
 
@@ -92,11 +95,12 @@ def get_history(
     horizon: Horizon = None,
     confidence: Confidence = 0.9,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    key: Key = None,
 ) -> ForecastHistory:
     """Each stored fit's forecast of the loss at ``horizon``, in the order they were made, so
-    one can watch the forecast settle."""
+    one can watch the forecast settle: one row per fit, each naming its series."""
     fits, run = forecast_store.fit_history(
-        session, run_id=run_id, allowed_project=principal.project, limit=limit
+        session, run_id=run_id, allowed_project=principal.project, limit=limit, key=key
     )
     return history_answer(
         run_id,
@@ -105,4 +109,5 @@ def get_history(
         last_step=run.last_step,
         horizon=horizon,
         confidence=confidence,
+        key=key,
     )

@@ -70,6 +70,10 @@ class DatedFit(Protocol):
         """The parsed fit."""
 
     @property
+    def key(self) -> str:
+        """The series it fitted."""
+
+    @property
     def created_at(self) -> datetime:
         """When the worker made it."""
 
@@ -92,7 +96,8 @@ def _f_star(fit: Fit, confidence: float) -> IntervalOut:
 
 def _target(fit: Fit, loss: float, confidence: float) -> TargetOut:
     t = fit.steps_to(loss, confidence)
-    return TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable)
+    return TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable,
+                     reached=t.reached, reason=t.reason)
 
 
 def forecast_answer(
@@ -146,6 +151,7 @@ def forecast_answer(
         fitted_at=fitted_at,
         confidence=confidence,
         off_model=fit.off_model,
+        useful_from_step=finite_or_none(fit.useful_from_step),
         message=fit.message,
     )
 
@@ -159,6 +165,7 @@ def target_answer(
     last_step: int | None,
     steps_per_second: float | None,
     now: datetime,
+    finished: bool = False,
 ) -> TargetAnswer:
     """When the loss reaches ``loss``, with a wall-clock ETA.
 
@@ -170,16 +177,17 @@ def target_answer(
         last_step: the run's last logged step (where the ETA counts from).
         steps_per_second: the run's recent step rate, if known.
         now: the current time (the ETA's ``at`` is relative to it).
+        finished: the run has ended: there is no pace to extrapolate.
 
     Returns:
-        The answer; ``eta`` is null when the target is never reached, and its ``seconds`` null
-        without a positive step rate.
+        The answer; ``eta`` is null when the target is never reached, was already reached, or
+        the run has ended, and its ``seconds`` null without a positive step rate.
     """
     if fit is None:
-        return TargetAnswer(status=PENDING, key=None, target=None, eta=None)
+        return TargetAnswer(status=PENDING, key=key, target=None, eta=None)
     target = _target(fit, loss, confidence)
     eta = None
-    if target.step is not None:
+    if target.step is not None and not target.reached and not finished:
         seconds = None
         if steps_per_second and steps_per_second > 0 and last_step is not None:
             seconds = max(0.0, (target.step - last_step) / steps_per_second)
@@ -199,6 +207,7 @@ def history_answer(
     last_step: int | None,
     horizon: int | None = None,
     confidence: float = 0.9,
+    key: str | None = None,
 ) -> ForecastHistory:
     """Each fit's forecast of the loss at one horizon, in the order given (oldest first), so
     one can watch the forecast settle.
@@ -210,6 +219,7 @@ def history_answer(
         last_step: the run's last logged step (the horizon when the config plans none).
         horizon: the step to forecast; None: ``config.horizon(last_step)``.
         confidence: interval coverage in (0, 1).
+        key: the series asked for (None: the default series).
     """
     if horizon is None:
         horizon = config.horizon(last_step)
@@ -218,13 +228,16 @@ def history_answer(
             fitted_upto_step=stored.fit.fitted_upto_step,
             n_points=stored.fit.n_points,
             status=stored.fit.status,
+            key=stored.key,
             created_at=stored.created_at,
             final=_prediction(stored.fit, horizon, confidence),
             f_star=_f_star(stored.fit, confidence),
         )
         for stored in fits
     ]
-    return ForecastHistory(run_id=run_id, horizon=horizon, points=points)
+    if key is None and points:
+        key = points[-1].key
+    return ForecastHistory(run_id=run_id, key=key, horizon=horizon, points=points)
 
 
 @dataclass(frozen=True)
@@ -247,12 +260,11 @@ def band(fit: Fit | None, steps: Sequence[float] | FloatArray, confidence: float
         confidence: interval coverage in (0, 1).
     """
     at = np.asarray(steps, dtype=np.float64)
-    values = np.full((3, at.size), math.nan)
-    if fit is not None and fit.has_forecast:
-        for i, step in enumerate(at):
-            p = fit.predict(float(step), confidence)
-            values[:, i] = (p.lo, p.value, p.hi)
-    return Band(steps=at, lo=values[0], mid=values[1], hi=values[2])
+    if fit is None:
+        nan = np.full(at.size, math.nan)
+        return Band(steps=at, lo=nan, mid=nan.copy(), hi=nan.copy())
+    mid, lo, hi = fit.predict_many(at, confidence)
+    return Band(steps=at, lo=lo, mid=mid, hi=hi)
 
 
 def offline_json(answer: ForecastOut) -> dict[str, Any]:

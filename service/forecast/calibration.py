@@ -1,7 +1,7 @@
 """Interval calibration constants for the forecast (pure data + interpolation, no I/O).
 
-The block between the ``BEGIN/END GENERATED`` markers is written by
-``python -m bench.forecast_calibrate`` from the curve corpus; do not edit it by hand.
+The blocks between the ``BEGIN/END GENERATED`` markers are written by
+``python -m bench.forecast_calibrate`` from the curve corpora; do not edit them by hand.
 
 How the constants are used (docs/forecast.md, "Intervals"): for a forecast ``y_hat(t)`` the
 fit computes a scale ``S(t) = sqrt(SE_FACTOR * se(t)^2 + sigma^2 + (DECAY_FACTOR * drop(t))^2)``
@@ -10,54 +10,67 @@ step).
 The interval is ``[y_hat + z_lo * S, y_hat + z_hi * S]`` where ``z_lo, z_hi`` are empirical
 quantiles of the standardised error ``(y_true - y_hat) / S`` measured on held-out parts of real
 curves, tabulated by extrapolation ratio ``r = (t - t0) / (t_last - t0)`` and probability.
+
+When the model cannot say where the curve levels off -- ``too_early`` (the transient after
+averaging starts) and ``no_asymptote`` (``c`` at its floor) -- the answer extends the current
+loss instead (:func:`transient_band`): ``level * (t / t_last) ** -g``, where the exponent ``g``
+is what runs like it did afterwards. Its quantiles (:class:`TransientTable`) are measured on our
+own ScheduleFree+ runs and the public anytime curves: for ``too_early`` the exponent itself, for
+``no_asymptote`` its ratio to the decay rate the run shows now.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
+from dataclasses import dataclass
 from typing import Final
 
+import numpy as np
+from numpy.typing import NDArray
+
 # BEGIN GENERATED
-CALIBRATION_ID: Final = "corpus-228curves-2595fits"
+CALIBRATION_ID: Final = "corpus-232curves-2641fits"
 SE_FACTOR: Final = 1.0
 DECAY_FACTOR: Final = 0.1
 RATIOS: Final[tuple[float, ...]] = (
-    1.409, 1.962, 3.205, 5.104, 9.500, 21.455,
+    1.388, 1.959, 3.199, 5.017, 9.500, 21.227,
 )
 PROBS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 0.85, 0.9, 0.95, 0.975, 0.99, 0.995,
 )
 QUANTILES: Final[tuple[tuple[float, ...], ...]] = (
     (
-        -3.8936, -3.2963, -2.3620, -1.9049, -1.3941, -1.0637, -0.4688, 0.2425, 1.1216, 1.8553,
-        2.3501, 2.8867, 3.7533, 5.5931, 6.0173,
+        -3.9661, -3.3320, -2.4964, -2.0544, -1.5090, -1.2034, -0.5616, 0.2268, 1.0559, 1.8177,
+        2.3730, 2.9076, 3.8250, 5.7926, 6.0733,
     ),
     (
-        -5.7761, -4.3302, -3.4183, -2.6122, -1.5422, -0.6352, -0.3381, 0.4249, 1.4995, 2.6098,
-        3.0525, 3.6352, 5.5706, 6.3458, 6.4440,
+        -6.2893, -4.7556, -3.6905, -2.9644, -2.0316, -1.2560, -0.3136, 0.4398, 1.5451, 2.6449,
+        3.0964, 3.8121, 5.5936, 6.3616, 6.4759,
     ),
     (
-        -6.7106, -5.8335, -3.9243, -2.7471, -1.5754, -0.9451, -0.4440, 0.4201, 1.7624, 2.7519,
-        3.1050, 3.9523, 4.7276, 5.3961, 5.5952,
+        -7.4018, -6.8126, -5.2753, -3.6444, -1.9557, -1.2724, -0.5158, 0.3322, 1.4092, 2.4532,
+        3.0227, 3.8670, 4.6718, 5.3059, 5.6474,
     ),
     (
-        -6.4846, -5.5948, -4.0607, -2.3027, -1.3543, -1.0019, -0.4061, 0.3707, 1.5392, 2.3311,
-        2.8300, 3.3533, 4.1224, 4.6136, 5.5218,
+        -6.8954, -5.7510, -4.3133, -2.7699, -1.5824, -1.0964, -0.5117, 0.3431, 1.4860, 2.3306,
+        2.9053, 3.4375, 4.2628, 5.0211, 5.5464,
     ),
     (
-        -9.3250, -7.9499, -5.9924, -3.6230, -1.7472, -0.8762, -0.3730, 0.3228, 1.3208, 1.9767,
-        2.3189, 2.9976, 3.6786, 4.2129, 4.6799,
+        -9.5909, -8.2515, -6.4395, -5.0581, -2.1747, -1.3355, -0.5899, 0.2009, 1.2540, 1.9568,
+        2.3948, 3.3001, 3.7735, 4.3368, 4.9574,
     ),
     (
-        -6.7312, -6.3412, -2.6221, -1.2976, -0.8307, -0.5405, -0.1920, 0.3794, 1.1941, 1.6117,
-        1.7129, 2.3230, 2.9627, 3.5916, 6.4901,
+        -12.5824, -8.7911, -5.7140, -2.4837, -1.0965, -0.7931, -0.3922, 0.1451, 1.0577, 1.5068,
+        1.9914, 2.7001, 3.2859, 5.0164, 6.8569,
     ),
 )
 # END GENERATED
 
 #: Largest tabulated extrapolation ratio (used for f*, which is never observed).
 MAX_RATIO: Final = RATIOS[-1]
+_LOG_RATIOS: Final = tuple(math.log(x) for x in RATIOS)
 
 
 def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
@@ -71,21 +84,117 @@ def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
     return ys[j - 1] * (1.0 - w) + ys[j] * w
 
 
+@functools.lru_cache(maxsize=256)
+def _column(prob: float) -> tuple[float, ...]:
+    """The calibrated quantile at ``prob`` for each tabulated ratio (computed once per
+    probability: an interval query is then one interpolation in ``log(ratio)``)."""
+    return tuple(_interp(prob, PROBS, row) for row in QUANTILES)
+
+
 def quantile(ratio: float, prob: float) -> float:
     """Calibrated quantile of the standardised error at extrapolation ``ratio``.
 
-    Interpolates linearly in ``log(ratio)`` between tabulated ratios (clamped at the ends) and
-    linearly in probability between tabulated probabilities (clamped to the outermost ones).
+    Interpolates linearly in probability between tabulated probabilities (clamped to the
+    outermost ones) and linearly in ``log(ratio)`` between tabulated ratios (clamped at the
+    ends): bilinear on the table.
     """
     r = ratio if math.isfinite(ratio) and ratio > 1.0 else 1.0
-    lr = math.log(r)
-    log_ratios = tuple(math.log(x) for x in RATIOS)
-    row = [_interp(lr, log_ratios, tuple(q[i] for q in QUANTILES)) for i in range(len(PROBS))]
-    return _interp(prob, PROBS, tuple(row))
+    return _interp(math.log(r), _LOG_RATIOS, _column(prob))
+
+
+def _tails(confidence: float) -> tuple[float, float]:
+    c = confidence if 0.0 < confidence < 1.0 else 0.9
+    tail = 0.5 * (1.0 - c)
+    return tail, 1.0 - tail
 
 
 def multipliers(ratio: float, confidence: float) -> tuple[float, float]:
     """``(z_lo, z_hi)`` of a central ``confidence`` interval at extrapolation ``ratio``."""
-    c = confidence if 0.0 < confidence < 1.0 else 0.9
-    tail = 0.5 * (1.0 - c)
-    return quantile(ratio, tail), quantile(ratio, 1.0 - tail)
+    lo, hi = _tails(confidence)
+    return quantile(ratio, lo), quantile(ratio, hi)
+
+
+def multipliers_many(ratios: NDArray[np.float64], confidence: float
+                     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """:func:`multipliers` for an array of ratios, in one pass."""
+    lo, hi = _tails(confidence)
+    r = np.where(np.isfinite(ratios) & (ratios > 1.0), ratios, 1.0)
+    lr = np.log(r)
+    return (np.interp(lr, _LOG_RATIOS, _column(lo)), np.interp(lr, _LOG_RATIOS, _column(hi)))
+
+
+# --- the transient: too_early and no_asymptote ---------------------------------------------------
+@dataclass(frozen=True)
+class TransientTable:
+    """Quantiles of the decay exponent ``g`` in ``loss(t) = level * (t / t_last) ** -g`` that
+    runs showed after a ``too_early`` or a ``no_asymptote`` fit (``python -m
+    bench.forecast_calibrate`` measures them; the benches rebuild them without the run they
+    score).
+
+    Attributes:
+        probs: the tabulated probabilities (ascending).
+        too_early: quantiles of ``g`` after a ``too_early`` fit.
+        no_asymptote: quantiles of ``g / decay_rate`` after a ``no_asymptote`` fit, where
+            ``decay_rate`` is the decay the data showed then (``Fit.decay_rate``).
+        no_asymptote_plain: quantiles of ``g`` after a ``no_asymptote`` fit (for the fits whose
+            data gave no decay rate).
+        id: names the measurement (stored with each fit's answers as ``calibration``).
+    """
+
+    probs: tuple[float, ...]
+    too_early: tuple[float, ...]
+    no_asymptote: tuple[float, ...]
+    no_asymptote_plain: tuple[float, ...]
+    id: str = ""
+
+    def exponents(self, kind: str, decay_rate: float | None, confidence: float
+                  ) -> tuple[float, float, float]:
+        """``(g_low, g_mid, g_high)``: exponents of a central ``confidence`` interval and the
+        median, for a fit of status ``kind`` (``too_early`` or ``no_asymptote``)."""
+        c = confidence if 0.0 < confidence < 1.0 else 0.9
+        tail = 0.5 * (1.0 - c)
+        if kind == "too_early":
+            row, scale = self.too_early, 1.0
+        elif decay_rate is not None and math.isfinite(decay_rate) and decay_rate > 0:
+            row, scale = self.no_asymptote, decay_rate
+        else:
+            row, scale = self.no_asymptote_plain, 1.0
+        return (scale * _interp(tail, self.probs, row), scale * _interp(0.5, self.probs, row),
+                scale * _interp(1.0 - tail, self.probs, row))
+
+
+def transient_band(level: float, t_last: float, t: float, kind: str, decay_rate: float | None,
+                   confidence: float, table: TransientTable | None = None
+                   ) -> tuple[float, float, float]:
+    """``(value, lo, hi)`` of the loss at step ``t >= t_last`` extending the current ``level``.
+
+    ``value = level * (t / t_last) ** -g_mid``; the interval takes the high exponent for its low
+    end and the low exponent for its high end (a negative one: the loss may also rise). NaN when
+    the inputs cannot give an answer (no level, a step before ``t_last``).
+    """
+    tab = table if table is not None else TRANSIENT
+    if not (math.isfinite(level) and math.isfinite(t) and t_last > 0 and t >= t_last):
+        return math.nan, math.nan, math.nan
+    x = math.log(t / t_last)
+    g_lo, g_mid, g_hi = tab.exponents(kind, decay_rate, confidence)
+    return level * math.exp(-g_mid * x), level * math.exp(-g_hi * x), level * math.exp(-g_lo * x)
+
+
+# BEGIN GENERATED TRANSIENT
+TRANSIENT: Final = TransientTable(
+    probs=PROBS,
+    too_early=(
+        -0.4279, -0.3034, -0.1627, -0.0177, 0.0261, 0.0638, 0.1327, 0.2206, 0.3100, 0.3586, 0.4033,
+        0.4636, 0.5748, 0.7904, 1.5260,
+    ),
+    no_asymptote=(
+        -3.7358, -2.6821, -0.6823, -0.0729, 0.2568, 0.4723, 0.6658, 0.9154, 1.2692, 1.4496, 1.5927,
+        1.8320, 2.1329, 3.1239, 4.0752,
+    ),
+    no_asymptote_plain=(
+        -1.4793, -0.9131, -0.2236, -0.0076, 0.0302, 0.0786, 0.1670, 0.2592, 0.3928, 0.4550, 0.5431,
+        0.6900, 1.0949, 3.9162, 5.2216,
+    ),
+    id="transient-49runs-232curves-4145comparisons",
+)
+# END GENERATED TRANSIENT

@@ -2,7 +2,7 @@
 
 Usage::
 
-    curvecast forecast FILE (--upto FRACTION | --upto-step N) [--key KEY] [--horizon N]
+    curvecast forecast FILE [--upto FRACTION | --upto-step N] [--key KEY] [--horizon N]
                             [--target LOSS] [--confidence 0.9] [--burn-in N] [--config JSON]
                             [--json]
 
@@ -11,7 +11,8 @@ JSON ``{"step": [...], "loss": [...]}``, or the service's own export ``metrics.c
 (``key,step,value,wall_time``; see :mod:`curvecast.service.forecast.files`). From an export the
 series is ``--key``, else the one the server would fit (:func:`curvecast.contract.fit_key`: an
 evaluation loss with enough points, else ``loss``). Only points with ``step <= cut`` are fitted,
-where the cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in the file.
+where the cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in the file
+(default: every point).
 
 ``--config`` takes the run's config (a JSON object, or the path of a file holding one), read
 through :class:`curvecast.contract.RunConfig` exactly as the server reads a stored run's: its
@@ -26,7 +27,7 @@ forecast that an offline fit has)::
     {"status", "n_points", "fitted_upto_step", "a", "b", "c",
      "f_star": {"value", "lo", "hi"},
      "prediction": {"step", "value", "lo", "hi"},
-     "target": {"loss", "step", "lo", "hi", "reachable"} | null}
+     "target": {"loss", "step", "lo", "hi", "reachable", "reached", "reason"} | null}
 
 Numbers that do not exist (no forecast, an unreachable target) are ``null``. Exit status: 0 when
 a result was printed (whatever the fit's status), 2 for a bad file or bad arguments (the message on
@@ -43,15 +44,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from curvecast.contract import RunConfig
+from curvecast.contract import MAX_STEP, RunConfig, lr_key
 from curvecast.service.forecast.answer import forecast_answer, offline_json
 from curvecast.service.forecast.files import (
+    Curve,
     ForecastInputError,
     load_curves,
     load_series,
     pick_curve,
 )
-from curvecast.service.forecast.fit import Fit
+from curvecast.service.forecast.fit import NO_ASYMPTOTE, TOO_EARLY, Fit
 from curvecast.service.forecast.solver import fit_curve
 
 __all__ = ["ForecastInputError", "add_forecast_parser", "forecast_result", "load_series", "main",
@@ -66,12 +68,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", metavar="KEY",
                         help="the series to fit from a metrics.csv export (default: the one the "
                         "server fits: an evaluation loss, else loss)")
-    cut = parser.add_mutually_exclusive_group(required=True)
+    cut = parser.add_mutually_exclusive_group()
     cut.add_argument("--upto", type=float, metavar="FRACTION",
-                     help="fit the points up to this fraction (0-1] of the last step in FILE")
+                     help="fit the points up to this fraction (0-1] of the last step in FILE "
+                     "(default: all of them)")
     cut.add_argument("--upto-step", type=float, metavar="N", help="fit the points with step <= N")
     parser.add_argument("--horizon", type=float, metavar="N",
-                        help="step to forecast (default: the last step in FILE)")
+                        help="step to forecast, 0 or more (default: the config's total_steps, "
+                        "else the last step in FILE)")
     parser.add_argument("--target", type=float, metavar="LOSS",
                         help="also say when the loss reaches LOSS")
     parser.add_argument("--confidence", type=float, default=0.9,
@@ -105,6 +109,12 @@ def _check_args(args: argparse.Namespace) -> None:
         v = getattr(args, name, None)
         if v is not None and not math.isfinite(v):
             raise ForecastInputError(f"--{name.replace('_', '-')} must be a finite number")
+    # The same bounds as the REST API's ?horizon= (0 <= horizon <= MAX_STEP).
+    if args.horizon is not None and not 0 <= args.horizon <= MAX_STEP:
+        raise ForecastInputError(f"--horizon must be a step in [0, {MAX_STEP}], got "
+                                 f"{args.horizon:g}")
+    if args.upto_step is not None and args.upto_step < 0:
+        raise ForecastInputError(f"--upto-step must be 0 or more, got {args.upto_step:g}")
 
 
 def _read_config(text: str | None) -> RunConfig:
@@ -133,15 +143,17 @@ def _read_config(text: str | None) -> RunConfig:
 def forecast_result(steps: Sequence[float], losses: Sequence[float], *, cut: float,
                     horizon: int | None, target: float | None, confidence: float,
                     burn_in: float | None = None, config: RunConfig | None = None,
-                    key: str | None = None) -> tuple[dict[str, Any], Fit]:
+                    key: str | None = None, lr: Curve | None = None
+                    ) -> tuple[dict[str, Any], Fit]:
     """The JSON object of the command (and the fit), for points with ``step <= cut``.
 
     ``horizon`` None: the config's horizon (``total_steps``, else the last step given).
+    ``lr``: the learning rate the run logged (``opt/lr`` in the service's export), if any.
     """
     config = config or RunConfig()
     pts = [(s, v) for s, v in zip(steps, losses, strict=True) if s <= cut]
     fit = fit_curve([s for s, _ in pts], [v for _, v in pts], burn_in=burn_in, config=config,
-                    confidence=confidence)
+                    confidence=confidence, lr=lr)
     last_step = max((s for s in steps if math.isfinite(s)), default=None)
     answer = forecast_answer(
         fit,
@@ -163,6 +175,15 @@ def _fmt_step(x: float | None) -> str:
     return "never" if x is None else f"{x:,.0f}"
 
 
+def _formula(a: float, b: float | None, c: float) -> str:
+    """``f(t) = a / sqrt(t + b) + c`` with real signs (a flat fit is ``f(t) = c``)."""
+    if b is None or a == 0:
+        return f"f(t) = {c:.4g}"
+    inner = f"t + {b:.4g}" if b >= 0 else f"t - {-b:.4g}"
+    tail = f"+ {c:.4g}" if c >= 0 else f"- {-c:.4g}"
+    return f"f(t) = {a:.4g} / sqrt({inner}) {tail}"
+
+
 def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str) -> str:
     pct = f"{confidence:.0%}"
     lines = [f"status: {out['status']}" + (f" ({fit.message})" if fit.message else ""),
@@ -172,30 +193,39 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str) -> str:
     if out["c"] is None:
         lines.append(f"{out['n_points']} usable points: no forecast")
         return "\n".join(lines)
-    b = "n/a" if out["b"] is None else f"{out['b']:.4g}"
-    lines.append(f"fit: f(t) = {out['a']:.4g} / sqrt(t + {b}) + {out['c']:.4g}   "
+    lines.append(f"fit: {_formula(out['a'], out['b'], out['c'])}   "
                  f"({out['n_points']} points up to step {_fmt_step(out['fitted_upto_step'])}, "
                  f"from step {_fmt_step(fit.fitted_from_step)})")
+    if fit.useful_from_step is not None:
+        lines.append(f"next useful forecast: from step {_fmt_step(fit.useful_from_step)}")
+    if fit.status in (TOO_EARLY, NO_ASYMPTOTE) and fit.level is not None:
+        lines.append(f"forecast: the current loss {_fmt(fit.level)} extended at the pace runs "
+                     "like this one kept, not the curve above")
     p = out["prediction"]
     if p is not None:  # None only without a horizon (every step in the file is 0)
         lines.append(f"loss at step {_fmt_step(p['step'])}: {_fmt(p['value'])}  "
                      f"[{pct}: {_fmt(p['lo'])} – {_fmt(p['hi'])}]")
     s = out["f_star"]
-    lines.append(f"asymptote f* ~ c: {_fmt(s['value'])}  [{pct}: {_fmt(s['lo'])} – "
-                 f"{_fmt(s['hi'])}]")
+    if s["value"] is None:
+        lines.append(f"asymptote f*: not identifiable yet, at most {_fmt(s['hi'])}")
+    else:
+        lines.append(f"asymptote f* ~ c: {_fmt(s['value'])}  [{pct}: {_fmt(s['lo'])} – "
+                     f"{_fmt(s['hi'])}]")
     tg = out["target"]
     if tg is not None:
-        if tg["reachable"]:
+        if tg["reached"]:
+            lines.append(f"loss {_fmt(tg['loss'])} already reached at step "
+                         f"{_fmt_step(tg['step'])} (data)")
+        elif tg["reachable"]:
             lines.append(f"loss {_fmt(tg['loss'])} reached at step ~{_fmt_step(tg['step'])}  "
                          f"[{pct}: {_fmt_step(tg['lo'])} – {_fmt_step(tg['hi'])}]")
         else:
             extra = (f" (possible by step {_fmt_step(tg['lo'])} at the optimistic end)"
                      if tg["lo"] is not None else "")
-            lines.append(f"loss {_fmt(tg['loss'])}: not reachable, at or below the asymptote"
-                         + extra)
+            lines.append(f"loss {_fmt(tg['loss'])}: not reachable, {tg['reason']}" + extra)
     if fit.off_model:
-        lines.append("warning: the recent data left the a/sqrt(t+b)+c model (an LR decay or a "
-                     "divergence?): treat the forecast with care")
+        lines.append("warning: the run is off the a/sqrt(t+b)+c model (see the status): treat "
+                     "the forecast with care")
     return "\n".join(lines)
 
 
@@ -204,15 +234,21 @@ def run_forecast(args: argparse.Namespace) -> int:
     try:
         _check_args(args)
         config = _read_config(args.config)
-        key, (steps, losses) = pick_curve(load_curves(args.file), args.key, config, args.file)
+        curves = load_curves(args.file)
+        key, (steps, losses) = pick_curve(curves, args.key, config, args.file)
+        lr_series = lr_key(curves)  # the service's export holds opt/lr when the hook logged it
         finite_steps = [s for s in steps if math.isfinite(s)]
         if not finite_steps:
             raise ForecastInputError(f"{args.file}: no finite step values")
-        cut = args.upto_step if args.upto is None else args.upto * max(finite_steps)
+        if args.upto is not None:
+            cut = args.upto * max(finite_steps)
+        else:
+            cut = args.upto_step if args.upto_step is not None else max(finite_steps)
         horizon = None if args.horizon is None else round(args.horizon)
         out, fit = forecast_result(steps, losses, cut=cut, horizon=horizon, target=args.target,
                                    confidence=args.confidence, burn_in=args.burn_in,
-                                   config=config, key=key)
+                                   config=config, key=key,
+                                   lr=None if lr_series is None else curves[lr_series])
     except ForecastInputError as exc:
         print(f"curvecast forecast: error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ function of the extrapolation ratio. docs/forecast.md has the long form.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,9 +31,11 @@ FloatArray = NDArray[np.float64]
 __all__ = [
     "FLAT",
     "INSUFFICIENT",
+    "NO_ASYMPTOTE",
     "NO_CONVERGENCE",
     "OFF_MODEL",
     "OK",
+    "TOO_EARLY",
     "STATUSES",
     "Fit",
     "FitParams",
@@ -52,9 +55,14 @@ OFF_MODEL: Final = "off_model"
 FLAT: Final = "flat"
 INSUFFICIENT: Final = "insufficient_data"
 NO_CONVERGENCE: Final = "no_convergence"
-#: Every status a fit can have. ``ok``, ``off_model`` and ``flat`` carry a usable
-#: forecast; ``insufficient_data`` and ``no_convergence`` carry none (queries answer NaN).
-STATUSES: Final = (OK, OFF_MODEL, FLAT, INSUFFICIENT, NO_CONVERGENCE)
+TOO_EARLY: Final = "too_early"
+NO_ASYMPTOTE: Final = "no_asymptote"
+#: Every status a fit can have (docs/forecast.md, "Statuses", says what each means).
+#: ``ok``, ``too_early``, ``no_asymptote``, ``off_model`` and ``flat`` carry a forecast;
+#: ``insufficient_data`` and ``no_convergence`` carry none (queries answer NaN).
+STATUSES: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT, INSUFFICIENT, NO_CONVERGENCE)
+#: The statuses whose forecast has a value.
+_WITH_FORECAST: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT)
 
 _MAX_TARGET_FACTOR: Final = 1e4  # steps_to searches up to this multiple of the fitted range
 
@@ -75,8 +83,11 @@ class TargetEstimate:
 
     ``step`` is the central estimate; ``lo`` the optimistic (earliest) and ``hi`` the pessimistic
     (latest) end of the interval. ``hi`` is ``None`` when the pessimistic band never reaches the
-    target. ``reachable`` is ``False`` when the target is at or below the fitted asymptote ``c``;
-    then ``step`` is ``None`` (and ``lo`` may still say when it is possible at the optimistic end).
+    target. ``reached`` is ``True`` when the data already got there: ``step`` is then the first
+    step where the smoothed series was at or below ``loss`` (``lo == hi == step``: data, not a
+    forecast). ``reachable`` is ``False`` when the target is below the loss floor, below f*'s
+    interval, or at or below the central asymptote ``c``; then ``step`` is ``None`` (``lo`` may
+    still say when it is possible at the optimistic end) and ``reason`` says why.
     """
 
     loss: float
@@ -84,6 +95,8 @@ class TargetEstimate:
     lo: float | None
     hi: float | None
     reachable: bool
+    reached: bool = False
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -157,6 +170,18 @@ class Fit:
         cov: 3x3 covariance of ``(a, log(fitted_from_step + b), c)``, row-major.
         confidence: the default confidence of interval queries.
         message: a human-readable note on the status.
+        loss_floor: no forecast, interval or f* goes below it (the config's declared lower
+            bound, else 0 for a loss that was never negative); ``None``: no floor.
+        level: the current loss (robust level of the latest fitted points); f* is at most it
+            when it is not identified, and a ``too_early`` or ``no_asymptote`` forecast extends
+            it (:func:`~.calibration.transient_band`).
+        decay_rate: how fast the loss falls now: ``-d log(loss) / d log(step)`` over the latest
+            part of the fitted window (a log-log slope; ``None`` when the data cannot say). A
+            ``no_asymptote`` forecast extends it, slowed as runs like this one slowed.
+        useful_from_step: for ``too_early``, the step from which a forecast is expected to be
+            useful (the averaging start's transient is over).
+        reached: ``((step, loss), ...)``, the smoothed series' running minimum at the steps it
+            fell: passed targets are answered from it (data, not the model).
     """
 
     status: str
@@ -178,18 +203,32 @@ class Fit:
     confidence: float = 0.9
     message: str = ""
     calibration: str = field(default=_cal.CALIBRATION_ID)
+    loss_floor: float | None = None
+    level: float | None = None
+    useful_from_step: float | None = None
+    reached: tuple[tuple[float, float], ...] | None = None
+    decay_rate: float | None = None
 
     # -- convenience ------------------------------------------------------------------------
     @property
     def has_forecast(self) -> bool:
-        """Whether queries return numbers (``ok``, ``off_model`` or ``flat``)."""
-        return self.status in (OK, OFF_MODEL, FLAT) and self.c is not None
+        """Whether queries return numbers (every status but ``insufficient_data`` and
+        ``no_convergence``)."""
+        return self.status in _WITH_FORECAST and self.c is not None
+
+    @property
+    def f_star_identified(self) -> bool:
+        """Whether the asymptote c is an estimate of f* (not at its floor, not too early)."""
+        return self.has_forecast and self.status not in (TOO_EARLY, NO_ASYMPTOTE)
+
+    def _clip(self, x: float) -> float:
+        return x if self.loss_floor is None or not math.isfinite(x) else max(x, self.loss_floor)
 
     @property
     def params(self) -> FitParams | None:
         """The parameters as a warm start for the next fit, or ``None``."""
-        if not self.has_forecast or self.a is None or self.c is None:
-            return None
+        if not self.has_forecast or self.a is None or self.c is None or self.status == TOO_EARLY:
+            return None  # a too_early fit may be provisional (another burn-in): start afresh
         b = self.b if self.b is not None else 0.0
         return FitParams(a=self.a, b=b, c=self.c, burn_in=self.burn_in)
 
@@ -238,13 +277,26 @@ class Fit:
             return 1.0
         return max((t - t0) / (tk - t0), 1.0)
 
+    @property
+    def _extends_level(self) -> bool:
+        """Whether forecasts beyond the data extend the current level (the model cannot yet say
+        where the curve levels off: still in the transient, or ``c`` at its floor, where the
+        fit is a straight line's optimism) instead of evaluating the fitted curve."""
+        return (self.status in (TOO_EARLY, NO_ASYMPTOTE) and self.level is not None
+                and self.fitted_upto_step is not None and self.fitted_upto_step > 0)
+
     def _band(self, t: float, confidence: float) -> tuple[float, float, float]:
+        if self._extends_level and t >= (self.fitted_upto_step or 0.0):
+            assert self.level is not None and self.fitted_upto_step is not None
+            value, lo, hi = _cal.transient_band(self.level, self.fitted_upto_step, t,
+                                                self.status, self.decay_rate, confidence)
+            return self._clip(value), self._clip(lo), self._clip(hi)
         value = self._value(t)
         if not math.isfinite(value):
             return math.nan, math.nan, math.nan
         zlo, zhi = _cal.multipliers(self._ratio(t), confidence)
         s = self._scale(t)
-        return value, value + zlo * s, value + zhi * s
+        return self._clip(value), self._clip(value + zlo * s), self._clip(value + zhi * s)
 
     # -- public queries ---------------------------------------------------------------------
     def predict(self, step: float, confidence: float | None = None) -> Interval:
@@ -264,6 +316,64 @@ class Fit:
             return Interval(math.nan, math.nan, math.nan)
         return Interval(*self._band(t, conf))
 
+    def predict_many(self, steps: ArrayLike, confidence: float | None = None
+                     ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """:meth:`predict` at many steps in one numpy pass: ``(value, lo, hi)`` arrays (NaN
+        where there is no forecast). Charts, the target table and the alert rules ask for
+        hundreds of steps of one fit at a time."""
+        conf = valid_confidence(confidence, self.confidence)
+        t = np.asarray(steps, dtype=np.float64).ravel()
+        value, lo, hi = (np.full(t.size, np.nan) for _ in range(3))
+        if not self.has_forecast or self.a is None or self.c is None:
+            return value, lo, hi
+        todo = np.isfinite(t)
+        if self._extends_level:
+            assert self.level is not None and self.fitted_upto_step is not None
+            future = todo & (t >= self.fitted_upto_step)
+            g_lo, g_mid, g_hi = _cal.TRANSIENT.exponents(self.status, self.decay_rate, conf)
+            x = np.log(t[future] / self.fitted_upto_step)
+            value[future] = self.level * np.exp(-g_mid * x)
+            lo[future] = self.level * np.exp(-g_hi * x)
+            hi[future] = self.level * np.exp(-g_lo * x)
+            todo &= ~future
+        tm = t[todo]
+        v = self._values(tm)
+        se2 = np.zeros(tm.size)
+        if self.cov is not None and self.b is not None and self.fitted_from_step is not None:
+            u = tm + self.b
+            ok = u > 0
+            inv = 1.0 / np.sqrt(np.where(ok, u, 1.0))
+            grad = np.column_stack([
+                inv, -0.5 * self.a * inv / np.where(ok, u, 1.0) * (self.fitted_from_step + self.b),
+                np.ones(tm.size),
+            ]) * ok[:, None]
+            cov = np.asarray(self.cov, dtype=np.float64)
+            se2 = np.maximum(np.einsum("ij,jk,ik->i", grad, cov, grad), 0.0)
+        sigma = self.residual_scale or 0.0
+        last = self._value(self.fitted_upto_step) if self.fitted_upto_step is not None else np.nan
+        drop = np.maximum(last - v, 0.0)
+        drop = np.where(np.isfinite(drop), drop, 0.0)
+        scale = np.sqrt(_cal.SE_FACTOR * se2 + sigma * sigma + (_cal.DECAY_FACTOR * drop) ** 2)
+        t0, tk = self.fitted_from_step, self.fitted_upto_step
+        ratio = (np.maximum((tm - t0) / (tk - t0), 1.0) if t0 is not None and tk is not None
+                 and tk > t0 else np.ones(tm.size))
+        zlo, zhi = _cal.multipliers_many(ratio, conf)
+        finite = np.isfinite(v)
+        value[todo] = np.where(finite, v, np.nan)
+        lo[todo] = np.where(finite, v + zlo * scale, np.nan)
+        hi[todo] = np.where(finite, v + zhi * scale, np.nan)
+        if self.loss_floor is not None:
+            for arr in (value, lo, hi):
+                np.maximum(arr, self.loss_floor, out=arr, where=np.isfinite(arr))
+        return value, lo, hi
+
+    def _values(self, t: FloatArray) -> FloatArray:
+        """The fitted curve at each of ``t`` (NaN where ``t + b <= 0``); a flat fit is ``c``."""
+        assert self.a is not None and self.c is not None
+        if self.b is None or self.a == 0.0:
+            return np.full(t.size, self.c)
+        return model(t, self.a, self.b, self.c)
+
     def f_star(self, confidence: float | None = None) -> Interval:
         """The asymptote ``c`` (an estimate of f*) with an interval.
 
@@ -274,10 +384,16 @@ class Fit:
         conf = valid_confidence(confidence, self.confidence)
         if not self.has_forecast or self.c is None or self.a is None:
             return Interval(math.nan, math.nan, math.nan)
+        if not self.f_star_identified:
+            # Not identifiable yet: no value, only "at most the current loss" (and the floor).
+            lo = self.loss_floor if self.loss_floor is not None else math.nan
+            hi = self.level if self.level is not None else math.nan
+            return Interval(math.nan, lo, hi)
         if self.a == 0.0 or self.b is None or self.fitted_upto_step is None:
             zlo, zhi = _cal.multipliers(_cal.MAX_RATIO, conf)
             s = self.residual_scale or 0.0
-            return Interval(self.c, self.c + zlo * s, self.c + zhi * s)
+            return Interval(self._clip(self.c), self._clip(self.c + zlo * s),
+                            self._clip(self.c + zhi * s))
         sigma = self.residual_scale or 0.0
         se2 = 0.0
         if self.cov is not None:
@@ -285,57 +401,69 @@ class Fit:
         drop = max(self._value(self.fitted_upto_step) - self.c, 0.0)
         s = math.sqrt(_cal.SE_FACTOR * se2 + sigma * sigma + (_cal.DECAY_FACTOR * drop) ** 2)
         zlo, zhi = _cal.multipliers(_cal.MAX_RATIO, conf)
-        return Interval(self.c, self.c + zlo * s, self.c + zhi * s)
+        return Interval(self._clip(self.c), self._clip(self.c + zlo * s),
+                        self._clip(self.c + zhi * s))
+
+    def reached_at(self, loss: float) -> float | None:
+        """First step where the smoothed data were at or below ``loss``; ``None`` if never."""
+        if not self.reached or not math.isfinite(loss):
+            return None
+        for step, low in self.reached:
+            if low <= loss:
+                return step
+        return None
 
     def steps_to(self, loss: float, confidence: float | None = None) -> TargetEstimate:
         """When the loss reaches ``loss``, with an interval (see :class:`TargetEstimate`).
 
-        A target at or below the asymptote ``c`` is not reachable. A target the fitted curve has
-        already passed gives the (past) step where the model crossed it, with a zero-width
-        interval: that part of the curve is data, not extrapolation.
+        In order: a target the smoothed data already reached is answered from the data
+        (``reached``); a target below the loss floor or below f*'s interval is not reachable
+        (with the reason); otherwise the fitted curve's crossing, never before the last fitted
+        step, with the band's crossings as the interval. The band's crossings are computed once
+        per fit and confidence (:func:`_crossing_table`), then looked up.
         """
         conf = valid_confidence(confidence, self.confidence)
         target = as_float(loss)
-        if not self.has_forecast or not math.isfinite(target) or self.c is None:
-            return TargetEstimate(target, None, None, None, False)
+        if not math.isfinite(target):
+            return TargetEstimate(target, None, None, None, False, reason="not a number")
+        if not self.has_forecast or self.c is None or self.fitted_upto_step is None:
+            return TargetEstimate(target, None, None, None, False, reason="no forecast yet")
         t_last = self.fitted_upto_step
-        if t_last is None:
-            return TargetEstimate(target, None, None, None, False)
-        step = self._central_crossing(target)
-        if step is not None and self._value(t_last) <= target:
-            return TargetEstimate(target, step, step, step, True)
-        t_max = t_last + _MAX_TARGET_FACTOR * max(t_last - (self.fitted_from_step or 0.0), 1.0)
-        lo = self._first_crossing(target, conf, 1, t_last, t_max)
-        if step is None:
-            return TargetEstimate(target, None, lo, None, False)
-        hi = self._first_crossing(target, conf, 2, t_last, t_max)
+        passed = self.reached_at(target)
+        if passed is not None:
+            return TargetEstimate(target, passed, passed, passed, True, reached=True)
+        if self.loss_floor is not None and target < self.loss_floor:
+            return TargetEstimate(target, None, None, None, False,
+                                  reason=f"below the loss floor {self.loss_floor:g}")
+        fs = self.f_star(conf)
+        if self.f_star_identified and math.isfinite(fs.lo) and target < fs.lo:
+            return TargetEstimate(target, None, None, None, False,
+                                  reason=f"below f*'s {conf:.0%} interval "
+                                  f"[{fs.lo:.4g}, {fs.hi:.4g}]")
+        steps, lo_band, hi_band = _crossing_table(self, conf)
+        lo = _first_at_or_below(steps, lo_band, target)
+        central = self._central_crossing(target)
+        if central is None:
+            reason = (f"at or below the fitted asymptote c = {self.c:.4g}"
+                      if not self._extends_level else
+                      "not reached at the pace runs like this one keep")
+            return TargetEstimate(target, None, lo, None, False, reason=reason)
+        step = max(central, t_last)  # the data have not reached it: not in the past
+        hi = _first_at_or_below(steps, hi_band, target)
         lo = step if lo is None else min(lo, step)
         hi = None if hi is None else max(hi, step)
         return TargetEstimate(target, step, lo, hi, True)
 
-    def _first_crossing(self, target: float, conf: float, which: int, t_last: float,
-                        t_max: float) -> float | None:
-        """First step in [t_last, t_max] where band ``which`` (1 lower, 2 upper) is <= target."""
-        if self._band(t_last, conf)[which] <= target:
-            return t_last
-        grid = t_last + np.geomspace(1e-3 * max(t_last, 1.0), t_max - t_last, 160)
-        vals = np.array([self._band(float(t), conf)[which] for t in grid])
-        hit = np.nonzero(vals <= target)[0]
-        if hit.size == 0:
-            return None
-        j = int(hit[0])
-        lo_t = t_last if j == 0 else float(grid[j - 1])
-        hi_t = float(grid[j])
-        for _ in range(50):  # bisection: the crossing to ~1e-15 of the bracket
-            mid = 0.5 * (lo_t + hi_t)
-            if self._band(mid, conf)[which] <= target:
-                hi_t = mid
-            else:
-                lo_t = mid
-        return hi_t
-
     def _central_crossing(self, target: float) -> float | None:
-        """Step where the central curve equals ``target``; ``None`` if it never does."""
+        """Step where the central forecast equals ``target``; ``None`` if it never does."""
+        if self._extends_level:
+            assert self.level is not None and self.fitted_upto_step is not None
+            g = _cal.TRANSIENT.exponents(self.status, self.decay_rate, self.confidence)[1]
+            if target >= self.level:
+                return self.fitted_upto_step  # about where the run is now
+            if not 0.0 < target or not g > 0:
+                return None
+            return float(self.fitted_upto_step * (self.level / target) ** (1.0 / g))
         if self.a is None or self.c is None or self.b is None or self.a == 0.0:
             return None
         if target <= self.c:
@@ -366,6 +494,11 @@ class Fit:
             "confidence": self.confidence,
             "message": self.message,
             "calibration": self.calibration,
+            "loss_floor": finite_or_none(self.loss_floor),
+            "level": finite_or_none(self.level),
+            "useful_from_step": finite_or_none(self.useful_from_step),
+            "reached": None if self.reached is None else [list(p) for p in self.reached],
+            "decay_rate": finite_or_none(self.decay_rate),
         }
         return out
 
@@ -411,7 +544,41 @@ class Fit:
             confidence=valid_confidence(opt("confidence"), 0.9),
             message=str(data.get("message", "")),
             calibration=str(data.get("calibration", _cal.CALIBRATION_ID)),
+            loss_floor=opt("loss_floor"),
+            level=opt("level"),
+            useful_from_step=opt("useful_from_step"),
+            reached=_read_pairs(data.get("reached")),
+            decay_rate=opt("decay_rate"),
         )
+
+
+_TABLE_POINTS: Final = 240  # steps of the crossing table (geometric from the last fitted step)
+
+
+@functools.lru_cache(maxsize=1024)
+def _crossing_table(fit: Fit, confidence: float) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """``(steps, lo, hi)``: the band from the last fitted step to far beyond, computed once per
+    fit and confidence (a target query is then a lookup, not ~300 band evaluations)."""
+    t_last = fit.fitted_upto_step or 0.0
+    span = max(t_last - (fit.fitted_from_step or 0.0), 1.0)
+    steps = t_last + np.concatenate(
+        ([0.0], np.geomspace(1e-3 * max(t_last, 1.0), _MAX_TARGET_FACTOR * span, _TABLE_POINTS)))
+    _, lo, hi = fit.predict_many(steps, confidence)
+    return steps, lo, hi
+
+
+def _first_at_or_below(steps: FloatArray, band: FloatArray, target: float) -> float | None:
+    """First step where ``band`` (falling) is at or below ``target``, interpolated linearly
+    between the table's steps; ``None`` if it never is."""
+    hit = np.nonzero(band <= target)[0]
+    if hit.size == 0:
+        return None
+    j = int(hit[0])
+    if j == 0:
+        return float(steps[0])
+    y0, y1 = float(band[j - 1]), float(band[j])
+    frac = (y0 - target) / (y0 - y1) if y0 > y1 else 1.0
+    return float(steps[j - 1] + frac * (steps[j] - steps[j - 1]))
 
 
 def valid_confidence(value: float | None, default: float) -> float:
@@ -420,6 +587,21 @@ def valid_confidence(value: float | None, default: float) -> float:
     if not math.isfinite(c) or not 0.0 < c < 1.0:
         return default
     return c
+
+
+def _read_pairs(raw: Any) -> tuple[tuple[float, float], ...] | None:
+    """``[[step, loss], ...]`` as stored, or ``None`` when absent or malformed."""
+    if not isinstance(raw, list | tuple):
+        return None
+    out: list[tuple[float, float]] = []
+    for pair in raw:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            return None
+        s, v = as_float(pair[0]), as_float(pair[1])
+        if not (math.isfinite(s) and math.isfinite(v)):
+            return None
+        out.append((s, v))
+    return tuple(out)
 
 
 def curve_gradient(t: float, a: float, b: float, t0: float) -> FloatArray:

@@ -47,9 +47,11 @@ from curvecast.service.forecast.binning import DEFAULT_MAX_BINS, bin_sorted, cle
 from curvecast.service.forecast.fit import (
     FLAT,
     INSUFFICIENT,
+    NO_ASYMPTOTE,
     NO_CONVERGENCE,
     OFF_MODEL,
     OK,
+    TOO_EARLY,
     Fit,
     FitParams,
     FloatArray,
@@ -59,6 +61,7 @@ from curvecast.service.forecast.fit import (
     model,
     valid_confidence,
 )
+from curvecast.service.forecast.schedule import lr_decay
 
 __all__ = ["MIN_POINTS", "choose_burn_in", "fit_curve"]
 
@@ -77,6 +80,11 @@ _IRLS_ITERS: Final = 3
 _DATA_BURN_IN_FRACTION: Final = 0.05  # the paper drops the first 5% of the run
 _BURN_IN_CANDIDATES: Final = (0.05, 0.1, 0.2, 0.3)  # fractions of the latest step
 _BURN_IN_TOLERANCE: Final = 1.5  # a later start must extrapolate 1.5x better to be chosen
+# Whether the data may also move a burn-in the config gives (the averaging start) later. Tried
+# on our ScheduleFree+ runs (bench/forecast_sfplus.py, "config burn-in moved by the data"): the
+# median error fell at 20% and 50% of a run, but the `ok` fits at 30% covered the final loss
+# about half the time (fewer points, intervals too narrow). Off.
+_DATA_MOVES_CONFIG_BURN_IN = False
 _RECENT_FRACTION: Final = 0.3  # off-model test: the last 30% of the fitted step range ...
 # ... sits, as a block (median), below the older fit by >= 3 standard errors and >= 10% more
 # decay than it predicted, or by >= 2 standard errors and twice the predicted decay (an LR decay
@@ -85,6 +93,17 @@ _RECENT_FRACTION: Final = 0.3  # off-model test: the last 30% of the fitted step
 _OFF_RULES_BELOW: Final = ((3.0, 0.1), (2.0, 1.0))
 _OFF_RULE_ABOVE: Final = (3.0, 1.0)
 _OFF_Z: Final = 3.0  # a flat fit's upward trend, in standard errors, that counts as a rise
+# The transient after averaging starts (docs/forecast.md, "Statuses"): until the run has averaged
+# for as long as it ran before averaging (2x the averaging start) the fit is ``too_early``; a
+# plateau or a rise (the "hump" at x) up to 3x the averaging start is the transient too.
+_TRANSIENT_FACTOR: Final = 2.0
+_HUMP_FACTOR: Final = 3.0
+_PLATEAU_FRACTION: Final = 0.5  # a flat fit before half of total_steps is a plateau, too_early
+_LEVEL_FRACTION: Final = 0.1  # the current level: median of the latest 10% of fitted points
+_LEVEL_MIN_POINTS: Final = 3
+_DECAY_WINDOW: Final = 0.6  # the current decay rate: a log-log slope from 60% of the last step
+_REACHED_BINS: Final = 256  # the data's running minimum is kept at this resolution ...
+_REACHED_SMOOTH: Final = 3  # ... of medians of this many consecutive bins
 
 
 # --- burn-in -------------------------------------------------------------------------------------
@@ -279,11 +298,6 @@ def _location_scale(y: FloatArray) -> tuple[float, float]:
     return mid, scale
 
 
-def _cmin_for(y: FloatArray) -> float:
-    # Cross-entropy, CTC, MSE...: a loss that is positive everywhere has a non-negative floor.
-    return 0.0 if y.size and float(np.min(y)) > 0 else -math.inf
-
-
 # --- public entry point -------------------------------------------------------------------------
 def fit_curve(
     steps: ArrayLike,
@@ -295,6 +309,7 @@ def fit_curve(
     confidence: float = 0.9,
     max_bins: int = DEFAULT_MAX_BINS,
     check_off_model: bool = True,
+    lr: tuple[ArrayLike, ArrayLike] | None = None,
 ) -> Fit:
     """Fit ``f(t) = a / sqrt(t + b) + c`` robustly to a loss curve. Pure; never raises.
 
@@ -310,28 +325,161 @@ def fit_curve(
         confidence: default confidence of the returned fit's interval queries.
         max_bins: series longer than this are binned (``binning.bin_series``) first.
         check_off_model: run the off-model test (one extra fit on the older part of the data).
+        lr: ``(steps, values)`` of the learning rate the optimizer logged (``opt/lr``), if any:
+            once it decays below its peak (:func:`~.schedule.lr_decay`) the fit is
+            ``off_model``, as it is when the config declares a decaying ``lr_schedule``.
 
     Returns:
         A :class:`Fit`. ``status`` is ``insufficient_data`` with fewer than 4 usable points,
-        ``flat`` when the data show no significant decay, ``off_model`` when the recent data left
-        the model, ``no_convergence`` if the optimiser failed, else ``ok``.
+        ``too_early`` while the run is in the transient after averaging starts, ``flat`` when
+        the data show no significant decay, ``off_model`` when the recent data left the model or
+        the learning rate decays, ``no_asymptote`` when ``c`` sits at its floor,
+        ``no_convergence`` if the optimiser failed, else ``ok`` (docs/forecast.md, "Statuses").
     """
     conf = valid_confidence(confidence, 0.9)
     try:
         # Odd data (1e300 spikes, 1e-300 losses) overflow intermediate sums: that is handled by
         # the finiteness checks, so numpy's warnings would only be noise.
         with np.errstate(all="ignore"):
-            return _fit_curve(steps, values, burn_in, config, warm_start, conf, max_bins,
-                              check_off_model)
+            cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
+            t_all, y_all = clean_series(steps, values)
+            floor = _loss_floor(y_all, cfg)
+            fit = _fit_curve(t_all, y_all, burn_in, cfg, warm_start, conf, max_bins,
+                             check_off_model, floor)
+            fit = _transient(fit, t_all, y_all, burn_in, cfg, conf, max_bins, floor)
+            why = _decaying_schedule(cfg, lr, float(t_all[-1]) if t_all.size else None)
+            if why is not None and fit.has_forecast:
+                # The model is for anytime runs; the numbers extrapolate the pace so far and
+                # cannot see the decay to come.
+                fit = replace(fit, status=OFF_MODEL, off_model=True, useful_from_step=None,
+                              message=f"{why}: a/sqrt(t+b)+c describes constant-LR and "
+                              "schedule-free runs; read the forecast with care")
+            return replace(fit, loss_floor=floor, reached=_reached(t_all, y_all))
     except (ValueError, FloatingPointError, ArithmeticError, np.linalg.LinAlgError) as exc:
         # Defensive: numerical corner cases must come back as a status, not an exception.
         return Fit(status=NO_CONVERGENCE, confidence=conf, message=f"fit failed: {exc}")
 
 
-def _fit_curve(steps: ArrayLike, values: ArrayLike, burn_in: float | None,
-               config: RunConfig | Mapping[str, Any] | None, warm_start: FitParams | None,
-               conf: float, max_bins: int, check_off_model: bool) -> Fit:
-    t_all, y_all = clean_series(steps, values)
+def _decaying_schedule(config: RunConfig, lr: tuple[ArrayLike, ArrayLike] | None,
+                       upto: float | None) -> str | None:
+    """Why the run's learning rate decays, in words, or ``None``: the config declares a
+    decaying ``lr_schedule``, or the logged rate fell below its peak (up to the fit's last
+    step: a forecast made then could have known no more)."""
+    if config.decaying_schedule:
+        return f"the run's config declares a decaying learning-rate schedule ({config.lr_schedule})"
+    if lr is not None:
+        decay = lr_decay(lr[0], lr[1], upto=upto)
+        if decay is not None:
+            return decay.message()
+    return None
+
+
+def _loss_floor(y: FloatArray, config: RunConfig) -> float | None:
+    """The config's declared lower bound, else 0 for a loss that was never negative."""
+    if config.loss_lower_bound is not None:
+        return config.loss_lower_bound
+    return 0.0 if y.size and float(np.min(y)) >= 0 else None
+
+
+def _level(y: FloatArray) -> float | None:
+    """The current loss: the median of the latest points (robust to a last spike)."""
+    if y.size == 0:
+        return None
+    n = max(_LEVEL_MIN_POINTS, int(round(_LEVEL_FRACTION * y.size)))
+    return float(np.median(y[-n:]))
+
+
+def _decay_rate(t: FloatArray, y: FloatArray, counts: Any) -> float | None:
+    """How fast the loss falls now: minus the slope of ``log(loss)`` against ``log(step)``
+    over the latest steps (from 60% of the last fitted step on; the whole window when that
+    holds fewer than 4 points), weighted by point counts. ``None`` for a loss that is not
+    positive there or too few points."""
+    t_last = float(t[-1])
+    recent = t >= _DECAY_WINDOW * t_last
+    if int(recent.sum()) < MIN_POINTS:
+        recent = np.ones(t.size, dtype=bool)
+    tr, yr = t[recent], y[recent]
+    if tr.size < MIN_POINTS or float(tr[0]) <= 0 or not np.all(yr > 0):
+        return None
+    lt, ly = np.log(tr), np.log(yr)
+    w = np.asarray(counts, dtype=np.float64)[recent]
+    mt = float(w @ lt) / float(w.sum())
+    den = float(w @ (lt - mt) ** 2)
+    if not den > 0:
+        return None
+    slope = float(w @ ((lt - mt) * (ly - float(w @ ly) / float(w.sum())))) / den
+    return -slope if math.isfinite(slope) else None
+
+
+def _reached(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | None:
+    """``((step, loss), ...)``: where the smoothed series' running minimum fell.
+
+    Medians of equal-count bins, then the median of each window of three bins (one low eval
+    batch does not count as reaching a target), then the running minimum, kept at the steps it
+    fell: at most ~256 pairs per fit.
+    """
+    if t.size == 0:
+        return None
+    binned = bin_sorted(t, y, _REACHED_BINS)
+    bt, by = binned.steps, binned.values
+    k = min(_REACHED_SMOOTH, by.size)
+    if k > 1:
+        windows = np.lib.stride_tricks.sliding_window_view(by, k)
+        by = np.median(windows, axis=1)
+        bt = bt[k - 1:]  # a window's value is known at its last step
+    low = np.minimum.accumulate(by)
+    fell = np.concatenate(([True], low[1:] < low[:-1]))
+    return tuple((float(a), float(b)) for a, b in zip(bt[fell], low[fell], strict=True))
+
+
+def _transient(fit: Fit, t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
+               config: RunConfig, conf: float, max_bins: int, floor: float | None) -> Fit:
+    """``too_early`` while the run is still in the transient after averaging starts.
+
+    Known only from the config (its averaging start ``s``): before the run has averaged for as
+    long as it ran before averaging (``2 s``), and, up to ``3 s``, while the fit sees a plateau
+    or a rise (the "hump" of the loss at x). Before ``s`` itself there is nothing to fit after
+    the burn-in: the fit then uses the data from the paper's 5% rule, for a provisional
+    forecast with the wide ``too_early`` interval. A flat fit in the first half of a run with
+    a planned ``total_steps`` is a plateau: ``too_early`` as well.
+    """
+    if burn_in is not None or t_all.size == 0:
+        return fit
+    start = config.averaging_start or 0
+    t_last = float(t_all[-1])
+    useful = _TRANSIENT_FACTOR * start
+    if fit.status == INSUFFICIENT:
+        provisional = _fit_curve(t_all, y_all, None, RunConfig(), None, conf, max_bins, False,
+                                 floor)
+        if not provisional.has_forecast:
+            return fit
+        fit = provisional
+    elif not fit.has_forecast:
+        return fit
+    hump = fit.status == FLAT or (fit.status == OFF_MODEL and (fit.off_model_score or 0) > 0)
+    total = config.total_steps
+    if t_last < useful:
+        why = f"still in the transient after averaging starts (step {start:g})"
+    elif hump and t_last < _HUMP_FACTOR * start:
+        useful = _HUMP_FACTOR * start
+        why = f"a plateau or rise right after averaging starts (step {start:g})"
+    elif fit.status == FLAT and total is not None and t_last < _PLATEAU_FRACTION * total:
+        # A plateau in the first half of a planned run: on the corpus these runs fell again.
+        useful = min(2.0 * t_last, float(total))
+        why = "a plateau in the first half of the run"
+    else:
+        return fit
+    return replace(
+        fit, status=TOO_EARLY, off_model=False, useful_from_step=useful,
+        message=(f"{why}: a useful forecast is expected from step {useful:g}; until then the "
+                 "forecast extends the current loss at the pace runs like this one kept, with "
+                 "a wide interval"),
+    )
+
+
+def _fit_curve(t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
+               config: RunConfig, warm_start: FitParams | None,
+               conf: float, max_bins: int, check_off_model: bool, floor: float | None) -> Fit:
     if t_all.size == 0:
         return Fit(status=INSUFFICIENT, confidence=conf, message="no finite (step, loss) pairs")
 
@@ -381,14 +529,15 @@ def _fit_curve(steps: ArrayLike, values: ArrayLike, burn_in: float | None,
             return Fit(status=INSUFFICIENT, n_points=int(counts.sum()),
                        burn_in=finite_or_none(b_in), burn_in_source=source, confidence=conf,
                        message="too few points left after removing gross outliers")
-    cmin = (_cmin_for(y) - y_mid) / y_scale
+    cmin = ((floor if floor is not None else -math.inf) - y_mid) / y_scale
     y = (y - y_mid) / y_scale
-    if source == "data":
+    if source == "data" or (_DATA_MOVES_CONFIG_BURN_IN and (source or "").startswith("config:")):
+        # The data may move the start later than the paper's 5% (see _data_burn_in).
         start = _data_burn_in(t, y, counts.astype(np.float64), cmin)
         if start > b_in:
             sel = t >= start
             t, y, counts = t[sel], y[sel], counts[sel]
-            b_in = start
+            b_in, source = start, "data"
     n_raw = int(counts.sum())
     w0 = counts.astype(np.float64)
     w0 /= w0.mean()
@@ -407,7 +556,8 @@ def _fit_curve(steps: ArrayLike, values: ArrayLike, burn_in: float | None,
     base: dict[str, Any] = {
         "n_points": n_raw, "n_fitted": int(t.size), "fitted_from_step": float(t[0]),
         "fitted_upto_step": float(t[-1]), "residual_scale": sigma, "burn_in": finite_or_none(b_in),
-        "burn_in_source": source, "n_eff": n_eff, "confidence": conf,
+        "burn_in_source": source, "n_eff": n_eff, "confidence": conf, "level": _level(y_raw),
+        "decay_rate": _decay_rate(t, y * y_scale + y_mid, counts),
     }
 
     # 3. flat (or rising) curves: no significant decay over the window
@@ -444,7 +594,32 @@ def _fit_curve(steps: ArrayLike, values: ArrayLike, burn_in: float | None,
                        f"a fit on the older data ({excess:+.0%} of its predicted decay)")
             fit = replace(fit, off_model=off, off_model_score=z, off_model_excess=excess,
                           status=OFF_MODEL if off else OK, message=msg)
+    if fit.status == OK:
+        why = _unidentified_f_star(fit, raw.c <= cmin + 1e-9, floor)
+        if why is not None:
+            level = base["level"]
+            at_most = f" (at most the current loss {level:.4g})" if level is not None else ""
+            fit = replace(fit, status=NO_ASYMPTOTE, message=(
+                f"{why}: f* is not identifiable yet{at_most}; the forecast extends the current "
+                "loss at the pace runs like this one kept (docs/forecast.md, \"Statuses\")"))
     return fit
+
+
+def _unidentified_f_star(fit: Fit, c_at_floor: bool, floor: float | None) -> str | None:
+    """Why the fit's asymptote says nothing about f*, or ``None`` when it does.
+
+    ``c`` on its floor: the data fit a line better than a curve that levels off. Or f*'s own
+    interval reaches the floor: "f* = c +- most of the loss" is no estimate either. Both make
+    the fit's extrapolation the optimistic end of what is possible (on our runs it missed by
+    17% at the median where the interval reached the floor, 5% elsewhere; BENCHMARKS.md).
+    """
+    if c_at_floor:
+        return "the asymptote c is at its floor"
+    if floor is not None:
+        star = fit.f_star()
+        if math.isfinite(star.lo) and star.lo <= floor:
+            return f"the asymptote's {fit.confidence:.0%} interval reaches the loss floor {floor:g}"
+    return None
 
 
 def _flat_fit(t: FloatArray, y: FloatArray, base: dict[str, Any], y_mid: float, y_scale: float

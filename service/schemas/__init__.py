@@ -149,6 +149,14 @@ class RunConfigIn(BaseModel):
     fit_key: MetricKey | None = Field(
         default=None, description="Which series the forecast fits (default: eval loss, else loss)."
     )
+    loss_lower_bound: Annotated[float, Field(allow_inf_nan=False, strict=True)] | None = Field(
+        default=None, description="The lowest value the loss can take when it is not 0: no "
+        "forecast, interval or f* goes below it.",
+    )
+    lr_schedule: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        default=None, description="The learning-rate schedule (constant, linear, cosine, wsd, "
+        "...): a decaying one makes every forecast off_model.",
+    )
 
     @model_validator(mode="after")
     def _json_safe(self) -> RunConfigIn:

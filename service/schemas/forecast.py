@@ -40,14 +40,20 @@ class PredictionOut(IntervalOut):
 
 
 class TargetOut(BaseModel):
-    """When the run reaches ``loss``: central ``step`` and interval [``lo``, ``hi``];
-    ``reachable`` is false when the target is at or below the fitted asymptote."""
+    """When the run reaches ``loss``: central ``step`` and interval [``lo``, ``hi``].
+
+    ``reached``: the data already got there (``step`` is the first step where the smoothed series
+    was at or below ``loss``). ``reachable`` is false when the target is below the loss floor,
+    below f*'s interval or at or below the fitted asymptote; ``reason`` says which.
+    """
 
     loss: float
     step: float | None
     lo: float | None
     hi: float | None
     reachable: bool
+    reached: bool = False
+    reason: str = ""
 
 
 class ForecastOut(BaseModel):
@@ -74,6 +80,10 @@ class ForecastOut(BaseModel):
     fitted_at: datetime | None = None
     confidence: float = 0.9
     off_model: bool = False
+    useful_from_step: float | None = Field(
+        default=None, description="For status too_early: the step from which a useful forecast "
+        "is expected.",
+    )
     message: str = ""
 
 
@@ -107,6 +117,7 @@ class ForecastHistoryPoint(BaseModel):
     fitted_upto_step: float | None
     n_points: int
     status: str
+    key: str
     created_at: datetime
     final: PredictionOut | None
     f_star: IntervalOut | None
@@ -116,5 +127,6 @@ class ForecastHistory(BaseModel):
     """How the forecast of the loss at ``horizon`` evolved as the run streamed."""
 
     run_id: uuid.UUID
+    key: str | None = Field(default=None, description="The series of these fits (null: none yet).")
     horizon: int | None
     points: list[ForecastHistoryPoint]

@@ -93,12 +93,13 @@ def _spark(session: Session, sid: int, lo: int, hi: int, n: int) -> tuple[list[f
 
 
 def latest_fits(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, StoredFit]:
-    """The newest stored fit of each run, parsed (one statement, via the (run_id, id) index)."""
+    """The newest stored fit of each run's default series, parsed (one statement, via the
+    (run_id, id) index)."""
     if not run_ids:
         return {}
     newest = (
         select(func.max(FitRecord.id))
-        .where(FitRecord.run_id.in_(run_ids))
+        .where(FitRecord.run_id.in_(run_ids), FitRecord.is_default.is_(True))
         .group_by(FitRecord.run_id)
         .scalar_subquery()
     )

@@ -10,13 +10,23 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from curvecast.contract import RunConfig, fit_candidates, fit_key
-from curvecast.service.errors import RunNotFound
+from curvecast.contract import (
+    FINAL_RUN_STATUSES,
+    TRAIN_LOSS_KEY,
+    RunConfig,
+    fit_candidates,
+    fit_key,
+    fit_ready,
+    lr_key,
+)
+from curvecast.service.errors import NotFound, RunNotFound
+from curvecast.service.forecast.binning import DEFAULT_MAX_BINS
 from curvecast.service.forecast.fit import Fit, FloatArray
 from curvecast.service.models import (
     FitRecord,
@@ -27,14 +37,20 @@ from curvecast.service.models import (
     RunWork,
     Series,
 )
-from curvecast.service.store._common import as_utc, write_connection
+from curvecast.service.store._common import as_utc, series_points, write_connection
 from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.rollups import ROLLUP_WIDTHS, read_block_means
 
 #: Series spanning more steps than this are read as rollup block means (at least
-#: ``MIN_FIT_BLOCKS`` of them), so a refit reads thousands of rows however long the run.
+#: ``MIN_FIT_BLOCKS`` of them, at most 8x that: the levels are 8x apart), so a refit reads
+#: hundreds to a few thousand rows however long the run. The fit bins its input to
+#: ``DEFAULT_MAX_BINS`` (400) anyway: reading more blocks than that only costs time (1,000
+#: blocks read 7,800 rows of a 10^6-step series, ~35 ms; 400 read 980).
 RAW_READ_LIMIT = 20_000
-MIN_FIT_BLOCKS = 1_000
+MIN_FIT_BLOCKS = DEFAULT_MAX_BINS
+#: The logged learning rate only has to show whether it left its peak: a coarse read will do.
+LR_RAW_READ_LIMIT = 2_000
+LR_MIN_BLOCKS = 100
 
 
 @dataclass(frozen=True)
@@ -48,31 +64,44 @@ class FitJob:
 
 @dataclass(frozen=True)
 class FitInput:
-    """What a refit needs: the chosen series and the previous fit of it (for a warm start)."""
+    """What a refit of one series needs: its points and its previous fit (for a warm start).
+
+    ``is_default``: the series is the run's default (the contract's ``fit_key``);
+    ``steps_per_second``: the run's recent step rate (stored with the fit, for target ETAs);
+    ``lr``: the learning rate the optimizer logged, ``(steps, values)``, if any (a decaying
+    one makes the fit ``off_model``).
+    """
 
     key: str
     steps: FloatArray
     values: FloatArray
     previous_fit: Fit | None
+    is_default: bool = True
+    steps_per_second: float | None = None
+    lr: tuple[FloatArray, FloatArray] | None = None
 
 
 @dataclass(frozen=True)
 class StoredFit:
-    """A fit from the history: which series it fitted, the fit, and when it was made."""
+    """A fit from the history: which series it fitted, the fit, when it was made, and the run's
+    step rate then (for target ETAs, so a target query reads nothing but the fit)."""
 
     id: int
     run_id: uuid.UUID
     key: str
     fit: Fit
     created_at: datetime
+    steps_per_second: float | None = None
 
 
 @dataclass(frozen=True)
 class RunForecastContext:
-    """What answering for a run needs besides its fits: its config and last logged step."""
+    """What answering for a run needs besides its fits: its config, last logged step, and
+    whether it has ended (no "current pace" ETA then)."""
 
     config: RunConfig
     last_step: int | None
+    finished: bool = False
 
 
 def claim_fit_jobs(
@@ -84,10 +113,12 @@ def claim_fit_jobs(
     lease: timedelta,
     min_points: int,
     limit: int,
+    min_interval: timedelta = timedelta(0),
 ) -> list[FitJob]:
     """Lease up to ``limit`` runs that need a refit: at least ``growth`` more points than at the
-    last fit, or any new points and a fit older than ``max_age`` (see
-    :func:`~curvecast.service.store._leases.claim_leases` for how the lease works)."""
+    last fit, or any new points and a fit older than ``max_age``; never within
+    ``min_interval`` of the last fit (see :func:`~curvecast.service.store._leases.claim_leases`
+    for how the lease works)."""
     candidates = (
         select(RunWork.run_id, Run.n_points, Run.config)
         .join(Run, Run.id == RunWork.run_id)
@@ -99,6 +130,7 @@ def claim_fit_jobs(
                 Run.n_points >= RunWork.fit_n_points * (1.0 + growth),
                 RunWork.fit_at < now - max_age,
             ),
+            or_(RunWork.fit_at.is_(None), RunWork.fit_at <= now - min_interval),
         )
         .order_by(RunWork.fit_at.asc().nulls_first())
     )
@@ -116,8 +148,13 @@ def claim_fit_jobs(
     ]
 
 
-def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
-    """The series to fit (raw, or bucket means for very long series) and the previous fit."""
+def read_fit_inputs(session: Session, *, job: FitJob) -> list[FitInput]:
+    """The loss series to fit, the default one (the contract's ``fit_key``) first.
+
+    Every loss-like series with enough points is fitted (an evaluation loss and the training
+    loss, typically), so ``?key=`` answers for each; raw points, or bucket means for very long
+    series. Empty when the run has no loss-like series yet.
+    """
     rows = session.execute(select(Series.key, Series.id).where(Series.run_id == job.run_id)).all()
     series_ids = {str(k): int(i) for k, i in rows}
     wanted = fit_candidates(job.config)
@@ -135,10 +172,36 @@ def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
             .group_by(Series.key)
         )
     }
-    key = fit_key(counts, job.config)
-    if key is None:
-        return None
-    sid = series_ids[key]
+    default = fit_key(counts, job.config)
+    if default is None:
+        return []
+    # The other series the contract would accept: the ones fit_key picks among.
+    ready = fit_ready(counts)
+    others = [k for k in wanted if k != default and k in ready]
+    # The training loss is logged every step with its wall time: the best clock; the fitted
+    # series (an evaluation loss) is the fallback.
+    rate = None
+    for key in dict.fromkeys((TRAIN_LOSS_KEY, default)):
+        if key in series_ids:
+            rate = recent_step_rate(session, series_id=series_ids[key])
+            if rate is not None:
+                break
+    lr_series = lr_key(series_ids)
+    lr = (None if lr_series is None else
+          _read_points(session, series_ids[lr_series], LR_RAW_READ_LIMIT, LR_MIN_BLOCKS))
+    inputs = [
+        _read_one(session, job, key, series_ids[key], is_default=key == default, rate=rate,
+                  lr=lr)
+        for key in (default, *others)
+    ]
+    return [one for one in inputs if one is not None]
+
+
+def _read_points(session: Session, sid: int, raw_limit: int, min_blocks: int
+                 ) -> tuple[FloatArray, FloatArray] | None:
+    """A series' points: raw when it spans at most ``raw_limit`` steps, else rollup block means
+    (at least ``min_blocks`` of them), so the read costs the same however long the run.
+    ``None`` when the series has no points."""
     lo = session.scalar(
         select(MetricPoint.step)
         .where(MetricPoint.series_id == sid)
@@ -154,20 +217,22 @@ def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
     if lo is None or hi is None:
         return None
     means = (
-        read_block_means(session, sid, int(lo), int(hi), MIN_FIT_BLOCKS)
-        if hi - lo + 1 > RAW_READ_LIMIT
+        read_block_means(session, sid, int(lo), int(hi), min_blocks)
+        if hi - lo + 1 > raw_limit
         else None
     )
     if means is not None:
-        steps, values = means
-    else:
-        points = session.execute(
-            select(MetricPoint.step, MetricPoint.value)
-            .where(MetricPoint.series_id == sid, MetricPoint.value.is_not(None))
-            .order_by(MetricPoint.step)
-        ).all()
-        data = np.array(points, dtype=np.float64).reshape(-1, 2)
-        steps, values = data[:, 0], data[:, 1]
+        return means
+    steps, values = series_points(session, series_id=sid, skip_null=True)
+    return steps.astype(np.float64), values
+
+
+def _read_one(session: Session, job: FitJob, key: str, sid: int, *, is_default: bool,
+              rate: float | None, lr: tuple[FloatArray, FloatArray] | None) -> FitInput | None:
+    points = _read_points(session, sid, RAW_READ_LIMIT, MIN_FIT_BLOCKS)
+    if points is None:
+        return None
+    steps, values = points
     previous = session.scalar(
         select(FitRecord.fit)
         .where(FitRecord.run_id == job.run_id, FitRecord.key == key)
@@ -179,32 +244,47 @@ def read_fit_input(session: Session, *, job: FitJob) -> FitInput | None:
         steps=steps,
         values=values,
         previous_fit=Fit.from_dict(previous) if previous is not None else None,
+        is_default=is_default,
+        steps_per_second=rate,
+        lr=lr,
     )
 
 
-def save_fit(
+def save_fits(
     session: Session,
     *,
     job: FitJob,
-    key: str,
-    fit: Fit,
+    fits: list[tuple[FitInput, Fit]],
     now: datetime,
 ) -> None:
-    """Store a fit in the history (as ``fit.to_dict()``) and release the run's lease."""
+    """Store each new fit in the history (as ``fit.to_dict()``) and release the run's lease.
+
+    A fit that says nothing new (the same status, points and last step as the previous fit of
+    its series: the run grew in other series) is not stored, so the history has one row per
+    fit.
+    """
     write_connection(session)
-    upto = fit.fitted_upto_step
-    session.add(
-        FitRecord(
-            run_id=job.run_id,
-            key=key,
-            status=fit.status,
-            n_points=fit.n_points,
-            run_n_points=job.run_n_points,
-            fitted_upto_step=None if upto is None else int(upto),
-            fit=fit.to_dict(),
-            created_at=now,
+    for fit_input, fit in fits:
+        upto = fit.fitted_upto_step
+        previous = fit_input.previous_fit
+        if (previous is not None and previous.status == fit.status
+                and previous.n_points == fit.n_points
+                and previous.fitted_upto_step == fit.fitted_upto_step):
+            continue
+        session.add(
+            FitRecord(
+                run_id=job.run_id,
+                key=fit_input.key,
+                status=fit.status,
+                n_points=fit.n_points,
+                run_n_points=job.run_n_points,
+                fitted_upto_step=None if upto is None else int(upto),
+                fit=fit.to_dict(),
+                created_at=now,
+                is_default=fit_input.is_default,
+                steps_per_second=fit_input.steps_per_second,
+            )
         )
-    )
     finish_fit_job(session, job=job, now=now)
 
 
@@ -237,51 +317,84 @@ def stored_fit(record: FitRecord) -> StoredFit:
         key=record.key,
         fit=Fit.from_dict(record.fit),
         created_at=as_utc(record.created_at),
+        steps_per_second=record.steps_per_second,
     )
 
 
 def _context(run: Run) -> RunForecastContext:
-    return RunForecastContext(config=RunConfig.read(run.config), last_step=run.last_step)
+    return RunForecastContext(config=RunConfig.read(run.config), last_step=run.last_step,
+                              finished=run.status in FINAL_RUN_STATUSES)
+
+
+def _fit_filter(session: Session, run_id: uuid.UUID, key: str | None) -> Any:
+    """Rows of the run's default series, or of ``key`` (which must exist in the run)."""
+    if key is None:
+        return FitRecord.is_default.is_(True)
+    exists = session.scalar(
+        select(Series.id).where(Series.run_id == run_id, Series.key == key).limit(1)
+    )
+    if exists is None:
+        raise NotFound(f"run {run_id} has no series {key!r}: name one it logs (a loss series "
+                       "such as eval_loss or loss), or leave key out for the default")
+    return FitRecord.key == key
 
 
 def latest_fit(
-    session: Session, *, run_id: uuid.UUID, allowed_project: str | None
+    session: Session, *, run_id: uuid.UUID, allowed_project: str | None, key: str | None = None
 ) -> tuple[StoredFit | None, RunForecastContext]:
-    """The newest fit of a run (or None), with the run's config and last step."""
+    """The newest fit of a run's default series, or of ``key`` (or None), with the run's
+    config, last step and whether it has ended.
+
+    Raises:
+        RunNotFound: no such run (visible to the caller).
+        NotFound: the run has no series ``key``.
+    """
     run = _visible_run(session, run_id, allowed_project)
     record = session.scalar(
-        select(FitRecord).where(FitRecord.run_id == run_id).order_by(FitRecord.id.desc()).limit(1)
+        select(FitRecord)
+        .where(FitRecord.run_id == run_id, _fit_filter(session, run_id, key))
+        .order_by(FitRecord.id.desc())
+        .limit(1)
     )
     return (stored_fit(record) if record else None), _context(run)
 
 
 def fit_history(
-    session: Session, *, run_id: uuid.UUID, allowed_project: str | None, limit: int
+    session: Session, *, run_id: uuid.UUID, allowed_project: str | None, limit: int,
+    key: str | None = None,
 ) -> tuple[list[StoredFit], RunForecastContext]:
-    """Fits of a run, oldest first (at most ``limit``, the newest ones), with the run's config
-    and last step."""
+    """Fits of a run's default series (or of ``key``), oldest first (at most ``limit``, the
+    newest ones), with the run's context. Raises as :func:`latest_fit`."""
     run = _visible_run(session, run_id, allowed_project)
     records = session.scalars(
         select(FitRecord)
-        .where(FitRecord.run_id == run_id)
+        .where(FitRecord.run_id == run_id, _fit_filter(session, run_id, key))
         .order_by(FitRecord.id.desc())
         .limit(limit)
     ).all()
     return [stored_fit(r) for r in reversed(records)], _context(run)
 
 
-def recent_step_rate(session: Session, *, run_id: uuid.UUID, key: str) -> float | None:
-    """Steps per second over the last (up to) 200 points of ``key`` that carry a wall time."""
-    rows = session.execute(
-        select(MetricPoint.step, MetricPoint.wall_time)
-        .join(Series, Series.id == MetricPoint.series_id)
-        .where(Series.run_id == run_id, Series.key == key, MetricPoint.wall_time.is_not(None))
-        .order_by(MetricPoint.step.desc())
-        .limit(200)
-    ).all()
+def recent_step_rate(session: Session, *, series_id: int) -> float | None:
+    """Steps per second over the last (up to) 200 points of a series, from their wall times.
+
+    The newest 200 points whatever their wall time (a range scan of the series' primary key),
+    then those that carry one: filtering on ``wall_time`` in SQL would scan the whole series of a
+    run that logs none.
+    """
+    rows = [
+        (step, wall)
+        for step, wall in session.execute(
+            select(MetricPoint.step, MetricPoint.wall_time)
+            .where(MetricPoint.series_id == series_id)
+            .order_by(MetricPoint.step.desc())
+            .limit(200)
+        ).all()
+        if wall is not None
+    ]
     if len(rows) < 2:
         return None
     (last_step, last_wall), (first_step, first_wall) = rows[0], rows[-1]
-    if last_wall is None or first_wall is None or last_wall <= first_wall:
+    if last_wall <= first_wall:
         return None
     return float(last_step - first_step) / float(last_wall - first_wall)

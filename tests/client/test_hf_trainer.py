@@ -110,7 +110,8 @@ def test_schedule_free_plus_trains_a_gpt2_under_the_trainer(
 
     monitor = callback.monitor
     assert monitor is not None and monitor.finished
-    assert get_run(sqlite_server, monitor.run_id)["status"] == "finished"
+    run = get_run(sqlite_server, monitor.run_id)
+    assert run["status"] == "finished" and run["config"]["lr_schedule"] == "constant"
     stored = series(sqlite_server, monitor.run_id)
     assert stored["opt/eta"]["steps"] == stored["loss"]["steps"] == [1, 2, 3, 4, 5, 6]
     assert stored["opt/loss"]["values"] == pytest.approx(probe.step_losses, rel=1e-5)
@@ -187,9 +188,13 @@ def test_a_decaying_schedule_is_warned_about(tmp_path: Path, spool_dir: Path,
         output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4,
         save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
     )  # lr_scheduler_type defaults to "linear"
+    callback = CurvecastCallback(url=sqlite_server, spool_dir=spool_dir, flush_timeout=30)
     trainer = transformers.Trainer(
         model=model, args=args, train_dataset=mse_data(), optimizers=(opt, None),
-        callbacks=[CurvecastCallback(url=sqlite_server, spool_dir=spool_dir, flush_timeout=30)],
+        callbacks=[callback],
     )
     with pytest.warns(UserWarning, match="lr_scheduler_type='constant'"):
         trainer.train()
+    # The run says which schedule it ran: the forecast reads a decaying one as off_model.
+    assert callback.monitor is not None
+    assert get_run(sqlite_server, callback.monitor.run_id)["config"]["lr_schedule"] == "linear"

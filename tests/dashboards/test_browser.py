@@ -244,6 +244,16 @@ def test_forecast_box_answers_through_the_rest_api(
     page.wait_for_function(
         "() => document.getElementById('ask-loss-answer').textContent.includes('reachable')")
     assert page.locator("#ask-loss-answer").inner_text().startswith("Not reachable")
+    # A target the run already passed: answered from the data, the same step as REST's.
+    page.fill("#ask-loss-input", "100")
+    page.click("#ask-loss button")
+    page.wait_for_function(
+        "() => document.getElementById('ask-loss-answer').textContent.includes('reached')")
+    passed = page.locator("#ask-loss-answer").inner_text()
+    rest = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast/target",
+                     params={"loss": 100}).json()["target"]
+    assert rest["reached"] and passed.startswith("Already reached")
+    assert f"from step {rest['step']:,.0f} on" in passed
     tab.no_errors()
 
 

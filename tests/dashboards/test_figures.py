@@ -440,3 +440,32 @@ def test_formatting() -> None:
     assert fmt.step(1234567) == "1,234,567"
     assert fmt.duration(30) == "30 s" and fmt.duration(3 * 3600 + 600) == "3 h 10 min"
     assert fmt.esc("<a & b>") == "&lt;a &amp; b&gt;"
+
+
+def test_headline_and_chart_tell_the_statuses_truth() -> None:
+    """A fit whose f* is not identifiable: no f* line on the chart, the card says "at most";
+    a flat fit (b null) is a fit, not "no fit yet"; too_early names the useful step."""
+    metrics = [downsampled("loss")]
+    no_asym = dict(FORECAST, status="no_asymptote", c=0.0,
+                   f_star={"value": None, "lo": 0.0, "hi": 2.5})
+    page = views.RunPage(run={"id": "r", "config": CONFIG, "last_step": 10_000},
+                         metrics=metrics, forecast=no_asym, band=BAND)
+    kpis = {k.id: k for k in views.run_kpis(page)}
+    assert kpis["f_star"].value == "—" and "at most 2.5" in kpis["f_star"].detail
+    assert "no asymptote" in kpis["fit"].value and kpis["forecast"].value == "2.42"
+    roles = by_role(views.run_figures(page, ["loss"])["loss"])
+    assert "f_star" not in roles and "forecast" in roles
+    flat = dict(FORECAST, status="flat", a=0.0, b=None, c=2.5,
+                f_star={"value": 2.5, "lo": 2.4, "hi": 2.6},
+                prediction={"step": 20_000, "value": 2.5, "lo": 2.4, "hi": 2.6})
+    page = views.RunPage(run={"id": "r", "config": CONFIG, "last_step": 10_000},
+                         metrics=metrics, forecast=flat, band=BAND)
+    kpis = {k.id: k for k in views.run_kpis(page)}
+    assert kpis["forecast"].value == "2.5" and kpis["f_star"].value == "2.5"
+    early = dict(FORECAST, status="too_early", useful_from_step=800.0,
+                 f_star={"value": None, "lo": 0.0, "hi": 3.0})
+    page = views.RunPage(run={"id": "r", "config": CONFIG, "last_step": 10_000},
+                         metrics=metrics, forecast=early, band=BAND)
+    kpis = {k.id: k for k in views.run_kpis(page)}
+    assert "a useful forecast from step 800" in kpis["forecast"].detail
+    assert kpis["forecast"].tone == "warn" and "too early" in kpis["f_star"].detail

@@ -97,6 +97,7 @@ def test_band_matches_single_predictions() -> None:
 class _Stored:
     fit: Fit
     created_at: datetime
+    key: str = "eval_loss"
 
 
 def test_history_uses_the_same_horizon() -> None:

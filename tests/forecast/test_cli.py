@@ -63,7 +63,7 @@ def test_csv_json_output_contract(csv_file: Path, capsys: pytest.CaptureFixture[
     assert abs(pred["value"] - truth) < 0.01
     target = out["target"]
     assert isinstance(target, dict)
-    assert set(target) == {"loss", "step", "lo", "hi", "reachable"}
+    assert set(target) == {"loss", "step", "lo", "hi", "reachable", "reached", "reason"}
     assert target["reachable"] is True and target["step"] > 6_000
 
 
@@ -73,8 +73,10 @@ def test_json_input_upto_step_horizon_and_unreachable_target(
                    "--target", "1.5", "--confidence", "0.8")
     assert out["fitted_upto_step"] is not None and out["fitted_upto_step"] <= 5000
     assert out["prediction"]["step"] == 1e6
-    assert out["target"] == {"loss": 1.5, "step": None, "lo": None, "hi": None,
-                             "reachable": False}
+    target = out["target"]
+    assert {k: target[k] for k in ("loss", "step", "lo", "hi", "reachable", "reached")} == {
+        "loss": 1.5, "step": None, "lo": None, "hi": None, "reachable": False, "reached": False}
+    assert target["reason"].startswith("below f*'s 80% interval")
 
 
 def test_no_target_gives_null(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -154,6 +156,9 @@ def test_binary_file_and_directory(tmp_path: Path, capsys: pytest.CaptureFixture
     (["--upto", "1.5"], "--upto must be a fraction in (0, 1]"),
     (["--upto", "0.5", "--confidence", "1.2"], "--confidence must be in (0, 1)"),
     (["--upto", "0.5", "--horizon", "nan"], "--horizon must be a finite number"),
+    (["--horizon", "-5"], "--horizon must be a step in [0, "),
+    (["--horizon", "1e300"], "--horizon must be a step in [0, "),
+    (["--upto-step", "-1"], "--upto-step must be 0 or more"),
 ])
 def test_bad_arguments_exit_2(argv: list[str], expected: str, csv_file: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,3 +186,66 @@ def test_module_entry_point(csv_file: Path) -> None:
                           cwd=ROOT, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert set(json.loads(proc.stdout)) == TOP_KEYS
+
+
+def test_upto_defaults_to_every_point(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    everything = run_json(capsys, str(csv_file))
+    explicit = run_json(capsys, str(csv_file), "--upto", "1")
+    assert everything == explicit
+    assert everything["fitted_upto_step"] == pytest.approx(20_000, rel=0.01)
+
+
+def test_formula_has_real_signs_and_no_placeholders(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative b prints as ``t - 300``; nothing prints ``+ -`` or ``n/a`` inside a formula."""
+    t = np.arange(400.0, 4000.0, 10.0)
+    y = 20.0 / np.sqrt(t - 300.0) + 1.5
+    p = tmp_path / "negative_b.csv"
+    p.write_text("step,loss\n" + "".join(f"{s:g},{v:.8f}\n" for s, v in zip(t, y, strict=True)))
+    assert main([str(p), "--burn-in", "400"]) == 0
+    text = capsys.readouterr().out
+    fit_line = next(line for line in text.splitlines() if line.startswith("fit: "))
+    assert "sqrt(t - 3" in fit_line and "+ -" not in fit_line and "n/a" not in fit_line
+    flat = tmp_path / "flat.csv"
+    flat.write_text("step,loss\n" + "".join(f"{s},{2.0 + 0.001 * (s % 3)}\n"
+                                            for s in range(100, 200)))
+    assert main([str(flat), "--burn-in", "100"]) == 0
+    text = capsys.readouterr().out
+    assert "status: flat" in text and "fit: f(t) = 2" in text and "n/a" not in text
+
+
+def test_passed_target_and_unidentified_f_star_in_words(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    t = np.arange(100.0, 1000.0)
+    p = tmp_path / "line.csv"
+    p.write_text("step,loss\n" + "".join(f"{s:g},{3.0 - 0.001 * s:.6f}\n" for s in t))
+    assert main([str(p), "--burn-in", "100", "--target", "2.5"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("status: no_asymptote")
+    assert "asymptote f*: not identifiable yet, at most 2.0" in text
+    assert "forecast: the current loss 2.0" in text and "not the curve above" in text
+    assert "loss 2.5 already reached at step 5" in text  # 3 - 0.001 t = 2.5 at t = 500
+
+
+def test_the_export_s_logged_learning_rate_marks_a_decay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The service's export holds ``opt/lr`` when the hook watched a torch optimizer: a rate
+    that decays makes the forecast ``off_model``, as the server's refit does."""
+    t, y = _curve()
+    lr = np.where(t < 8000, 1e-3, 1e-3 * (1 - (t - 8000) / 20_000))  # linear decay from 8000
+
+    def export(rate: np.ndarray) -> Path:
+        p = tmp_path / "metrics.csv"
+        p.write_text("key,step,value,wall_time\n"
+                     + "".join(f"loss,{s:g},{v:.6f},\n" for s, v in zip(t, y, strict=True))
+                     + "".join(f"opt/lr,{s:g},{v:.6g},\n" for s, v in zip(t, rate, strict=True)))
+        return p
+
+    assert run_json(capsys, str(export(np.full(t.size, 1e-3))))["status"] == "ok"
+    assert run_json(capsys, str(export(lr)), "--upto-step", "7000")["status"] == "ok"
+    decayed = export(lr)
+    assert run_json(capsys, str(decayed))["status"] == "off_model"
+    assert main([str(decayed)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("status: off_model (the logged learning rate decays")

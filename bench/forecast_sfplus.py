@@ -1,0 +1,629 @@
+"""Backtest of the forecast on ScheduleFree+ runs we trained ourselves, candidates side by side.
+
+The runs: the ScheduleFree+ corpus (``bench/data/sfplus_corpus``, ``python -m
+bench.sfplus_corpus``: 2,000-10,000-step charlm runs varying width, depth, batch, λ, warmups,
+c_warmup, β annealing and r, plus Schedule-Free AdamW, constant-LR AdamW and linear/cosine AdamW)
+and the 3,000-step training-quality runs (``bench/data/train_quality_3k``, ``python -m
+bench.train_quality``; ScheduleFree+ at the shipped defaults and eight variants, AdamW linear and
+WSD). The forecast question is the product's: at 20%, 30% and 50% of the run, fit the eval loss
+logged so far (with the run's config, as the service does) and forecast the final eval loss.
+
+Cross-validated by run: the main interval calibration was fitted on the public curves
+(``bench/forecast_calibrate``), never on these runs; the transient table (the answers of
+``too_early`` and ``no_asymptote`` fits) is rebuilt here for every run from the public curves and
+the *other* runs only (leave one run out), exactly as ``bench/forecast_calibrate`` builds the
+shipped one; the empirical-Bayes candidates learn their priors from the other runs only too.
+Every candidate tried is reported, with the plain ``curve_fit`` baseline on the same points (the
+paper's: default arguments, the points from 5% of the run to the cut):
+
+* ``shipped``: ``fit_curve(config=...)`` with the statuses of docs/forecast.md: ``too_early`` and
+  ``no_asymptote`` fits extend the current loss at the pace runs like them kept
+  (``calibration.transient_band``), the others evaluate ``a/sqrt(t+b)+c``;
+* ``model value, widened`` (the previous approach): every status evaluates the fitted curve; a
+  ``too_early`` or ``no_asymptote`` interval is widened up to the current loss (``too_early``
+  down to the floor);
+* ``model value, not widened``: the same, its interval as if it were ``ok``;
+* ``transient table from our runs only``: the shipped answer, its transient table measured on
+  our other runs alone (no public curves);
+* ``config burn-in moved by the data``: the data may move the config's burn-in (the averaging
+  start) later, as they move the 5% start of a run without a config -- the burn-in that knows
+  ``c_warmup`` and detects the hump from the data (``solver._DATA_MOVES_CONFIG_BURN_IN``);
+* ``every status extends the current loss``: every fit answered like a ``no_asymptote`` one
+  (the fitted curve dropped everywhere);
+* ``EB prior on b``: the Gaussian prior on ``log(t0 + b)`` centred and scaled from the other
+  runs' full-length fits (empirical Bayes) instead of the hand-set weak prior;
+* ``average over b``: the forecast averaged over ``log(t0 + b)`` with weights from the profile
+  likelihood and the prior (instead of the best ``b``);
+* ``train-loss shape``: ``b`` from a fit to the dense training loss, ``a`` and ``c`` from the eval
+  loss with that ``b`` (points only: no interval);
+* ``later burn-in``: only the latest 60% of the window (the early fall left out);
+* ``EB prior on c``: a Gaussian prior on ``c / current loss`` from the other runs' full-length
+  fits, in the profile over ``b``.
+
+Usage: ``python -m bench.forecast_sfplus [--no-write]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench._corpus import BenchRun, load_runs
+from bench._report import markdown_table, progress, write_section
+from bench.forecast_backtest import plain_fit
+from bench.forecast_calibrate import (
+    OURS,
+    TRANSIENT,
+    collect_run_samples,
+    collect_samples,
+    fit_transient_table,
+    load_corpus,
+)
+from curvecast.contract import RunConfig
+from curvecast.service.forecast import calibration as cal
+from curvecast.service.forecast import solver
+from curvecast.service.forecast.fit import OK, TOO_EARLY, Fit
+from curvecast.service.forecast.solver import fit_curve
+
+CUTS = (0.2, 0.3, 0.5)
+CONFIDENCE = 0.9
+DECAY_FRACTIONS = (0.25, 0.5, 1.0)
+
+
+# --- candidates ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Forecast:
+    value: float
+    lo: float = math.nan
+    hi: float = math.nan
+    status: str = ""
+    c_at_floor_ok: bool = False
+
+
+def _from_fit(fit: Fit, total: float) -> Forecast:
+    p = fit.predict(total, CONFIDENCE)
+    floor_ok = fit.status == OK and fit.c is not None and fit.c <= (fit.loss_floor or 0.0) + 1e-9
+    return Forecast(p.value, p.lo, p.hi, fit.status, floor_ok)
+
+
+def shipped(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
+    """The product's answer, its transient table rebuilt without this run."""
+    et, ev, _, _ = run.upto(k)
+    fit = fit_curve(et, ev, config=run.config)
+    if fit.status not in TRANSIENT or fit.level is None or fit.fitted_upto_step is None:
+        return _from_fit(fit, run.total)
+    table = ctx["transient"][run.name]
+    value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, run.total, fit.status,
+                                       fit.decay_rate, CONFIDENCE, table)
+    floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
+    return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
+
+
+@contextmanager
+def data_moves_config_burn_in() -> Iterator[None]:
+    """The solver's switch: the data may move the config's burn-in later, as it moves the 5%
+    start of a run without a config."""
+    saved = solver._DATA_MOVES_CONFIG_BURN_IN
+    solver._DATA_MOVES_CONFIG_BURN_IN = True  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        solver._DATA_MOVES_CONFIG_BURN_IN = saved  # type: ignore[misc]
+
+
+def moved_burn_in(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
+    """The shipped answer with the config's burn-in moved later by the data where a later start
+    extrapolates the run's recent past better (its transient table measured the same way)."""
+    with data_moves_config_burn_in():
+        return shipped(run, k, {"transient": ctx["transient_moved"]})
+
+
+def ours_only_table(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
+    """The shipped answer with the transient table measured on our other runs alone (no public
+    curves in it)."""
+    return shipped(run, k, {"transient": ctx["transient_ours"]})
+
+
+def extend_every_status(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
+    """Every fit answered like a ``no_asymptote`` one (the current loss extended at its decay
+    rate, the leave-one-run-out table), ``too_early`` as shipped: the fitted curve dropped."""
+    et, ev, _, _ = run.upto(k)
+    fit = fit_curve(et, ev, config=run.config)
+    if fit.status == TOO_EARLY or fit.level is None or fit.fitted_upto_step is None:
+        return shipped(run, k, ctx)
+    value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, run.total,
+                                       "no_asymptote", fit.decay_rate, CONFIDENCE,
+                                       ctx["transient"][run.name])
+    return Forecast(value, lo, hi, fit.status)
+
+
+def _model_interval(fit: Fit, total: float, widen: bool) -> Forecast:
+    """The fitted curve's value with the main calibration's interval (what every status answered
+    before the transient table), widened for the transient statuses if asked."""
+    as_ok = replace(fit, status=OK)
+    p = as_ok.predict(total, CONFIDENCE)
+    lo, hi = p.lo, p.hi
+    if widen and fit.status in TRANSIENT and fit.level is not None:
+        hi = max(hi, fit.level)
+        if fit.status == TOO_EARLY and fit.loss_floor is not None:
+            lo = min(lo, fit.loss_floor)
+    return Forecast(p.value, lo, hi, fit.status)
+
+
+def model_widened(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
+    et, ev, _, _ = run.upto(k)
+    return _model_interval(fit_curve(et, ev, config=run.config), run.total, widen=True)
+
+
+def model_not_widened(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
+    et, ev, _, _ = run.upto(k)
+    return _model_interval(fit_curve(et, ev, config=run.config), run.total, widen=False)
+
+
+def _q_rel(fit: Fit) -> float | None:
+    """``log(t0 + b)`` relative to the solver's reference scale (where its prior is centred)."""
+    if fit.b is None or fit.fitted_from_step is None or fit.fitted_upto_step is None:
+        return None
+    t0 = fit.fitted_from_step
+    ref = max(t0, 0.02 * fit.fitted_upto_step, 1e-12)
+    return math.log(t0 + fit.b) - math.log(ref) if t0 + fit.b > 0 else None
+
+
+def eb_prior(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
+    others = [q for name, q in ctx["q_full"].items() if name != run.name and q is not None]
+    mu, tau = float(np.mean(others)), max(float(np.std(others)), 0.05)
+    saved = solver._PRIOR_MU, solver._PRIOR_TAU
+    solver._PRIOR_MU, solver._PRIOR_TAU = mu, tau  # type: ignore[misc]
+    try:
+        return shipped(run, k, ctx)
+    finally:
+        solver._PRIOR_MU, solver._PRIOR_TAU = saved  # type: ignore[misc]
+
+
+def _point(f: Forecast) -> Forecast:
+    """A point-only candidate's fallback: the shipped value, without its interval."""
+    return Forecast(f.value, status=f.status)
+
+
+def average_b(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
+    et, ev, _, _ = run.upto(k)
+    fit = fit_curve(et, ev, config=run.config)
+    if fit.b is None or fit.burn_in is None or fit.residual_scale is None:
+        return _point(_from_fit(fit, run.total))
+    m = et >= fit.burn_in
+    t, y = et[m], ev[m]
+    if t.size < solver.MIN_POINTS:
+        return _point(_from_fit(fit, run.total))
+    ref = max(float(t[0]), 0.02 * float(t[-1]))
+    qs = np.linspace(math.log(ref) - 4.0, math.log(ref) + 8.0, 241)
+    x = solver._design(t, qs)
+    floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
+    a, c, sse = solver._solve_ac(x, y, np.ones_like(t), floor)
+    inflation = t.size / max(fit.n_eff or t.size, 1.0)
+    s2 = max(fit.residual_scale**2, 1e-12)
+    obj = sse / (2 * s2 * inflation) + (qs - math.log(ref) - solver._PRIOR_MU) ** 2 / (
+        2 * solver._PRIOR_TAU**2)
+    w = np.exp(-(obj - obj.min()))
+    w /= w.sum()
+    pred = a / np.sqrt(np.exp(qs) + run.total - float(t[0])) + c
+    return Forecast(float(w @ pred), status=fit.status)
+
+
+def train_shape(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
+    et, ev, tt, tv = run.upto(k)
+    shape = fit_curve(tt, tv, config=run.config)
+    level = fit_curve(et, ev, config=run.config)
+    if shape.b is None or shape.a in (None, 0.0) or level.burn_in is None:
+        return _point(_from_fit(level, run.total))
+    m = et >= level.burn_in
+    t, y = et[m], ev[m]
+    if t.size < 3 or np.any(t + shape.b <= 0):
+        return _point(_from_fit(level, run.total))
+    x = 1.0 / np.sqrt(t + shape.b)
+    floor = level.loss_floor if level.loss_floor is not None else -math.inf
+    a, c, _ = solver._solve_ac(x[None, :], y, np.ones_like(t), floor)
+    return Forecast(float(a[0] / math.sqrt(run.total + shape.b) + c[0]), status=level.status)
+
+
+def late_burn_in(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
+    """Only the recent part of the window: the burn-in moved to 40% of the latest step (or the
+    averaging start, if later), so the fast early fall does not bend the fit."""
+    et, ev, _, _ = run.upto(k)
+    start = RunConfig.read(run.config).averaging_start or 0
+    fit = fit_curve(et, ev, config=run.config, burn_in=max(start, 0.4 * float(et[-1])))
+    return _point(_from_fit(fit, run.total))
+
+
+def eb_prior_c(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
+    """A Gaussian prior on ``c / current loss`` learned from the other runs' full-length fits
+    (leave one run out), added to the profile likelihood over ``log(t0 + b)``."""
+    et, ev, _, _ = run.upto(k)
+    fit = fit_curve(et, ev, config=run.config)
+    if fit.burn_in is None or fit.level is None or not fit.residual_scale:
+        return _point(_from_fit(fit, run.total))
+    m = et >= fit.burn_in
+    t, y = et[m], ev[m]
+    if t.size < solver.MIN_POINTS:
+        return _point(_from_fit(fit, run.total))
+    others = [v for name, v in ctx["c_ratio"][k].items() if name != run.name and v is not None]
+    mu, tau = float(np.mean(others)) * fit.level, max(float(np.std(others)), 0.05) * fit.level
+    s2 = fit.residual_scale**2 * t.size / max(fit.n_eff or t.size, 1.0)
+    ridge = s2 / tau**2
+    t0 = float(t[0])
+    best: tuple[float, float] | None = None
+    for q in np.linspace(math.log(max(t0, 1.0)) - 4.0, math.log(max(t0, 1.0)) + 8.0, 200):
+        x = 1.0 / np.sqrt(math.exp(q) + t - t0)
+        a, c = np.linalg.solve(np.array([[x @ x, x.sum()], [x.sum(), t.size + ridge]]),
+                               np.array([x @ y, y.sum() + ridge * mu]))
+        if a < 0:
+            a, c = 0.0, (y.sum() + ridge * mu) / (t.size + ridge)
+        c = max(float(c), fit.loss_floor or 0.0)
+        r = y - a * x - c
+        obj = float(r @ r) / (2 * s2) + (c - mu) ** 2 / (2 * tau**2)
+        if best is None or obj < best[0]:
+            best = (obj, float(a / math.sqrt(math.exp(q) + run.total - t0) + c))
+    assert best is not None
+    return Forecast(best[1], status=fit.status)
+
+
+def plain(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
+    et, ev, _, _ = run.upto(k)
+    m = et >= 0.05 * run.total
+    p = plain_fit(et[m], ev[m])
+    if p is None:
+        return Forecast(math.nan)
+    a, b, c = (float(v) for v in p[0])
+    u = run.total + b
+    return Forecast(a / math.sqrt(u) + c if u > 0 else math.nan)
+
+
+CANDIDATES: dict[str, Callable[[BenchRun, float, dict[str, Any]], Forecast]] = {
+    "shipped": shipped,
+    "model value, widened (previous)": model_widened,
+    "model value, not widened": model_not_widened,
+    "transient table from our runs only": ours_only_table,
+    "config burn-in moved by the data": moved_burn_in,
+    "every status extends the current loss": extend_every_status,
+    "EB prior on b (leave-one-run-out)": eb_prior,
+    "average over b": average_b,
+    "train-loss shape, eval level": train_shape,
+    "later burn-in (40% of the data seen)": late_burn_in,
+    "EB prior on c / current loss (leave-one-run-out)": eb_prior_c,
+    "plain curve_fit (baseline)": plain,
+}
+
+
+# --- scoring -------------------------------------------------------------------------------------
+def transient_tables(runs: Sequence[BenchRun]) -> dict[str, dict[str, cal.TransientTable]]:
+    """Each run's leave-one-run-out transient tables: ``"pooled"``, from the public curves'
+    comparisons and those of every other run of ours (``bench.forecast_calibrate``'s samples and
+    table, as shipped); ``"ours"``, from the other runs of ours alone; ``"moved"``, pooled, with
+    our runs fitted as the "config burn-in moved by the data" candidate fits them."""
+    public = collect_samples([c for c in load_corpus() if c.anytime])
+    ours = collect_run_samples(runs)
+    with data_moves_config_burn_in():
+        ours_moved = collect_run_samples(runs)
+    tables: dict[str, dict[str, cal.TransientTable]] = {"pooled": {}, "ours": {}, "moved": {}}
+    for r in runs:
+        if r.anytime:
+            name = f"{OURS}/{r.name}"
+            others = ours[ours["curve"] != name]
+            moved = ours_moved[ours_moved["curve"] != name]
+            tables["pooled"][r.name] = fit_transient_table(pd.concat([public, others],
+                                                                     ignore_index=True))
+            tables["ours"][r.name] = fit_transient_table(others)
+            tables["moved"][r.name] = fit_transient_table(pd.concat([public, moved],
+                                                                    ignore_index=True))
+    return tables
+
+
+def backtest(runs: Sequence[BenchRun]) -> pd.DataFrame:
+    """One row per (anytime run, cut, candidate)."""
+    progress("forecast_sfplus", "transient tables (leave one run out)", 0, 1)
+    tables = transient_tables(runs)
+    ctx: dict[str, Any] = {"q_full": {}, "c_ratio": {k: {} for k in CUTS},
+                           "transient": tables["pooled"], "transient_ours": tables["ours"],
+                           "transient_moved": tables["moved"]}
+    for r in runs:  # full-length fits: what the EB priors learn from (other runs only)
+        if r.anytime:
+            full = fit_curve(r.eval_steps, r.eval_values, config=r.config, check_off_model=False)
+            ctx["q_full"][r.name] = _q_rel(full)
+            for k in CUTS:
+                et, ev, _, _ = r.upto(k)
+                level = fit_curve(et, ev, config=r.config).level
+                ctx["c_ratio"][k][r.name] = (full.c / level if full.c is not None and level
+                                             else None)
+    rows = []
+    anytime = [r for r in runs if r.anytime]
+    for i, r in enumerate(anytime, 1):
+        progress("forecast_sfplus", f"run {r.name}", i, len(anytime))
+        for k in CUTS:
+            for label, fn in CANDIDATES.items():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    f = fn(r, k, ctx)
+                err = abs(f.value - r.final) / r.final * 100 if math.isfinite(f.value) else math.inf
+                has_iv = math.isfinite(f.lo) and math.isfinite(f.hi)
+                rows.append({
+                    "run": r.name, "kind": r.kind, "k": k, "candidate": label, "err": err,
+                    "signed": (f.value - r.final) / r.final * 100, "status": f.status,
+                    "covered": (f.lo <= r.final <= f.hi) if has_iv else None,
+                    "width": (f.hi - f.lo) / r.final * 100 if has_iv else math.nan,
+                    "c_floor_ok": f.c_at_floor_ok,
+                })
+    return pd.DataFrame(rows)
+
+
+def _pct(x: float) -> str:
+    return "fail" if not math.isfinite(x) else f"{x:.1f}%"
+
+
+def accuracy_table(df: pd.DataFrame, kinds: Sequence[str]) -> str:
+    sub = df[df["kind"].isin(kinds)]
+    headers = ["candidate"]
+    for k in CUTS:
+        headers += [f"{k:.0%} median (p90)", f"{k:.0%} cover"]
+    headers += ["pooled cover", "c at floor as ok", "median where plain fits (20/30/50%)"]
+    plain_rows = sub[sub.candidate.str.startswith("plain")]
+    plain_med = {k: float(np.median(plain_rows[plain_rows.k == k]["err"])) for k in CUTS}
+    # The fair comparison too: only the (run, cut) pairs where curve_fit returned a forecast.
+    fits = {(r, k) for r, k, e in zip(plain_rows.run, plain_rows.k, plain_rows.err, strict=True)
+            if math.isfinite(e)}
+    rows = []
+    for label in CANDIDATES:
+        c = sub[sub.candidate == label]
+        row: list[object] = [label]
+        for k in CUTS:
+            ck = c[c.k == k]
+            med = float(np.median(ck["err"]))
+            ratio = f", {med / plain_med[k]:.2f}× plain" if plain_med[k] > 0 and \
+                math.isfinite(plain_med[k]) and not label.startswith("plain") else ""
+            row.append(f"{_pct(med)} ({_pct(float(np.percentile(ck['err'], 90)))}){ratio}")
+            cov = ck["covered"].dropna()
+            row.append(f"{cov.mean():.0%} ({len(cov)})" if len(cov) else "–")
+        cov_all = c["covered"].dropna()
+        row.append(f"{cov_all.mean():.0%}" if len(cov_all) else "–")
+        row.append(str(int(c["c_floor_ok"].sum())) if label != "plain curve_fit (baseline)"
+                   else "–")
+        both = c[[(r, k) in fits for r, k in zip(c.run, c.k, strict=True)]]
+        row.append(" / ".join(f"{_pct(float(np.median(both[both.k == k]['err'])))} "
+                              f"({int((both.k == k).sum())})" if (both.k == k).any() else "–"
+                              for k in CUTS))
+        rows.append(row)
+    return markdown_table(headers, rows)
+
+
+def status_table(df: pd.DataFrame, candidate: str = "shipped") -> str:
+    sub = df[(df.candidate == candidate) & (df.kind == "sfplus")]
+    headers = ["status", *(f"{k:.0%}: n, median err, cover, median width" for k in CUTS)]
+    rows = []
+    for status in sorted(sub["status"].unique()):
+        row: list[object] = [status]
+        for k in CUTS:
+            s = sub[(sub.status == status) & (sub.k == k)]
+            if s.empty:
+                row.append("–")
+                continue
+            cov = s["covered"].dropna()
+            row.append(f"{len(s)}, {_pct(float(s['err'].median()))}, "
+                       f"{cov.mean():.0%}, {_pct(float(s['width'].median()))}")
+        rows.append(row)
+    return markdown_table(headers, rows)
+
+
+def declared_schedule(run: BenchRun) -> str:
+    """The ``lr_schedule`` the run would declare (the Hugging Face callback sends the Trainer's
+    ``lr_scheduler_type``): from the optimizer the corpus recorded."""
+    name = run.name.rsplit("/", 1)[-1]
+    for schedule in ("linear", "cosine", "wsd"):
+        if schedule in name:
+            return schedule
+    return "constant" if run.kind == "adamw_const" else "schedule_free"
+
+
+def decay_window(run: BenchRun) -> tuple[float, float]:
+    """``(start, end)`` of a decaying run's decay phase: from the last step at its peak
+    learning rate to the run's last step (warmup-then-decay runs decay from the warmup's end,
+    WSD runs from their cooldown)."""
+    assert run.lr is not None
+    steps, lr = run.lr
+    peak = float(np.max(lr))
+    start = float(steps[np.flatnonzero(lr >= peak * (1 - 1e-9))[-1]])
+    return start, run.total
+
+
+def off_model_table(runs: Sequence[BenchRun]) -> str:
+    """``off_model`` on the decaying runs, by how far into their decay: from the loss alone,
+    with the learning rate the hook logs (``opt/lr``), and with the schedule declared."""
+    modes = ("data", "logged LR", "declared")
+
+    def statuses(r: BenchRun, cut: float) -> list[str]:
+        m = r.eval_steps <= cut
+        et, ev = r.eval_steps[m], r.eval_values[m]
+        declared = dict(r.config, lr_schedule=declared_schedule(r))
+        return [fit_curve(et, ev, config=r.config).status,
+                fit_curve(et, ev, config=r.config, lr=r.lr).status,
+                fit_curve(et, ev, config=declared).status]
+
+    rows: list[list[object]] = []
+    flagged = {f: [0, 0, 0] for f in DECAY_FRACTIONS}
+    decaying = [r for r in runs if not r.anytime and r.lr is not None]
+    for r in decaying:
+        lo, hi = decay_window(r)
+        cells: list[object] = [r.name]
+        for f in DECAY_FRACTIONS:
+            got = statuses(r, lo + f * (hi - lo))
+            cells.append(" / ".join(got))
+            for i, status in enumerate(got):
+                flagged[f][i] += status == "off_model"
+        rows.append(cells)
+    anytime = {mode: [0, 0] for mode in modes}
+    for r in runs:
+        if r.anytime:
+            for k in CUTS:
+                for mode, status in zip(modes, statuses(r, k * r.total), strict=True):
+                    anytime[mode][0] += status == "off_model"
+                    anytime[mode][1] += 1
+    n = len(decaying)
+    summary = markdown_table(
+        ["`off_model` from", *(f"decaying runs flagged at {f:.0%} of the decay"
+                               for f in DECAY_FRACTIONS), "anytime fits flagged (20/30/50%)"],
+        [[mode, *(f"{flagged[f][i]} of {n}" for f in DECAY_FRACTIONS),
+          f"{anytime[mode][0]} of {anytime[mode][1]}"] for i, mode in enumerate(modes)])
+    return (markdown_table(["decaying run", *(f"{f:.0%} of the decay: " + " / ".join(modes)
+                                              for f in DECAY_FRACTIONS)], rows)
+            + "\n\n" + summary
+            + "\n\nThe learning rate is the one `Monitor.watch()` logs for an optimizer that is "
+            "not ScheduleFree+ (recorded by the corpus since this round; for runs recorded "
+            "before, recomputed from the run's schedule, which the trainers set exactly). "
+            "The schedule declared is what the Hugging Face callback sends (`lr_schedule`). "
+            "From the loss alone a smooth decay is fitted by a/sqrt(t+b)+c about as well as an "
+            "anytime curve until late in the decay.")
+
+
+def verdicts(df: pd.DataFrame) -> str:
+    """Each candidate against the shipped forecast on the ScheduleFree+ runs, cut by cut."""
+    sub = df[df.kind == "sfplus"]
+    ship = {k: float(np.median(sub[(sub.candidate == "shipped") & (sub.k == k)]["err"]))
+            for k in CUTS}
+    lines = []
+    for label in CANDIDATES:
+        if label in ("shipped", "plain curve_fit (baseline)"):
+            continue
+        cells = []
+        for k in CUTS:
+            med = float(np.median(sub[(sub.candidate == label) & (sub.k == k)]["err"]))
+            word = "better" if med < ship[k] * 0.95 else "worse" if med > ship[k] * 1.05 else "same"
+            cells.append(f"{k:.0%} {word} ({_pct(med)} vs {_pct(ship[k])})")
+        lines.append(f"- {label}: " + ", ".join(cells))
+    return "\n".join(lines)
+
+
+def goals(df: pd.DataFrame) -> str:
+    """The issue's goals on the ScheduleFree+ runs, each met or not."""
+    sub = df[df.kind == "sfplus"]
+    ship, plain_rows = sub[sub.candidate == "shipped"], sub[sub.candidate.str.startswith("plain")]
+    lines = []
+    for k in CUTS:
+        ratio = float(np.median(ship[ship.k == k]["err"]) /
+                      np.median(plain_rows[plain_rows.k == k]["err"]))
+        cover = float(ship[ship.k == k]["covered"].dropna().mean())
+        lines.append(f"- {k:.0%}: median error {ratio:.2f}× plain `curve_fit`'s (goal ≤ 0.5: "
+                     f"{'met' if ratio <= 0.5 else '**not met**'}); 90% intervals cover "
+                     f"{cover:.0%} (goal ≥ 80%: {'met' if cover >= 0.8 else '**not met**'})")
+    pooled = float(ship["covered"].dropna().mean())
+    floor_ok = int(ship["c_floor_ok"].sum())
+    lines.append(f"- pooled coverage {pooled:.0%} (goal 85–95%: "
+                 f"{'met' if 0.85 <= pooled <= 0.95 else '**not met**'}); fits with c at its "
+                 f"floor reported `ok`: {floor_ok} "
+                 f"(goal 0: {'met' if floor_ok == 0 else '**not met**'})")
+    return "\n".join(lines)
+
+
+def adopted(df: pd.DataFrame) -> str:
+    """Which candidates beat the shipped forecast at every cut on the ScheduleFree+ runs."""
+    sub = df[df.kind == "sfplus"]
+    ship = {k: float(np.median(sub[(sub.candidate == "shipped") & (sub.k == k)]["err"]))
+            for k in CUTS}
+    winners = [label for label in CANDIDATES if label != "shipped" and all(
+        float(np.median(sub[(sub.candidate == label) & (sub.k == k)]["err"])) < 0.95 * ship[k]
+        for k in CUTS)]
+    if not winners:
+        return ("No other candidate is better than the shipped forecast at every cut on these "
+                "runs. The two that win at some cuts are checked on the public anytime curves "
+                "below (the groups the issue guards), where the fitted curve is right to a "
+                "tenth of a percent:")
+    return (f"Better than shipped at every cut here: {', '.join(winners)}; see the public "
+            "curves below before adopting:")
+
+
+def public_check() -> str:
+    """Candidates that win at some cuts here, on the public anytime curves (the groups the
+    issue guards): does it hold elsewhere?"""
+    from bench.forecast_backtest import GROUPS
+    from bench.forecast_calibrate import prefix
+
+    curves = [c for c in load_corpus() if c.anytime]
+    rows = []
+    for g in GROUPS[:2]:  # mpl constant, schaipp constant validation
+        members = [c for c in curves if g.match(c)]
+        row: list[object] = [g.label]
+        for k in CUTS:
+            errs: list[list[float]] = [[], [], []]
+            for c in members:
+                t, y = prefix(c, k)
+                if t.size < solver.MIN_POINTS:
+                    continue
+                truth, total = float(c.losses[-1]), float(c.steps[-1])
+                fit = fit_curve(t, y)
+                late = fit_curve(t, y, burn_in=max(float(t[0]), 0.4 * float(t[-1])))
+                every = (cal.transient_band(fit.level, fit.fitted_upto_step, total,
+                                            "no_asymptote", fit.decay_rate, CONFIDENCE)[0]
+                         if fit.level is not None and fit.fitted_upto_step else math.nan)
+                for i, v in enumerate((fit.predict(total).value, late.predict(total).value,
+                                       every)):
+                    errs[i].append(abs(v - truth) / truth * 100 if math.isfinite(v) else math.inf)
+            row.append(" / ".join(f"{float(np.median(e)):.3f}%" for e in errs))
+        rows.append(row)
+    return markdown_table(["public curves", *(f"{k:.0%}: shipped / later burn-in / every "
+                                              "status extends" for k in CUTS)], rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-write", action="store_true", help="print, do not touch "
+                        "BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    runs = load_runs()
+    if not runs:
+        print("no recorded runs: run `python -m bench.sfplus_corpus` first", file=sys.stderr)
+        return 1
+    df = backtest(runs)
+    counts = pd.Series([r.kind for r in runs]).value_counts().to_dict()
+    body = "\n\n".join([
+        f"{len(runs)} runs we trained ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))})"
+        f"; the forecast of the final eval loss from the eval loss logged up to 20/30/50% of the "
+        f"run, the run's config given (as the service has it). Error: |forecast − final| / final "
+        f"(a candidate with no forecast counts as a miss: `fail`); cover: how often the 90% "
+        f"interval holds the final eval loss (number of forecasts with an interval). "
+        f"Cross-validated by run (see the module docstring).",
+        "**ScheduleFree+ runs** (the product's users):",
+        accuracy_table(df, ["sfplus"]),
+        "**Schedule-Free AdamW and constant-LR AdamW runs** (anytime, not ScheduleFree+):",
+        accuracy_table(df, ["sf_adamw", "adamw_const"]),
+        "**The shipped forecast's statuses on the ScheduleFree+ runs** (n, median error, "
+        "coverage, median interval width relative to the final loss):",
+        status_table(df),
+        "The same for the candidate \"config burn-in moved by the data\" (its `ok` fits are "
+        "where it gains and where its intervals fail):",
+        status_table(df, "config burn-in moved by the data"),
+        "**The issue's goals** (shipped forecast, ScheduleFree+ runs, cross-validated by run):",
+        goals(df),
+        "**Verdicts** (median error on the ScheduleFree+ runs against the shipped forecast; "
+        "within ±5% counts as the same):",
+        verdicts(df),
+        adopted(df),
+        public_check(),
+        "**Decaying schedules** (`off_model` negatives):",
+        off_model_table(runs),
+        f"Wall time {time.perf_counter() - started:.0f} s.",
+    ])
+    print(body)
+    if not args.no_write:
+        write_section("forecast_sfplus", "Forecast backtest on our ScheduleFree+ runs", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
