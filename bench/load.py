@@ -1,5 +1,5 @@
 """Load: 32 simulated training clients, each streaming 1,000 points/s for 60 s, into
-``curvecast serve --workers 2`` on PostgreSQL, while dashboards and forecasts are read.
+``curvecast serve --workers 2`` on PostgreSQL (or SQLite), while dashboards and forecasts are read.
 
 Each client is a real :class:`client.Monitor` in a training loop that logs 10 metrics per step
 at 100 steps/s (its own run), paced against the wall clock; the clients run as threads in
@@ -8,16 +8,20 @@ leave the service CPU). A transport wrapper times every request. Meanwhile "view
 pages' chart data (``/dashboards/api/runs/{id}/figures``, every 2 s like the live page) and
 a "scheduler" asks forecasts (``/forecast`` and ``/forecast/target``) in a loop.
 
-Afterwards every run's rows are counted in PostgreSQL: each (run, key, step) must be stored
+Afterwards every run's rows are counted in the database: each (run, key, step) must be stored
 exactly once. CPU is sampled with psutil for the service processes, PostgreSQL's processes (the
 whole cluster: it is shared with whatever else runs on the machine), the load generator and
-the machine.
+the machine; CPU per point is each group's process CPU time over the load window divided by the
+points acknowledged in it (robust to other jobs on the machine, unlike latencies). On SQLite
+the database runs inside the service's processes, so their CPU includes it.
 
 With ``--profile`` the service's processes (the uvicorn workers and the background worker)
 are sampled by ``py-spy`` during the load window, and the functions holding the most samples
 (own time, and time including callees for the service's own code) are added to the report.
 
-Usage: ``python -m bench.load [--clients 32] [--rate 1000] [--duration 60] [--quick] [--profile]``
+Usage: ``python -m bench.load [--clients 32] [--rate 1000] [--duration 60] [--quick] [--profile]
+[--sqlite] [--no-worker]``. ``--sqlite`` writes its own section of BENCHMARKS.md ("load-sqlite");
+``--no-worker`` (the background worker off: ingest and reads alone) writes none.
 """
 
 from __future__ import annotations
@@ -223,6 +227,65 @@ class CpuSampler:
         return {p.pid: self._cpu(p) for p in procs}
 
 
+SERVICE = "service (2 workers)"
+POSTGRES = "PostgreSQL (whole cluster)"
+
+
+def _per_point(sampler: CpuSampler, points_per_s: float) -> str:
+    """Microseconds of CPU per point: each group's mean CPU (cores) over the load window divided
+    by the points acknowledged per second in it."""
+    if points_per_s <= 0:
+        return "-"
+    parts = []
+    for name in (SERVICE, POSTGRES):
+        samples = sampler.samples.get(name) or []
+        if samples:
+            cores = statistics.mean(samples) / 100.0
+            parts.append(f"{name.split(' (')[0]} {cores * 1e6 / points_per_s:.1f} µs")
+    return ", ".join(parts) or "-"
+
+
+#: Points the storage baseline writes (a few seconds).
+BASELINE_POINTS = 400_000
+
+
+def storage_baseline(database_url: str, backend: str, n_points: int = BASELINE_POINTS) -> float:
+    """Microseconds per point of storing points the rawest way, one connection, measured in the
+    same run right after the load (the machine's speed of the day, which the load's CPU per
+    point is compared with). Wall-clock time on an otherwise idle machine: the client and the
+    database take turns, so it is their CPU together (a backend process's own CPU cannot be
+    read once its connection has closed).
+
+    PostgreSQL: one binary ``COPY`` of a pre-encoded buffer into ``metric_points``; SQLite: one
+    ``executemany`` ``INSERT`` into the same file's ``metric_points`` in one transaction.
+    """
+    if backend == "postgres":
+        from bench.ingest import copy_baseline
+
+        return 1e6 / copy_baseline(database_url, n_points, prebuilt=True)
+    import sqlite3
+
+    rows = [(-1, step, 2.0 + 1.0 / math.sqrt(step + 10), 1.7e9 + step)
+            for step in range(n_points)]
+    conn = sqlite3.connect(database_url.removeprefix("sqlite:///"))
+    try:
+        start = time.perf_counter()
+        with conn:  # series -1 exists nowhere: sqlite3 leaves foreign keys unchecked
+            conn.executemany("INSERT INTO metric_points (series_id, step, value, wall_time) "
+                             "VALUES (?, ?, ?, ?)", rows)
+        return (time.perf_counter() - start) * 1e6 / n_points
+    finally:
+        conn.close()
+
+
+def _service_us(sampler: CpuSampler, points_per_s: float) -> float:
+    """The service's CPU µs per point over the load window (NaN without samples)."""
+    samples = sampler.samples.get(SERVICE) or []
+    if not samples or points_per_s <= 0:
+        return math.nan
+    return statistics.mean(samples) / 100.0 * 1e6 / points_per_s
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
@@ -252,20 +315,25 @@ def pct(values: list[float], q: float) -> float:
 
 
 def count_rows(database_url: str, run_ids: list[str]) -> dict[str, tuple[int, int, int]]:
-    """Per run: (rows, distinct (key, step) pairs, runs.n_points) straight from PostgreSQL."""
-    import psycopg
+    """Per run: (rows, distinct (key, step) pairs, runs.n_points) straight from the database."""
+    from sqlalchemy import create_engine, text
 
-    url = database_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT s.run_id::text, count(*), count(DISTINCT (s.key, p.step))"
-            " FROM series s JOIN metric_points p ON p.series_id = s.id GROUP BY s.run_id"
-        ).fetchall()
-        n_points: dict[str, int] = dict(
-            conn.execute("SELECT id::text, n_points FROM runs").fetchall()
-        )
-    found = {r: (int(n), int(d)) for r, n, d in rows}
-    return {r: (*found.get(r, (0, 0)), int(n_points.get(r, 0))) for r in run_ids}
+    from curvecast.service.config import Settings
+
+    engine = create_engine(Settings(database_url=database_url).database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT CAST(s.run_id AS TEXT), count(*), count(DISTINCT s.key || ':' || p.step)"
+                " FROM series s JOIN metric_points p ON p.series_id = s.id GROUP BY s.run_id"
+            )).all()
+            n_points = conn.execute(text("SELECT CAST(id AS TEXT), n_points FROM runs")).all()
+    finally:
+        engine.dispose()
+    # (PostgreSQL writes a uuid with dashes, SQLite stores 32 hex digits.)
+    found = {str(uuid.UUID(r)): (int(n), int(d)) for r, n, d in rows}
+    totals = {str(uuid.UUID(r)): int(n) for r, n in n_points}
+    return {r: (*found.get(r, (0, 0)), totals.get(r, 0)) for r in run_ids}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -275,9 +343,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     steps_per_second = args.rate / len(KEYS)
     run_ids = [str(uuid.uuid4()) for _ in range(args.clients)]
     per_process = math.ceil(args.clients / args.processes)
+    backend = "sqlite" if args.sqlite else "postgres"
+    env = {"CURVECAST_WORKER_ENABLED": "false"} if args.no_worker else None
     with tempfile.TemporaryDirectory(prefix="curvecast-load-") as tmp, \
-            fresh_database("postgres", Path(tmp)) as database_url:
-        server = start_server_process(database_url, Path(tmp), extra_args=["--workers", "2"])
+            fresh_database(backend, Path(tmp)) as database_url:
+        server = start_server_process(database_url, Path(tmp), env=env,
+                                      extra_args=["--workers", "2"])
         try:
             for run_id in run_ids:  # create the runs up front so readers have something
                 httpx.put(f"{server.url}/api/v1/runs/{run_id}",
@@ -291,8 +362,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with ctx.Pool(len(jobs)) as pool:
                 pending = pool.map_async(generator_process, jobs)
                 sampler = CpuSampler({
-                    "service (2 workers)": lambda: _tree(server.proc.pid),
-                    "PostgreSQL (whole cluster)": _postgres,
+                    SERVICE: lambda: _tree(server.proc.pid),
+                    **({} if args.sqlite else {POSTGRES: _postgres}),
                     "load generator": lambda: [psutil.Process(c.pid)
                                                for c in mp.active_children()],
                     "readers": lambda: [psutil.Process()],
@@ -314,9 +385,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             server.stop()
         log = server.log()
+        print(f"baseline: storing {BASELINE_POINTS:,} points the raw way", flush=True)
+        baseline_us = storage_baseline(database_url, backend)
     return {"results": results, "readers": readers, "sampler": sampler, "rows": rows,
             "start_at": start_at, "drained_at": drained_at, "server_log": log,
-            "steps_per_second": steps_per_second, "profile": profile}
+            "steps_per_second": steps_per_second, "profile": profile,
+            "baseline_us": baseline_us}
 
 
 def _start_profiler(pid: int, args: argparse.Namespace, tmp: Path) -> tuple[Any, Path]:
@@ -428,6 +502,14 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
         ["all points stored after", f"{last_ack - start:.1f} s (load: {args.duration} s)"],
         ["sustained over the whole run (stored / time to store)",
          f"{acked / max(1e-9, last_ack - start):,.0f} points/s"],
+        ["CPU per point acknowledged in the window (process CPU time; #19's goal: service "
+         "≤ 10 µs)", f"**{_per_point(sampler, in_window / args.duration)}**"],
+        ["baseline, same run: storing points the raw way (" + (
+            "`executemany` INSERT into the same SQLite file" if args.sqlite else
+            "binary `COPY` into the same PostgreSQL table, database and client") + ")",
+         f"{out['baseline_us']:.2f} µs/point; service CPU per point = "
+         f"**{_service_us(sampler, in_window / args.duration) / out['baseline_us']:.1f}×** "
+         "the raw write"],
         ["points stored exactly once", f"{'yes' if exact else '**NO**'}: "
                                        f"{sum(expected.values()):,} expected, "
                                        f"{sum(r[0] for r in out['rows'].values()):,} rows"],
@@ -442,6 +524,11 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
          ms([x * 1000 for x in lat], 0.99), readers.errors.get(kind, 0)]
         for kind, lat in sorted(readers.latencies.items())
     ]
+    backend = "SQLite" if args.sqlite else "PostgreSQL"
+    worker = ("background worker **off**: ingest and reads only" if args.no_worker
+              else "background worker on: refits and alert evaluation run as in production")
+    if args.sqlite:
+        worker += "; the database runs inside the service's processes, so their CPU includes it"
     cpu_rows: list[list[object]] = [
         [name, f"{statistics.mean(s):.0f}%" if s else "-", f"{max(s):.0f}%" if s else "-"]
         for name, s in sampler.samples.items()
@@ -449,12 +536,11 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
     body = "\n\n".join([
         f"{args.clients} simulated training clients (real `Monitor` hooks in paced training "
         f"loops, {args.processes} generator processes) stream for {args.duration} s into "
-        "`curvecast serve --workers 2` on PostgreSQL (background worker on: refits and alert "
-        f"evaluation run as in production), while {readers.viewers} dashboard viewers poll a "
-        "run's chart data every 2 s and "
+        f"`curvecast serve --workers 2` on {backend} ({worker}), while {readers.viewers} "
+        "dashboard viewers poll a run's chart data every 2 s and "
         f"{readers.forecasters} scripts ask forecasts, targets and downsampled series in a loop. "
-        "Service, PostgreSQL, load generator and readers share the machine's "
-        f"{psutil.cpu_count() or 1} cores.",
+        f"Service, {'' if args.sqlite else 'PostgreSQL, '}load generator and readers share the "
+        f"machine's {psutil.cpu_count() or 1} cores.",
         markdown_table(["", "result"], rows),
         "Reads during the load:\n\n" + markdown_table(
             ["request", "count", "per s", "p50 ms", "p99 ms", "errors"], read_rows),
@@ -473,6 +559,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 clients, 10 s, no BENCHMARKS.md")
     parser.add_argument("--profile", action="store_true",
                         help="sample the service with py-spy and add its top functions")
+    parser.add_argument("--sqlite", action="store_true",
+                        help="serve from a SQLite file instead of PostgreSQL")
+    parser.add_argument("--no-worker", action="store_true",
+                        help="background worker off (no refits, no alerts): what ingest and "
+                             "reads cost alone; writes no BENCHMARKS.md section")
     args = parser.parse_args()
     if args.quick:
         args.clients, args.duration, args.processes = 8, 10.0, 2
@@ -488,11 +579,15 @@ def main() -> None:
     if out.get("profile"):
         body += "\n\n" + _profile_tables(out["profile"])
     print(body)
-    if not args.quick:
+    if not args.quick and not args.no_worker:
         from bench._report import write_section
 
-        write_section("load", "Load: 32 training clients, dashboards and forecasts "
-                              "(`bench/load.py`)", body)
+        if args.sqlite:
+            write_section("load-sqlite", "Load on SQLite: 32 training clients, dashboards and "
+                                         "forecasts (`bench/load.py --sqlite`)", body)
+        else:
+            write_section("load", "Load: 32 training clients, dashboards and forecasts "
+                                  "(`bench/load.py`)", body)
     if not ok:
         print(out["server_log"][-5000:], file=sys.stderr)
         sys.exit(1)

@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     refit_max_age_s: float = Field(
         default=30.0, gt=0, description="...or once its last fit is this old and it has new points."
     )
+    refit_min_interval_s: float = Field(
+        default=5.0, ge=0,
+        description="A run is refitted at most this often, however fast it grows: a refit "
+        "reads and fits the whole series, so a run logging hundreds of steps a second would "
+        "otherwise be refitted every round (BENCHMARKS.md, load).",
+    )
     retention_days: float | None = Field(
         default=None,
         gt=0,
@@ -142,6 +148,13 @@ class Settings(BaseSettings):
     )
     alert_eval_lease_s: float = Field(
         default=60.0, gt=0, description="How long a worker holds a run while evaluating it."
+    )
+    alert_eval_min_interval_s: float = Field(
+        default=5.0, ge=0,
+        description="A run with new points is evaluated at most this often: each round has a "
+        "fixed cost (its claim, its state, its open alerts) that a fast run would otherwise pay "
+        "every second; the rules judge every new step either way, and their windows span "
+        "tens to thousands of steps. Capped at a quarter of stalled_after_s.",
     )
     secret_key: SecretStr | None = Field(
         default=None,

@@ -9,7 +9,6 @@ module writes what it is given.
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -20,6 +19,7 @@ from numpy.typing import NDArray
 from sqlalchemy import (
     DateTime,
     Select,
+    and_,
     case,
     delete,
     exists,
@@ -39,13 +39,12 @@ from curvecast.service.models import (
     AlertEval,
     AlertRuleOverride,
     FitRecord,
-    MetricPoint,
     Project,
     Run,
 )
 from curvecast.service.models import Series as SeriesRow
 from curvecast.service.schemas.alerts import AlertList, AlertOut, AlertRow, AlertWrite, EvalJob
-from curvecast.service.store._common import as_utc, is_postgres, write_connection
+from curvecast.service.store._common import as_utc, is_postgres, series_points, write_connection
 from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.forecasts import StoredFit, stored_fit
 from curvecast.service.store.projects import ensure_project
@@ -76,9 +75,18 @@ def _silenced_until() -> Any:
 
 
 def _ensure_eval_rows(session: Session) -> None:
-    """Give every run an ``alert_eval`` row (runs are created elsewhere; this table is ours)."""
-    missing: Select[uuid.UUID, int, Any] = select(Run.id, literal(0), literal_column("'{}'")).where(
-        ~exists().where(AlertEval.run_id == Run.id)
+    """Give every run an ``alert_eval`` row (runs are created elsewhere; this table is ours).
+
+    A run being deleted meanwhile (``store.retention``) is skipped, not waited for: on
+    PostgreSQL the row lock (``FOR KEY SHARE SKIP LOCKED``) passes over a run whose deletion is
+    in flight and drops one deleted after this statement's snapshot, where a plain
+    ``INSERT ... SELECT`` would insert a row for a run that is gone and fail its foreign key.
+    SQLite has one writer at a time, so there the race cannot happen (the clause is omitted).
+    """
+    missing: Select[uuid.UUID, int, Any] = (
+        select(Run.id, literal(0), literal_column("'{}'"))
+        .where(~exists().where(AlertEval.run_id == Run.id))
+        .with_for_update(key_share=True, skip_locked=True, of=Run)
     )
     stmt = (
         _dialect_insert(session)(AlertEval)
@@ -94,11 +102,13 @@ def _dialect_insert(session: Session) -> Any:
 
 
 def claim_eval_jobs(
-    session: Session, *, now: datetime, lease: timedelta, limit: int
+    session: Session, *, now: datetime, lease: timedelta, limit: int,
+    min_interval: timedelta = timedelta(0),
 ) -> list[EvalJob]:
-    """Lease up to ``limit`` runs that have new points, whose periodic check (the stalled
-    rule) is due, or that ended since their last evaluation. The lease token keeps the run
-    this worker's while it evaluates outside the transaction (see :func:`claim_leases`)."""
+    """Lease up to ``limit`` runs that have new points (and were last evaluated at least
+    ``min_interval`` ago), whose periodic check (the stalled rule) is due, or that ended since
+    their last evaluation. The lease token keeps the run this worker's while it evaluates
+    outside the transaction (see :func:`claim_leases`)."""
     write_connection(session)
     _ensure_eval_rows(session)
     candidates = (
@@ -119,7 +129,11 @@ def claim_eval_jobs(
         .join(Project, Project.id == Run.project_id)
         .where(
             or_(
-                Run.n_points > AlertEval.n_points,
+                and_(
+                    Run.n_points > AlertEval.n_points,
+                    or_(AlertEval.evaluated_at.is_(None),
+                        AlertEval.evaluated_at <= now - min_interval),
+                ),
                 AlertEval.next_check_at <= now,
                 # A run that ended since it was last evaluated: its open alerts close.
                 Run.ended_at > AlertEval.evaluated_at,
@@ -169,22 +183,16 @@ def read_points(
 ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     """Steps and values of one series with ``lo <= step <= hi``, by step (NULL values, i.e.
     NaN, included as NaN)."""
-    rows = session.execute(
-        select(MetricPoint.step, MetricPoint.value)
-        .where(MetricPoint.series_id == series_id, MetricPoint.step >= lo, MetricPoint.step <= hi)
-        .order_by(MetricPoint.step)
-    ).all()
-    steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    values = np.fromiter(
-        (math.nan if r[1] is None else r[1] for r in rows), dtype=np.float64, count=len(rows)
-    )
-    return steps, values
+    return series_points(session, series_id=series_id, lo=lo, hi=hi)
 
 
 def latest_fit(session: Session, *, run_id: uuid.UUID) -> StoredFit | None:
     """The newest stored forecast fit of a run (parsed, with the series it was fitted on)."""
     record = session.scalar(
-        select(FitRecord).where(FitRecord.run_id == run_id).order_by(FitRecord.id.desc()).limit(1)
+        select(FitRecord)
+        .where(FitRecord.run_id == run_id, FitRecord.is_default.is_(True))
+        .order_by(FitRecord.id.desc())
+        .limit(1)
     )
     return stored_fit(record) if record is not None else None
 
@@ -283,6 +291,10 @@ def write_alerts(
     outbox (in this transaction: a notification is never lost, nor sent for a change that was
     rolled back)."""
     write_connection(session)
+    # Each queued notification gets its own creation time, one microsecond apart, in the order
+    # the round made them: the outbox sends an alert's notifications to a webhook in that order
+    # (store.webhooks.claim_deliveries), a firing before the resolution that follows it.
+    queued = 0
     for w in writes:
         row = w.row
         if w.delete:
@@ -331,9 +343,10 @@ def write_alerts(
                     status="pending",
                     attempts=0,
                     next_attempt_at=now,
-                    created_at=now,
+                    created_at=now + timedelta(microseconds=queued),
                 )
             )
+            queued += 1
     session.flush()
 
 

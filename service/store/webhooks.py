@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, exists, select, update
+from sqlalchemy.orm import Session, aliased
 
 from curvecast.service.errors import NotFound
 from curvecast.service.models import AlertDelivery, AlertDeliveryAttempt, Project, Webhook
@@ -190,7 +190,19 @@ def claim_deliveries(
 ) -> list[DeliveryJob]:
     """Lease up to ``limit`` due deliveries (pending, ``next_attempt_at`` passed, lease free),
     oldest first. The lease covers the HTTP attempt, which happens outside any transaction
-    (see :func:`claim_leases`)."""
+    (see :func:`claim_leases`).
+
+    A delivery waits while an earlier one of the same alert to the same webhook is pending:
+    a receiver sees an alert's notifications in the order they happened (its firing before its
+    resolution, even when one evaluation round made both), never two of them racing.
+    """
+    earlier = aliased(AlertDelivery)
+    waiting = exists().where(
+        earlier.webhook_id == AlertDelivery.webhook_id,
+        earlier.alert_id == AlertDelivery.alert_id,
+        earlier.status == "pending",
+        earlier.created_at < AlertDelivery.created_at,
+    )
     candidates = (
         select(
             AlertDelivery.id,
@@ -201,7 +213,7 @@ def claim_deliveries(
             AlertDelivery.created_at,
         )
         .join(Webhook, Webhook.id == AlertDelivery.webhook_id)
-        .where(AlertDelivery.status == "pending", AlertDelivery.next_attempt_at <= now)
+        .where(AlertDelivery.status == "pending", AlertDelivery.next_attempt_at <= now, ~waiting)
         .order_by(AlertDelivery.next_attempt_at, AlertDelivery.created_at)
     )
     claim = claim_leases(

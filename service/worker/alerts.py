@@ -32,6 +32,7 @@ from curvecast.service.schemas.alerts import EvalJob
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
+from curvecast.service.worker._windows import Points, Reader, SeriesWindows
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ EVAL_BATCH = 8
 #: A run that is far behind (a bulk upload, a long outage) is judged on its last this many
 #: steps only: rules look at recent behaviour, and one round must stay short.
 MAX_CATCHUP_STEPS = 50_000
+#: What this process's rounds read of each series, so the next round reads only what is new.
+WINDOWS = SeriesWindows()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,7 +56,7 @@ def evaluate_alerts(factory: sessionmaker[Session], settings: Settings) -> int:
     with session_scope(factory) as session:
         jobs = alert_store.claim_eval_jobs(
             session, now=now, lease=timedelta(seconds=settings.alert_eval_lease_s),
-            limit=EVAL_BATCH,
+            limit=EVAL_BATCH, min_interval=_min_interval(settings),
         )
     for i, job in enumerate(jobs):
         try:
@@ -69,6 +72,14 @@ def evaluate_alerts(factory: sessionmaker[Session], settings: Settings) -> int:
             # evaluation keeps failing instead of spinning on it.
             log.exception("alert evaluation of run %s failed", job.run_id)
     return len(jobs)
+
+
+def _min_interval(settings: Settings) -> timedelta:
+    """How long a run with new points may wait for its next round: the configured throttle,
+    but never so long that a run which resumed sending and went quiet again within it is
+    judged on its second silence only (a quarter of the stalled limit)."""
+    return timedelta(seconds=min(settings.alert_eval_min_interval_s,
+                                 settings.stalled_after_s / 4))
 
 
 def _release(factory: sessionmaker[Session], jobs: Sequence[EvalJob]) -> None:
@@ -190,8 +201,17 @@ def _read_series(
             keys.append(str(ctx.fit_key))
         for key in keys:
             need[key] = min(need.get(key, lo), lo)
+    fresh = job.evaluated_step is None  # a new evaluation state: read everything again
+
+    def reader(series_id: int) -> Reader:
+        def read(lo: int, hi: int) -> Points:
+            return alert_store.read_points(session, series_id=series_id, lo=lo, hi=hi)
+
+        return read
+
     return {
-        key: Series(*alert_store.read_points(session, series_id=ids[key], lo=lo, hi=ctx.last_step))
+        key: Series(*WINDOWS.points(job.run_id, ids[key], lo, ctx.last_step, reader(ids[key]),
+                                    fresh=fresh))
         for key, lo in need.items()
     }
 

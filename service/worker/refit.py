@@ -1,4 +1,5 @@
-"""Worker task: refit the forecast of every run whose data grew enough since its last fit."""
+"""Worker task: refit the forecasts of every run whose data grew enough since its last fit: its
+default loss series (the contract's ``fit_key``) and its other loss series (for ``?key=``)."""
 
 from __future__ import annotations
 
@@ -22,24 +23,24 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
             now=now,
             growth=settings.refit_growth,
             max_age=timedelta(seconds=settings.refit_max_age_s),
+            min_interval=timedelta(seconds=settings.refit_min_interval_s),
             lease=timedelta(seconds=settings.refit_lease_s),
             min_points=4,
             limit=4,
         )
     for job in jobs:
         with session_scope(factory) as session:
-            fit_input = forecasts.read_fit_input(session, job=job)
-        if fit_input is None:  # no loss-like series yet
-            with session_scope(factory) as session:
-                forecasts.finish_fit_job(session, job=job, now=utcnow())
-            continue
-        previous = fit_input.previous_fit
-        fit = fit_curve(
-            fit_input.steps,
-            fit_input.values,
-            config=job.config,
-            warm_start=previous.params if previous is not None else None,
-        )
+            inputs = forecasts.read_fit_inputs(session, job=job)
+        fits = []
+        for fit_input in inputs:  # the default series first, then the other loss series
+            previous = fit_input.previous_fit
+            fits.append((fit_input, fit_curve(
+                fit_input.steps,
+                fit_input.values,
+                config=job.config,
+                warm_start=previous.params if previous is not None else None,
+                lr=fit_input.lr,
+            )))
         with session_scope(factory) as session:
-            forecasts.save_fit(session, job=job, key=fit_input.key, fit=fit, now=utcnow())
+            forecasts.save_fits(session, job=job, fits=fits, now=utcnow())
     return len(jobs)

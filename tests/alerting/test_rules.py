@@ -381,3 +381,39 @@ def test_every_rule_documents_its_thresholds() -> None:
         cfg = spec.default_config()
         assert cfg.enabled
         assert validate_override(spec.name, cfg.to_dict() | {"params": {}}) is not None
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")
+def test_rolling_median_at_given_steps_matches_one_median_per_step() -> None:
+    """The vectorised windows give exactly what a median per asked step gives: irregular and
+    regular series, NaN inside, windows shorter and longer than the sample, edge windows."""
+    from curvecast.service.alerting.rules.stats import MEDIAN_SAMPLE
+
+    def one_by_one(steps: np.ndarray, values: np.ndarray, window: int,
+                   at: np.ndarray) -> np.ndarray:
+        out = np.full(at.size, np.nan)
+        hi = np.searchsorted(steps, at, side="right")
+        lo = np.searchsorted(steps, at - window, side="right")
+        for i, (a, b) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
+            if b - a > MEDIAN_SAMPLE:
+                out[i] = np.nanmedian(values[np.linspace(a, b - 1, MEDIAN_SAMPLE).astype(int)])
+            elif b > a:
+                out[i] = np.nanmedian(values[a:b])
+        return out
+
+    rng = np.random.default_rng(7)
+    # Short windows of mostly-NaN values (rows with 0, 1 and 2 finite values) and huge values.
+    steps = np.arange(40)
+    sparse = np.where(rng.random(40) < 0.8, np.nan, rng.normal(size=40) * 1e307)
+    for window in (1, 2, 3, 6):
+        np.testing.assert_array_equal(rolling_median(steps, sparse, window, steps[::-1].copy()),
+                                      one_by_one(steps, sparse, window, steps[::-1].copy()))
+    regular = np.arange(0, 20_000, 3)
+    irregular = np.cumsum(rng.integers(1, 9, 5_000))
+    for steps in (regular, irregular):
+        values = rng.normal(size=steps.size)
+        values[rng.random(steps.size) < 0.05] = np.nan
+        for window in (1, 7, 100, 1_000, 5_000):
+            at = np.concatenate((steps[:50], steps[-300:], steps[::97] - 1))
+            got = rolling_median(steps, values, window, at)
+            np.testing.assert_array_equal(got, one_by_one(steps, values, window, at))

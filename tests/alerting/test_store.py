@@ -4,7 +4,7 @@ apart and expire, and an evaluation that lost its lease writes nothing."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import insert, select, update
@@ -40,6 +40,32 @@ def _claim(factory: sessionmaker[Session], run_id: uuid.UUID) -> EvalJob | None:
         jobs = alert_store.claim_eval_jobs(s, now=utcnow(), lease=timedelta(seconds=60),
                                            limit=1000)
     return next((j for j in jobs if j.run_id == run_id), None)
+
+
+def test_a_run_with_new_points_waits_out_the_minimum_interval(
+    factory: sessionmaker[Session], project: str
+) -> None:
+    run_id = _run(factory, project)
+    job = _claim(factory, run_id)
+    assert job is not None
+    evaluated = utcnow()
+    with session_scope(factory) as s:
+        assert apply_evaluation(
+            s, job=job, transitions=[], state={}, evaluated_step=9, n_points=10,
+            next_check_at=None, now=evaluated, public_url="http://x")
+    with session_scope(factory) as s:  # more points arrive right away
+        s.execute(update(Run).where(Run.id == run_id).values(n_points=20, last_step=19))
+
+    def claim(at: datetime) -> list[uuid.UUID]:
+        with session_scope(factory) as s:
+            jobs = alert_store.claim_eval_jobs(s, now=at, lease=timedelta(seconds=60),
+                                               limit=1000, min_interval=timedelta(seconds=5))
+            for j in jobs:
+                alert_store.release_eval_job(s, job=j)
+        return [j.run_id for j in jobs]
+
+    assert run_id not in claim(evaluated + timedelta(seconds=4))
+    assert run_id in claim(evaluated + timedelta(seconds=5))
 
 
 def _firing(rule: str = "non_finite") -> Transition:
@@ -143,3 +169,43 @@ def test_deleting_a_webhook_drops_its_deliveries(factory: sessionmaker[Session],
         assert s.scalars(select(Webhook).where(Webhook.id == hook_id)).all() == []
         assert s.scalars(select(AlertDelivery)
                          .where(AlertDelivery.webhook_id == hook_id)).all() == []
+
+
+def test_an_alerts_notifications_leave_in_order_even_from_one_round(
+    factory: sessionmaker[Session], project: str
+) -> None:
+    """One evaluation round fires and resolves an alert (a run evaluated after a burst of
+    points): the webhook gets the firing first; the resolution waits until it is delivered."""
+    from curvecast.service.schemas.alerts import WebhookIn
+
+    with session_scope(factory) as s:
+        hook = webhook_store.create_webhook(
+            s, project=project, webhook_in=WebhookIn(url="http://127.0.0.1:9/h"),
+            stored_secret=None, now=utcnow(), allowed_project=None)
+    run_id = _run(factory, project)
+    job = _claim(factory, run_id)
+    assert job is not None
+    resolved = Transition("non_finite", Event("resolved", 8, 0.0, 5), "critical", "s", "d",
+                          "loss")
+    with session_scope(factory) as s:
+        assert apply_evaluation(
+            s, job=job, transitions=[_firing(), resolved], state={}, evaluated_step=9,
+            n_points=10, next_check_at=None, now=utcnow(), public_url="http://x")
+
+    def claim_mine(now: datetime) -> list[str]:
+        with session_scope(factory) as s:
+            jobs = webhook_store.claim_deliveries(s, now=now, lease=timedelta(seconds=30),
+                                                  limit=100)
+            mine = {d.id: d for d in jobs if _webhook_of(factory, d.id) == hook.id}
+            events = {r.id: r.event for r in s.scalars(
+                select(AlertDelivery).where(AlertDelivery.id.in_(list(mine))))}
+        for delivery in mine.values():
+            with session_scope(factory) as s:
+                webhook_store.record_attempt(
+                    s, job=delivery, at=now, status_code=200, error=None, duration_ms=1.0,
+                    delivered=True, next_attempt_at=None)
+        return [events[d] for d in mine]
+
+    now = utcnow()
+    assert claim_mine(now) == ["firing"]  # the resolution waited for it
+    assert claim_mine(now + timedelta(seconds=1)) == ["resolved"]

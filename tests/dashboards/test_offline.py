@@ -258,7 +258,10 @@ def test_pages_work_with_the_network_cut_to_the_service(
     assert len(operations) > 20
 
     docs = offline.open(f"{url}/docs")
-    docs.wait_for_function(f"document.querySelectorAll('.opblock').length === {len(operations)}")
+    # A locator wait, not wait_for_function: the docs pages' CSP forbids eval, which
+    # Playwright's polling of a string predicate needs.
+    docs.locator(".opblock").nth(len(operations) - 1).wait_for(state="attached")
+    assert docs.locator(".opblock").count() == len(operations)
     listed = docs.eval_on_selector_all(
         ".opblock", "els => els.map(e => [e.querySelector('.opblock-summary-method').textContent,"
         " e.querySelector('.opblock-summary-path').dataset.path])")
@@ -274,8 +277,6 @@ def test_pages_work_with_the_network_cut_to_the_service(
     docs.screenshot(path=str(artifacts_dir / "offline-docs.png"))
 
     redoc = offline.open(f"{url}/redoc")
-    # A locator wait, not wait_for_function: the docs pages' CSP forbids eval, which
-    # Playwright's polling of a string predicate needs.
     redoc_ops = redoc.locator("[id^='operation/']")
     redoc_ops.nth(len(operations) - 1).wait_for(state="attached")
     assert redoc_ops.count() == len(operations)

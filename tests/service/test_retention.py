@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.migrate import upgrade
 from curvecast.service.schemas import MetricBatch, RunCreate, RunUpdate
 from curvecast.service.store import metrics as metric_store
 from curvecast.service.store import retention
@@ -186,3 +187,35 @@ def test_retention_deletes_only_runs_that_ended_long_enough_ago(
     assert counts(factory, old_finished)["runs"] == 0
     assert counts(factory, recent)["runs"] == 1 and counts(factory, running)["runs"] == 1
     assert delete_expired_runs(factory, Settings(database_url="sqlite://"), now=later) == 0
+
+
+def test_alert_rounds_pass_over_a_run_whose_deletion_is_in_flight(fresh_pg_url: str,
+                                                                  project: str) -> None:
+    """The race CI once hit: the worker gives every run an ``alert_eval`` row while a deletion
+    has already removed the run's row there and is now deleting the run itself. The worker must
+    neither wait for the deletion nor insert a row for a run that is going (a foreign-key error
+    once the deletion commits). A database of its own: no other test's sessions hold locks."""
+    from curvecast.service.store import alerts as alert_store
+
+    upgrade(fresh_pg_url)
+    engine = make_engine(Settings(database_url=fresh_pg_url))
+    factory = make_sessionmaker(engine)
+    try:
+        run_id = full_run(factory, project, steps=1000)
+        with session_scope(factory) as s:
+            s.execute(text("DELETE FROM alert_eval WHERE run_id = :r"), {"r": run_id})
+        with engine.connect() as deleting:  # the deletion's last step, not committed yet
+            tx = deleting.begin()
+            deleting.execute(text("SET LOCAL lock_timeout = '5s'"))
+            deleting.execute(text("DELETE FROM runs WHERE id = :r"), {"r": run_id})
+            with session_scope(factory) as s:
+                # Waiting on the deletion's row lock would fail here, not hang the test.
+                s.execute(text("SET LOCAL lock_timeout = '5s'"))
+                alert_store.claim_eval_jobs(s, now=utcnow(), lease=timedelta(seconds=30),
+                                            limit=10)
+            tx.commit()
+        with session_scope(factory) as s:
+            alert_store.claim_eval_jobs(s, now=utcnow(), lease=timedelta(seconds=30), limit=10)
+        assert counts(factory, run_id) == dict.fromkeys(COUNTS, 0)
+    finally:
+        engine.dispose()

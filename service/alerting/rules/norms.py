@@ -41,7 +41,7 @@ from curvecast.service.alerting.rules.framework import (
     run_fraction,
     run_settings,
 )
-from curvecast.service.alerting.rules.stats import log_positive, rolling_median
+from curvecast.service.alerting.rules.stats import coarse, log_positive, rolling_median
 
 
 def _drift(
@@ -65,7 +65,7 @@ def _drift(
     memory = dict(memory)
     if at.size == 0:
         return at, np.zeros(0), memory
-    recent = rolling_median(s.steps, logs, window, at)
+    recent = rolling_median(s.steps, logs, window, at, resolution=coarse(window))
     if p.get("reference", "trailing") == "burn_in":
         ref = memory.get("reference")
         if ref is None:
@@ -79,7 +79,8 @@ def _drift(
     else:
         # The level of the stretch just before the recent window: a change of rate, not the
         # slow steady drift every healthy run shows.
-        reference = rolling_median(s.steps, logs, ref_len, at - window)
+        reference = rolling_median(s.steps, logs, ref_len, at - window,
+                                    resolution=coarse(ref_len))
     return at, recent - reference, memory
 
 
@@ -204,8 +205,8 @@ def _weight_rate(s: Series, ctx: EvalContext, p: Mapping[str, Any]) -> tuple[Int
     at = s.steps[mask]
     if at.size == 0:
         return at, np.zeros(0)
-    now = rolling_median(s.steps, logs, window, at)
-    before = rolling_median(s.steps, logs, window, at - span)
+    now = rolling_median(s.steps, logs, window, at, resolution=coarse(window))
+    before = rolling_median(s.steps, logs, window, at - span, resolution=coarse(window))
     return at, now - before
 
 

@@ -35,7 +35,7 @@ from curvecast.service.alerting.rules.framework import (
     pick_key,
     run_fraction,
 )
-from curvecast.service.alerting.rules.stats import rolling_median
+from curvecast.service.alerting.rules.stats import coarse, rolling_median
 from curvecast.service.forecast import Fit
 
 _OFF_WINDOW = 0.02
@@ -85,6 +85,23 @@ class _LaggedFits:
         return fit if fit.has_forecast else None
 
 
+class _AtSteps:
+    """Each fit's forecast at the steps a round judges, computed once per fit and confidence
+    in one vectorised pass (``Fit.predict_many``) instead of one ``predict`` per step: the
+    round's loop then only looks values up."""
+
+    def __init__(self, steps: np.ndarray) -> None:
+        self.steps = steps.astype(np.float64)
+        self._done: dict[tuple[int, float], tuple[Fit, tuple[np.ndarray, ...]]] = {}
+
+    def __call__(self, fit: Fit, confidence: float) -> tuple[np.ndarray, ...]:
+        """``(value, lo, hi)`` arrays of ``fit`` at the steps."""
+        key = (id(fit), confidence)
+        if key not in self._done:  # the fit is kept with its values: its id stays its own
+            self._done[key] = (fit, fit.predict_many(self.steps, confidence))
+        return self._done[key][1]
+
+
 def _window(ctx: EvalContext, p: Mapping[str, Any]) -> int:
     return auto_steps(ctx, p.get("window_steps"), _OFF_WINDOW, 10, 100)
 
@@ -101,18 +118,19 @@ def _judge_fitted(
     window = _window(ctx, p)
     mask = (s.steps > max(ctx.after_step, burn + window)) & (s.steps <= ctx.last_step)
     at = s.steps[mask]
-    smooth = rolling_median(s.steps, s.values, window, at)
+    smooth = rolling_median(s.steps, s.values, window, at, resolution=coarse(window))
     active = np.zeros(at.size, dtype=bool)
     clear = np.zeros(at.size, dtype=bool)
     excess = np.full(at.size, np.nan)
     stored = memory.get("pinned")
     pinned = Fit.from_dict(stored) if stored is not None else None
+    forecast = _AtSteps(at)
     for i, (t, y) in enumerate(zip(at.tolist(), smooth.tolist(), strict=True)):
         fit = pinned if pinned is not None else fits.at(t)
         if fit is None or not fit.has_forecast or not math.isfinite(y):
             continue
-        hi = fit.predict(float(t), p["confidence"]).hi
-        hi_clear = fit.predict(float(t), p["resolve_confidence"]).hi
+        hi = float(forecast(fit, p["confidence"])[2][i])
+        hi_clear = float(forecast(fit, p["resolve_confidence"])[2][i])
         if not (math.isfinite(hi) and math.isfinite(hi_clear)):
             continue
         active[i], clear[i], excess[i] = y > hi, y <= hi_clear, y - hi
@@ -147,12 +165,14 @@ def _judge_dense(
     excess = np.full(at.size, np.nan)
     if at.size == 0:
         return at, active, clear, excess
-    smooth = rolling_median(s.steps, s.values, window, at)
-    reference = rolling_median(s.steps, s.values, ref_len, at - window)
+    smooth = rolling_median(s.steps, s.values, window, at, resolution=coarse(window))
+    reference = rolling_median(s.steps, s.values, ref_len, at - window,
+                               resolution=coarse(ref_len))
     # The per-point noise from successive differences (a level shift is one big difference,
     # which a median ignores), and the standard error of a median over the window.
     jumps = np.abs(np.diff(s.values))
-    noise = rolling_median(s.steps[1:], jumps, ref_len, at - window) / _MEDIAN_ABS_DIFF
+    noise = rolling_median(s.steps[1:], jumps, ref_len, at - window,
+                           resolution=coarse(ref_len)) / _MEDIAN_ABS_DIFF
     counts = np.searchsorted(s.steps, at, side="right") - np.searchsorted(
         s.steps, at - window, side="right"
     )
@@ -161,6 +181,7 @@ def _judge_dense(
     stored = memory.get("dense_pinned")
     # (fit, gap) judged against while an excursion lasts, parsed once.
     pinned = (Fit.from_dict(stored["fit"]), float(stored["gap"])) if stored else None
+    forecast, middle = _AtSteps(at), _AtSteps(at - window - ref_len / 2)
     for i, t in enumerate(at.tolist()):
         if pinned is not None:
             fit, gap = pinned
@@ -170,14 +191,14 @@ def _judge_dense(
                 continue
             fit = lagged
             # The gap over the reference stretch, measured against the forecast at its middle.
-            gap = float(reference[i]) - fit.predict(float(t - window - ref_len / 2)).value
+            gap = float(reference[i]) - float(middle(fit, fit.confidence)[0][i])
         y, sd = float(smooth[i]), float(sigma[i])
-        pred = fit.predict(float(t), p["confidence"])
-        pred_clear = fit.predict(float(t), p["resolve_confidence"])
-        if not all(math.isfinite(v) for v in (y, sd, gap, pred.hi, pred_clear.hi)):
+        value, _, pred_hi = (float(x[i]) for x in forecast(fit, p["confidence"]))
+        clear_value, _, clear_hi = (float(x[i]) for x in forecast(fit, p["resolve_confidence"]))
+        if not all(math.isfinite(v) for v in (y, sd, gap, pred_hi, clear_hi)):
             continue
-        hi = pred.value + gap + math.hypot(pred.hi - pred.value, z * sd)
-        hi_clear = pred.value + gap + math.hypot(pred_clear.hi - pred_clear.value, z_clear * sd)
+        hi = value + gap + math.hypot(pred_hi - value, z * sd)
+        hi_clear = clear_value + gap + math.hypot(clear_hi - clear_value, z_clear * sd)
         active[i], clear[i], excess[i] = y > hi, y <= hi_clear, y - hi
         if active[i] and pinned is None:
             pinned = (fit, gap)

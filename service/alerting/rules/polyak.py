@@ -29,7 +29,7 @@ from curvecast.service.alerting.rules.framework import (
     on_first_input,
     run_fraction,
 )
-from curvecast.service.alerting.rules.stats import rolling_mean, rolling_median
+from curvecast.service.alerting.rules.stats import coarse, rolling_mean, rolling_median
 
 # --- spike ----------------------------------------------------------------------------------------
 
@@ -52,7 +52,8 @@ def _eval_spike(
     # eta = 0 is a collapse, not a spike: a zero never counts as the recent level.
     positive = np.where(s.values > 0, s.values, np.nan)
     recent = rolling_median(s.steps, positive, window, at)
-    reference = rolling_median(s.steps, positive, ref_len, at - window)
+    reference = rolling_median(s.steps, positive, ref_len, at - window,
+                               resolution=coarse(ref_len))
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = recent / reference
     ok = np.isfinite(ratio)

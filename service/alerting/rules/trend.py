@@ -38,7 +38,7 @@ from curvecast.service.alerting.rules.framework import (
     run_settings,
 )
 from curvecast.service.alerting.rules.norms import grad_inputs
-from curvecast.service.alerting.rules.stats import log_positive, rolling_median
+from curvecast.service.alerting.rules.stats import coarse, log_positive, rolling_median
 
 #: The reference level is the median over this fraction of the run right after the burn-in,
 #: the level now the median over the same length ending at the step judged.
@@ -85,7 +85,8 @@ def growth(
     at = s.steps[mask]
     if at.size == 0:
         return at, np.zeros(0), memory
-    return at, rolling_median(s.steps, logs, window, at) - float(ref), memory
+    level = rolling_median(s.steps, logs, window, at, resolution=coarse(window))
+    return at, level - float(ref), memory
 
 
 def _lookback(ctx: EvalContext, cfg: RuleConfig, memory: Mapping[str, Any]) -> int:
@@ -107,8 +108,8 @@ def _projection(
     burn, ref_len, window = _lengths(ctx, p)
     span = auto_steps(ctx, p.get("rate_steps"), _RATE_FRAC, _MIN_LEN, _UNKNOWN_LEN)
     logs = log_positive(s.values)
-    before = rolling_median(s.steps, logs, window, at - span)
-    now = rolling_median(s.steps, logs, window, at)
+    before = rolling_median(s.steps, logs, window, at - span, resolution=coarse(window))
+    now = rolling_median(s.steps, logs, window, at, resolution=coarse(window))
     rate = (now - before) / span
     # The earlier level must itself lie after the reference stretch.
     rate = np.where(at - span >= burn + ref_len + window, rate, np.nan)
