@@ -45,6 +45,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.client_overhead
 	$(BIN)/python -m bench.demo_run
 	$(BIN)/python -m bench.dashboard --postgres
+	$(BIN)/python -m bench.gc_pauses
+	$(BIN)/python -m bench.partition
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache artifacts *.egg-info

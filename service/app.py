@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import re
@@ -178,6 +179,19 @@ def prepare_database(settings: Settings) -> None:
         engine.dispose()
 
 
+def freeze_startup_heap() -> None:
+    """Exclude the objects made by imports and startup from the garbage collector's scans.
+
+    The service imports plotly, scipy, SQLAlchemy and pydantic: about 150,000 long-lived objects
+    that every full collection walks, with the GIL held, ~50-100 ms on our 2-core machine. Those
+    pauses arrive every few thousand requests and were the p99 of every endpoint
+    (BENCHMARKS.md, "forecast_latency"). ``gc.freeze`` moves them to a permanent generation;
+    objects made later are collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application. ``settings`` default to the environment (``CURVECAST_*``)."""
     settings = settings or Settings()
@@ -200,6 +214,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         prepare_database(settings)
+        freeze_startup_heap()
         # Read and gzip the static files (plotly.js: 4.8 MB) now, not in the first browser's
         # request; in a thread, so readiness does not wait for it.
         threading.Thread(target=static.warm, name="static-warm", daemon=True).start()
