@@ -231,17 +231,19 @@ SERVICE = "service (2 workers)"
 POSTGRES = "PostgreSQL (whole cluster)"
 
 
+def _us_per_point(sampler: CpuSampler, group: str, points_per_s: float) -> float:
+    """Microseconds of CPU per point of a process group: its mean CPU (cores) over the load
+    window divided by the points acknowledged per second in it (NaN without samples)."""
+    samples = sampler.samples.get(group) or []
+    if not samples or points_per_s <= 0:
+        return math.nan
+    return statistics.mean(samples) / 100.0 * 1e6 / points_per_s
+
+
 def _per_point(sampler: CpuSampler, points_per_s: float) -> str:
-    """Microseconds of CPU per point: each group's mean CPU (cores) over the load window divided
-    by the points acknowledged per second in it."""
-    if points_per_s <= 0:
-        return "-"
-    parts = []
-    for name in (SERVICE, POSTGRES):
-        samples = sampler.samples.get(name) or []
-        if samples:
-            cores = statistics.mean(samples) / 100.0
-            parts.append(f"{name.split(' (')[0]} {cores * 1e6 / points_per_s:.1f} µs")
+    """The service's and PostgreSQL's CPU per point, as the table shows them."""
+    parts = [f"{name.split(' (')[0]} {us:.1f} µs" for name in (SERVICE, POSTGRES)
+             if math.isfinite(us := _us_per_point(sampler, name, points_per_s))]
     return ", ".join(parts) or "-"
 
 
@@ -276,14 +278,6 @@ def storage_baseline(database_url: str, backend: str, n_points: int = BASELINE_P
         return (time.perf_counter() - start) * 1e6 / n_points
     finally:
         conn.close()
-
-
-def _service_us(sampler: CpuSampler, points_per_s: float) -> float:
-    """The service's CPU µs per point over the load window (NaN without samples)."""
-    samples = sampler.samples.get(SERVICE) or []
-    if not samples or points_per_s <= 0:
-        return math.nan
-    return statistics.mean(samples) / 100.0 * 1e6 / points_per_s
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -492,6 +486,7 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
 
     offered_note = ("met" if offered_rate >= 0.98 * args.clients * args.rate
                     else f"**not met** (generator fell up to {max_late:.1f} s behind)")
+    acked_rate = in_window / args.duration
     rows: list[list[object]] = [
         ["clients × rate", f"{args.clients} × {args.rate:,} points/s "
                            f"({out['steps_per_second']:.0f} steps/s × {len(KEYS)} metrics)"],
@@ -503,12 +498,12 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
         ["sustained over the whole run (stored / time to store)",
          f"{acked / max(1e-9, last_ack - start):,.0f} points/s"],
         ["CPU per point acknowledged in the window (process CPU time; #19's goal: service "
-         "≤ 10 µs)", f"**{_per_point(sampler, in_window / args.duration)}**"],
+         "≤ 10 µs)", f"**{_per_point(sampler, acked_rate)}**"],
         ["baseline, same run: storing points the raw way (" + (
             "`executemany` INSERT into the same SQLite file" if args.sqlite else
             "binary `COPY` into the same PostgreSQL table, database and client") + ")",
          f"{out['baseline_us']:.2f} µs/point; service CPU per point = "
-         f"**{_service_us(sampler, in_window / args.duration) / out['baseline_us']:.1f}×** "
+         f"**{_us_per_point(sampler, SERVICE, acked_rate) / out['baseline_us']:.1f}×** "
          "the raw write"],
         ["points stored exactly once", f"{'yes' if exact else '**NO**'}: "
                                        f"{sum(expected.values()):,} expected, "

@@ -47,19 +47,23 @@ class Blocks:
 
 def aggregate(series_id: np.ndarray, step: np.ndarray, value: np.ndarray, width: int) -> Blocks:
     """Aggregate points sorted by (series, step) into blocks of ``width`` steps (pure)."""
-    n = len(step)
     block = step // width
-    change = np.ones(n, dtype=bool)
+    change = np.ones(len(step), dtype=bool)
     change[1:] = (series_id[1:] != series_id[:-1]) | (block[1:] != block[:-1])
-    starts = np.flatnonzero(change)
-    ends = np.append(starts[1:], n) - 1
+    return _blocks(series_id, block, step, value, np.flatnonzero(change))
+
+
+def _blocks(series_id: np.ndarray, block: np.ndarray, step: np.ndarray, value: np.ndarray,
+            starts: np.ndarray) -> Blocks:
+    """The aggregates of the runs of points that begin at ``starts`` (pure)."""
+    ends = np.append(starts[1:], len(step)) - 1
     # fmin/fmax skip NaN (stored NaN values), so a spike next to a NaN stays visible; the
     # sum for block means takes finite values only (a mean of ±inf says nothing).
     finite = np.isfinite(value)
     return Blocks(
         series_id=series_id[starts],
         block=block[starts],
-        n=np.diff(np.append(starts, n)),
+        n=np.diff(np.append(starts, len(step))),
         vmin=np.fmin.reduceat(value, starts),
         vmax=np.fmax.reduceat(value, starts),
         last_step=step[ends],
@@ -98,22 +102,7 @@ def aggregate_levels(series_id: np.ndarray, step: np.ndarray, value: np.ndarray)
     change[1:] = (sid[1:] != sid[:-1]) | (block[1:] != block[:-1])
     change[::n] = True  # a level starts a block even where the series and block number repeat
     starts = np.flatnonzero(change)
-    ends = np.append(starts[1:], n * levels) - 1
-    finite = np.isfinite(values)
-    return LevelBlocks(
-        level=starts // n,
-        blocks=Blocks(
-            series_id=sid[starts],
-            block=block[starts],
-            n=np.diff(np.append(starts, n * levels)),
-            vmin=np.fmin.reduceat(values, starts),
-            vmax=np.fmax.reduceat(values, starts),
-            last_step=steps[ends],
-            last_value=values[ends],
-            vsum=np.add.reduceat(np.where(finite, values, 0.0), starts),
-            nsum=np.add.reduceat(finite.astype(np.int64), starts),
-        ),
-    )
+    return LevelBlocks(level=starts // n, blocks=_blocks(sid, block, steps, values, starts))
 
 
 #: How an incoming block (``excluded``) merges into a stored one. NaN stands for "no value"

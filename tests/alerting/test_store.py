@@ -113,9 +113,10 @@ def test_claimed_runs_are_leased_and_a_lost_lease_writes_nothing(
         assert s.scalars(select(Alert).where(Alert.run_id == run_id)).all() == []
 
 
-def _fire_with_webhook(factory: sessionmaker[Session], project: str) -> int:
-    """A webhook of ``project``, then an evaluation that fires an alert on a new run of it (so
-    an outbox row is written for the webhook); returns the webhook's id."""
+def _fire_with_webhook(factory: sessionmaker[Session], project: str,
+                       transitions: list[Transition] | None = None) -> int:
+    """A webhook of ``project``, then an evaluation of a new run of it with ``transitions``
+    (default: an alert fires), so outbox rows are written for the webhook; returns its id."""
     from curvecast.service.schemas.alerts import WebhookIn
 
     with session_scope(factory) as s:
@@ -126,9 +127,9 @@ def _fire_with_webhook(factory: sessionmaker[Session], project: str) -> int:
     job = _claim(factory, run_id)
     assert job is not None
     with session_scope(factory) as s:
-        apply_evaluation(
-            s, job=job, transitions=[_firing()], state={}, evaluated_step=9, n_points=10,
-            next_check_at=None, now=utcnow(), public_url="http://x")
+        assert apply_evaluation(
+            s, job=job, transitions=transitions or [_firing()], state={}, evaluated_step=9,
+            n_points=10, next_check_at=None, now=utcnow(), public_url="http://x")
     return hook.id
 
 
@@ -176,27 +177,15 @@ def test_an_alerts_notifications_leave_in_order_even_from_one_round(
 ) -> None:
     """One evaluation round fires and resolves an alert (a run evaluated after a burst of
     points): the webhook gets the firing first; the resolution waits until it is delivered."""
-    from curvecast.service.schemas.alerts import WebhookIn
-
-    with session_scope(factory) as s:
-        hook = webhook_store.create_webhook(
-            s, project=project, webhook_in=WebhookIn(url="http://127.0.0.1:9/h"),
-            stored_secret=None, now=utcnow(), allowed_project=None)
-    run_id = _run(factory, project)
-    job = _claim(factory, run_id)
-    assert job is not None
     resolved = Transition("non_finite", Event("resolved", 8, 0.0, 5), "critical", "s", "d",
                           "loss")
-    with session_scope(factory) as s:
-        assert apply_evaluation(
-            s, job=job, transitions=[_firing(), resolved], state={}, evaluated_step=9,
-            n_points=10, next_check_at=None, now=utcnow(), public_url="http://x")
+    hook_id = _fire_with_webhook(factory, project, [_firing(), resolved])
 
     def claim_mine(now: datetime) -> list[str]:
         with session_scope(factory) as s:
             jobs = webhook_store.claim_deliveries(s, now=now, lease=timedelta(seconds=30),
                                                   limit=100)
-            mine = {d.id: d for d in jobs if _webhook_of(factory, d.id) == hook.id}
+            mine = {d.id: d for d in jobs if _webhook_of(factory, d.id) == hook_id}
             events = {r.id: r.event for r in s.scalars(
                 select(AlertDelivery).where(AlertDelivery.id.in_(list(mine))))}
         for delivery in mine.values():
