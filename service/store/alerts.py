@@ -38,7 +38,6 @@ from curvecast.service.models import (
     AlertDelivery,
     AlertEval,
     AlertRuleOverride,
-    FitRecord,
     Project,
     Run,
 )
@@ -46,7 +45,7 @@ from curvecast.service.models import Series as SeriesRow
 from curvecast.service.schemas.alerts import AlertList, AlertOut, AlertRow, AlertWrite, EvalJob
 from curvecast.service.store._common import as_utc, is_postgres, series_points, write_connection
 from curvecast.service.store._leases import claim_leases
-from curvecast.service.store.forecasts import StoredFit, stored_fit
+from curvecast.service.store.forecasts import StoredFit, newest_default_fits
 from curvecast.service.store.projects import ensure_project
 
 OPEN_STATES = ("pending", "firing")
@@ -188,13 +187,7 @@ def read_points(
 
 def latest_fit(session: Session, *, run_id: uuid.UUID) -> StoredFit | None:
     """The newest stored forecast fit of a run (parsed, with the series it was fitted on)."""
-    record = session.scalar(
-        select(FitRecord)
-        .where(FitRecord.run_id == run_id, FitRecord.is_default.is_(True))
-        .order_by(FitRecord.id.desc())
-        .limit(1)
-    )
-    return stored_fit(record) if record is not None else None
+    return newest_default_fits(session, [run_id]).get(run_id)
 
 
 def rule_overrides(session: Session, *, project_id: int) -> dict[str, dict[str, Any]]:

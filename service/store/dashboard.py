@@ -18,10 +18,10 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS
-from curvecast.service.models import Alert, FitRecord, Series
+from curvecast.service.models import Alert, Series
 from curvecast.service.schemas import RunOut, RunStatus
 from curvecast.service.store import runs as run_store
-from curvecast.service.store.forecasts import StoredFit, stored_fit
+from curvecast.service.store.forecasts import StoredFit, newest_default_fits
 
 #: Series a run's trend and "last loss" are read from, in order of preference. Unlike the
 #: forecast's choice (``contract.loss_key``: evaluation loss first), the densely logged training
@@ -92,21 +92,6 @@ def _spark(session: Session, sid: int, lo: int, hi: int, n: int) -> tuple[list[f
     return steps, values
 
 
-def latest_fits(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, StoredFit]:
-    """The newest stored fit of each run's default series, parsed (one statement, via the
-    (run_id, id) index)."""
-    if not run_ids:
-        return {}
-    newest = (
-        select(func.max(FitRecord.id))
-        .where(FitRecord.run_id.in_(run_ids), FitRecord.is_default.is_(True))
-        .group_by(FitRecord.run_id)
-        .scalar_subquery()
-    )
-    records = session.scalars(select(FitRecord).where(FitRecord.id.in_(newest))).all()
-    return {r.run_id: stored_fit(r) for r in records}
-
-
 def firing_alert_counts(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
     """How many alerts of each run are firing (one statement; runs without any are absent)."""
     if not run_ids:
@@ -152,7 +137,7 @@ def run_summaries(
         ).all()
         for run_id, series_key, sid in rows:
             series.setdefault(run_id, {})[str(series_key)] = int(sid)
-    fits = latest_fits(session, run_ids)
+    fits = newest_default_fits(session, run_ids)
     firing = firing_alert_counts(session, run_ids)
     out = []
     for run in page.runs:

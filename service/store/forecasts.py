@@ -7,13 +7,17 @@ handed out as such: nothing past the store sees the JSON.
 
 from __future__ import annotations
 
+import functools
+import threading
 import uuid
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import Select, bindparam, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from curvecast.contract import (
@@ -334,9 +338,13 @@ def _fit_filter(session: Session, run_id: uuid.UUID, key: str | None) -> Any:
         select(Series.id).where(Series.run_id == run_id, Series.key == key).limit(1)
     )
     if exists is None:
-        raise NotFound(f"run {run_id} has no series {key!r}: name one it logs (a loss series "
-                       "such as eval_loss or loss), or leave key out for the default")
+        raise NotFound(_no_such_series(run_id, key))
     return FitRecord.key == key
+
+
+def _no_such_series(run_id: uuid.UUID, key: str) -> str:
+    return (f"run {run_id} has no series {key!r}: name one it logs (a loss series such as "
+            "eval_loss or loss), or leave key out for the default")
 
 
 def latest_fit(
@@ -345,18 +353,145 @@ def latest_fit(
     """The newest fit of a run's default series, or of ``key`` (or None), with the run's
     config, last step and whether it has ended.
 
+    One statement reads the run, its newest fit's id and (with ``key``) whether the series
+    exists; the fit's JSON is read and parsed only the first time this process sees that fit
+    (:class:`_ParsedFits`). Forecast queries are the service's most frequent reads: this keeps
+    them to one round trip and no JSON work.
+
     Raises:
         RunNotFound: no such run (visible to the caller).
         NotFound: the run has no series ``key``.
     """
-    run = _visible_run(session, run_id, allowed_project)
-    record = session.scalar(
-        select(FitRecord)
-        .where(FitRecord.run_id == run_id, _fit_filter(session, run_id, key))
-        .order_by(FitRecord.id.desc())
+    params: dict[str, Any] = {"run_id": run_id, "key": key, "project": allowed_project}
+    row = session.execute(
+        _latest_fit_statement(key is not None, allowed_project is not None), params
+    ).one_or_none()
+    if row is None:
+        raise RunNotFound(f"run {run_id} not found")
+    config, last_step, status, fit_id, fit_key_, created_at, rate, key_series = row
+    if key is not None and key_series is None:
+        raise NotFound(_no_such_series(run_id, key))
+    context = RunForecastContext(config=RunConfig.read(config), last_step=last_step,
+                                 finished=status in FINAL_RUN_STATUSES)
+    if fit_id is None:
+        return None, context
+    created = as_utc(created_at)
+    stored = StoredFit(id=fit_id, run_id=run_id, key=fit_key_,
+                       fit=_parsed_fits.get(session, fit_id, run_id, created),
+                       created_at=created, steps_per_second=rate)
+    return stored, context
+
+
+@functools.cache
+def _latest_fit_statement(by_key: bool, by_project: bool) -> Select[Any]:
+    """The statement :func:`latest_fit` runs, built once per shape (with or without ``key``
+    and a project): building an aliased, correlated select cost more CPU than running it.
+    Core columns, not ORM attributes, for the same reason. Parameters: ``run_id``, ``key``,
+    ``project``."""
+    runs, fits = Run.__table__.c, FitRecord.__table__.c
+    newer = FitRecord.__table__.alias("newer").c
+    newest_id = (
+        select(newer.id)
+        .where(newer.run_id == runs.id,
+               newer.key == bindparam("key") if by_key else newer.is_default.is_(True))
+        .order_by(newer.id.desc())
         .limit(1)
+        .correlate(Run.__table__)
+        .scalar_subquery()
     )
-    return (stored_fit(record) if record else None), _context(run)
+    series = Series.__table__.c
+    series_id = (
+        select(series.id).where(series.run_id == runs.id, series.key == bindparam("key"))
+        .limit(1).correlate(Run.__table__).scalar_subquery()
+    )
+    stmt = (
+        select(runs.config, runs.last_step, runs.status, fits.id, fits.key, fits.created_at,
+               fits.steps_per_second, series_id if by_key else literal(None))
+        .select_from(Run.__table__.outerjoin(FitRecord.__table__, fits.id == newest_id))
+        .where(runs.id == bindparam("run_id"))
+    )
+    if by_project:
+        projects = Project.__table__
+        stmt = stmt.join(projects, projects.c.id == runs.project_id).where(
+            projects.c.name == bindparam("project"))
+    return stmt
+
+
+class _ParsedFits:
+    """Fits parsed from their JSON, kept per database by (fit id, run id, creation time).
+
+    A fit row is written once and never updated, so its parsed :class:`Fit` can be reused for
+    as long as the process lives. The run id and creation time in the key guard against SQLite
+    reusing the id of a deleted newest row. Bounded (least recently used goes first) and
+    thread-safe: requests run in a thread pool.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._by_engine: weakref.WeakKeyDictionary[Any, OrderedDict[Any, Fit]] = (
+            weakref.WeakKeyDictionary())
+
+    def get(self, session: Session, fit_id: int, run_id: uuid.UUID, created: datetime) -> Fit:
+        """The parsed fit of row ``fit_id``, read from the database only on first use."""
+        fit = self.get_many(session, [(fit_id, run_id, created)]).get(fit_id)
+        if fit is None:  # the run was deleted between the two reads
+            raise RunNotFound(f"run {run_id} not found")
+        return fit
+
+    def get_many(self, session: Session, idents: list[tuple[int, uuid.UUID, datetime]]
+                 ) -> dict[int, Fit]:
+        """The parsed fits of rows ``(fit id, run id, created_at)``, by fit id; the ones not
+        seen before are read in one statement. A row deleted meanwhile is left out."""
+        engine = session.get_bind()
+        found: dict[int, Fit] = {}
+        with self._lock:
+            fits = self._by_engine.setdefault(engine, OrderedDict())
+            for ident in idents:
+                fit = fits.get(ident)
+                if fit is not None:
+                    fits.move_to_end(ident)
+                    found[ident[0]] = fit
+        missing = {ident[0]: ident for ident in idents if ident[0] not in found}
+        if not missing:
+            return found
+        rows = session.execute(
+            select(FitRecord.id, FitRecord.fit).where(FitRecord.id.in_(missing))).all()
+        parsed = {fit_id: Fit.from_dict(data) for fit_id, data in rows}
+        with self._lock:
+            for fit_id, fit in parsed.items():
+                fits[missing[fit_id]] = fit
+            while len(fits) > self._size:
+                fits.popitem(last=False)
+        return found | parsed
+
+
+_parsed_fits = _ParsedFits()
+
+
+def newest_default_fits(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, StoredFit]:
+    """The newest fit of each run's default series (runs without one are left out), in one
+    statement through the (run_id, id) index; for the runs list and the alert worker, which
+    check visibility themselves."""
+    if not run_ids:
+        return {}
+    newest = (
+        select(func.max(FitRecord.id))
+        .where(FitRecord.run_id.in_(run_ids), FitRecord.is_default.is_(True))
+        .group_by(FitRecord.run_id)
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        select(FitRecord.id, FitRecord.run_id, FitRecord.key, FitRecord.created_at,
+               FitRecord.steps_per_second).where(FitRecord.id.in_(newest))
+    ).all()
+    created = {row.id: as_utc(row.created_at) for row in rows}
+    fits = _parsed_fits.get_many(session, [(r.id, r.run_id, created[r.id]) for r in rows])
+    return {
+        row.run_id: StoredFit(id=row.id, run_id=row.run_id, key=row.key, fit=fits[row.id],
+                              created_at=created[row.id], steps_per_second=row.steps_per_second)
+        for row in rows if row.id in fits
+    }
 
 
 def fit_history(
