@@ -25,14 +25,25 @@ replay of stored data must give the same answer as the live run did.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, overload
+
+import numpy as np
+from numpy.typing import NDArray
 
 LifecycleState = Literal["inactive", "pending", "firing"]
 EventKind = Literal["pending", "cancelled", "firing", "resolved"]
 
-__all__ = ["Event", "EventKind", "LifecycleState", "Observation", "RuleLifecycle", "advance"]
+__all__ = [
+    "Event",
+    "EventKind",
+    "LifecycleState",
+    "Observation",
+    "Observations",
+    "RuleLifecycle",
+    "advance",
+]
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,47 @@ class Observation:
     active: bool
     clear: bool
     value: float = math.nan
+
+
+@dataclass(frozen=True, eq=False)
+class Observations(Sequence[Observation]):
+    """Verdicts at many steps, kept as the evaluator's arrays; an :class:`Observation` is made
+    only when one is asked for.
+
+    A rule judges every new step of a run, and nearly all of those verdicts are "not active"
+    for a rule whose alert is inactive, which :func:`advance` skips without looking at them one
+    by one. Building an object per step was a measurable share of the worker's CPU under load.
+    """
+
+    steps: NDArray[np.int64]
+    active: NDArray[np.bool_]
+    clear: NDArray[np.bool_]
+    values: NDArray[np.float64]
+
+    def __len__(self) -> int:
+        return int(self.steps.size)
+
+    @overload
+    def __getitem__(self, index: int) -> Observation: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Observations: ...
+
+    def __getitem__(self, index: int | slice) -> Observation | Observations:
+        if isinstance(index, slice):
+            return Observations(self.steps[index], self.active[index], self.clear[index],
+                                self.values[index])
+        return Observation(int(self.steps[index]), bool(self.active[index]),
+                           bool(self.clear[index]), float(self.values[index]))
+
+    def __iter__(self) -> Iterator[Observation]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def next_active(self, start: int) -> int:
+        """The index of the first active verdict at or after ``start`` (``len`` if none)."""
+        hits = np.flatnonzero(self.active[start:])
+        return start + int(hits[0]) if hits.size else len(self)
 
 
 @dataclass(frozen=True)
@@ -149,7 +201,16 @@ def advance(
         raise ValueError("for_steps and resolve_for_steps must be >= 0")
     state = current
     events: list[Event] = []
-    for obs in observations:
+    arrays = observations if isinstance(observations, Observations) else None
+    i, n = 0, len(observations)
+    while i < n:
+        if arrays is not None and state.state == "inactive":
+            # An inactive rule ignores verdicts that are not active: go to the next active one.
+            i = arrays.next_active(i)
+            if i >= n:
+                break
+        obs = observations[i]
+        i += 1
         if state.step is not None and obs.step < state.step and state.state != "inactive":
             continue
         state, event = _one(state, obs, for_steps, resolve_for_steps)

@@ -6,7 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from curvecast.service.alerting.lifecycle import Observation, RuleLifecycle, advance
+from curvecast.service.alerting.lifecycle import (
+    Observation,
+    Observations,
+    RuleLifecycle,
+    advance,
+)
 
 
 def obs(step: int, active: bool, clear: bool | None = None, value: float = 1.0) -> Observation:
@@ -84,3 +89,28 @@ def test_state_round_trips_through_json() -> None:
 def test_negative_durations_are_refused() -> None:
     with pytest.raises(ValueError):
         advance(RuleLifecycle(), [], for_steps=-1, resolve_for_steps=0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_array_observations_advance_exactly_as_a_list_of_them(seed: int) -> None:
+    """The arrays' fast path (skipping inactive verdicts) changes no state and no event: random
+    verdict runs, from each starting state, both ways."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    # Long quiet stretches with bursts: the shape the fast path skips through.
+    active = rng.random(n) < rng.choice([0.0, 0.02, 0.3, 0.9])
+    clear = ~active & (rng.random(n) < 0.8)
+    steps = np.cumsum(rng.integers(1, 4, n)).astype(np.int64)
+    values = rng.random(n)
+    arrays = Observations(steps, active, clear, values)
+    as_list = [Observation(int(s), bool(a), bool(c), float(v))
+               for s, a, c, v in zip(steps, active, clear, values, strict=True)]
+    assert list(arrays) == as_list
+    starts = [RuleLifecycle(),
+              RuleLifecycle(state="pending", since_step=0, step=0, value=1.0),
+              RuleLifecycle(state="firing", since_step=0, step=0, value=1.0, fired_step=0)]
+    for start in starts:
+        for for_steps, resolve in ((0, 0), (3, 5), (20, 1)):
+            fast = advance(start, arrays, for_steps=for_steps, resolve_for_steps=resolve)
+            slow = advance(start, as_list, for_steps=for_steps, resolve_for_steps=resolve)
+            assert fast == slow

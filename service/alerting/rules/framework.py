@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from curvecast.contract import KEY_PATTERN, RunConfig, is_valid_key
-from curvecast.service.alerting.lifecycle import Observation
+from curvecast.service.alerting.lifecycle import Observation, Observations
 from curvecast.service.forecast import Fit
 
 FloatArray = NDArray[np.float64]
@@ -140,14 +140,11 @@ def first_present(names: Collection[str], candidates: Sequence[str]) -> str | No
 
 def observations(
     steps: IntArray, active: BoolArray, clear: BoolArray, values: FloatArray
-) -> list[Observation]:
-    """Per-step verdicts as the lifecycle takes them."""
-    return [
-        Observation(int(s), bool(a), bool(c), float(v))
-        for s, a, c, v in zip(
-            steps.tolist(), active.tolist(), clear.tolist(), values.tolist(), strict=True
-        )
-    ]
+) -> Observations:
+    """Per-step verdicts as the lifecycle takes them (kept as arrays: see
+    :class:`~curvecast.service.alerting.lifecycle.Observations`)."""
+    return Observations(np.asarray(steps, dtype=np.int64), np.asarray(active, dtype=np.bool_),
+                        np.asarray(clear, dtype=np.bool_), np.asarray(values, dtype=np.float64))
 
 
 def run_settings(ctx: EvalContext) -> str:
@@ -270,7 +267,7 @@ class RuleConfig:
 class RuleOutput:
     """A rule's verdicts on the new steps, and its memory for the next evaluation."""
 
-    observations: list[Observation]
+    observations: Sequence[Observation]
     memory: dict[str, Any]
     #: The metric the rule read (for labels and messages), if any.
     key: str | None = None
