@@ -20,8 +20,11 @@ are sampled by ``py-spy`` during the load window, and the functions holding the 
 (own time, and time including callees for the service's own code) are added to the report.
 
 Usage: ``python -m bench.load [--clients 32] [--rate 1000] [--duration 60] [--quick] [--profile]
-[--sqlite] [--no-worker]``. ``--sqlite`` writes its own section of BENCHMARKS.md ("load-sqlite");
-``--no-worker`` (the background worker off: ingest and reads alone) writes none.
+[--sqlite] [--no-worker] [--worker-apart]``. ``--sqlite`` writes its own section of
+BENCHMARKS.md ("load-sqlite");
+``--no-worker`` (the background worker off: ingest and reads alone) writes none;
+``--worker-apart`` runs the worker as ``curvecast worker`` beside serve processes that have it
+off (section "load-worker-apart").
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import multiprocessing as mp
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -338,11 +342,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     run_ids = [str(uuid.uuid4()) for _ in range(args.clients)]
     per_process = math.ceil(args.clients / args.processes)
     backend = "sqlite" if args.sqlite else "postgres"
-    env = {"CURVECAST_WORKER_ENABLED": "false"} if args.no_worker else None
+    apart = args.worker_apart and not args.no_worker
+    env = ({"CURVECAST_WORKER_ENABLED": "false"} if args.no_worker or apart else None)
     with tempfile.TemporaryDirectory(prefix="curvecast-load-") as tmp, \
             fresh_database(backend, Path(tmp)) as database_url:
         server = start_server_process(database_url, Path(tmp), env=env,
                                       extra_args=["--workers", "2"])
+        # --worker-apart: the background worker in a `curvecast worker` process of its own.
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "curvecast.service.cli", "worker", "--database-url",
+             database_url], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        ) if apart else None
         try:
             for run_id in run_ids:  # create the runs up front so readers have something
                 httpx.put(f"{server.url}/api/v1/runs/{run_id}",
@@ -356,7 +366,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with ctx.Pool(len(jobs)) as pool:
                 pending = pool.map_async(generator_process, jobs)
                 sampler = CpuSampler({
-                    SERVICE: lambda: _tree(server.proc.pid),
+                    SERVICE: lambda: _tree(server.proc.pid) + (
+                        _tree(worker.pid) if worker is not None else []),
                     **({} if args.sqlite else {POSTGRES: _postgres}),
                     "load generator": lambda: [psutil.Process(c.pid)
                                                for c in mp.active_children()],
@@ -377,6 +388,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows = count_rows(database_url, run_ids)
             profile = _finish_profiler(profiler) if profiler is not None else None
         finally:
+            if worker is not None:
+                worker.terminate()
+                worker.wait(30)
             server.stop()
         log = server.log()
         print(f"baseline: storing {BASELINE_POINTS:,} points the raw way", flush=True)
@@ -521,6 +535,9 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
     ]
     backend = "SQLite" if args.sqlite else "PostgreSQL"
     worker = ("background worker **off**: ingest and reads only" if args.no_worker
+              else "background worker on, in a `curvecast worker` process of its own (the serve "
+              "processes run with `CURVECAST_WORKER_ENABLED=false`; the service's CPU counts "
+              "both)" if args.worker_apart
               else "background worker on: refits and alert evaluation run as in production")
     if args.sqlite:
         worker += "; the database runs inside the service's processes, so their CPU includes it"
@@ -556,6 +573,9 @@ def main() -> None:
                         help="sample the service with py-spy and add its top functions")
     parser.add_argument("--sqlite", action="store_true",
                         help="serve from a SQLite file instead of PostgreSQL")
+    parser.add_argument("--worker-apart", action="store_true",
+                        help="run the background worker as `curvecast worker`, not in the "
+                             "serve processes (its own section of BENCHMARKS.md)")
     parser.add_argument("--no-worker", action="store_true",
                         help="background worker off (no refits, no alerts): what ingest and "
                              "reads cost alone; writes no BENCHMARKS.md section")
@@ -577,7 +597,11 @@ def main() -> None:
     if not args.quick and not args.no_worker:
         from bench._report import write_section
 
-        if args.sqlite:
+        if args.worker_apart:
+            write_section("load-worker-apart", "Load with the worker in its own process "
+                          f"(`bench/load.py --worker-apart{' --sqlite' if args.sqlite else ''}`)",
+                          body)
+        elif args.sqlite:
             write_section("load-sqlite", "Load on SQLite: 32 training clients, dashboards and "
                                          "forecasts (`bench/load.py --sqlite`)", body)
         else:

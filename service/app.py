@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -192,24 +193,25 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def make_worker(sessions: sessionmaker[Session], settings: Settings) -> Worker:
+    """The background worker with every task: what each service process runs unless
+    ``CURVECAST_WORKER_ENABLED=false``, and what ``curvecast worker`` runs alone."""
+    return Worker(
+        sessions,
+        settings,
+        tasks=(
+            refit_due_runs, evaluate_alerts, deliver_webhooks, LivenessTask(), RetentionTask(),
+        ),
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application. ``settings`` default to the environment (``CURVECAST_*``)."""
     settings = settings or Settings()
     engine = make_engine(settings)
 
     sessions = make_sessionmaker(engine)
-    worker = (
-        Worker(
-            sessions,
-            settings,
-            tasks=(
-                refit_due_runs, evaluate_alerts, deliver_webhooks, LivenessTask(),
-                RetentionTask(),
-            ),
-        )
-        if settings.worker_enabled
-        else None
-    )
+    worker = make_worker(sessions, settings) if settings.worker_enabled else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

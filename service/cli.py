@@ -1,4 +1,4 @@
-"""The ``curvecast`` command: serve, migrate, token, forecast, demo and sync.
+"""The ``curvecast`` command: serve, worker, migrate, token, forecast, demo and sync.
 
 ``sync`` is the client's (:mod:`curvecast.client.sync`) and needs only the standard library; every
 other command needs the ``[server]`` extra. On a client-only install (a training machine) the
@@ -107,6 +107,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run the background worker alone, until SIGTERM or Ctrl-C.
+
+    For deployments that keep it out of the request-serving processes (their
+    ``CURVECAST_WORKER_ENABLED=false``): the worker's refits and alert rounds then no longer share
+    a GIL with requests. Several may run at once; their leases keep them apart.
+    """
+    import signal
+    import threading
+
+    from curvecast.service.app import freeze_startup_heap, make_worker, prepare_database
+    from curvecast.service.db import make_engine, make_sessionmaker
+    from curvecast.service.errors import SchemaOutOfDate
+
+    settings = _settings(args)
+    try:
+        prepare_database(settings)
+    except SchemaOutOfDate as exc:
+        print(f"curvecast: {exc.message}", file=sys.stderr)
+        return 2
+    engine = make_engine(settings)
+    worker = make_worker(make_sessionmaker(engine), settings)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    freeze_startup_heap()
+    worker.start()
+    print(f"curvecast worker running (database: {_redact(settings.database_url)}); "
+          "SIGTERM or Ctrl-C stops it", flush=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        # Each task finishes its round; a lease it held runs out on its own if this is cut short.
+        worker.stop()
+        engine.dispose()
+    print("curvecast worker stopped", flush=True)
+    return 0
+
+
 def _redact(url: str) -> str:
     """Hide a password in a database URL before printing it."""
     from sqlalchemy.engine import make_url
@@ -209,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False)
     _add_db_option(serve)
     serve.set_defaults(func=cmd_serve)
+
+    work = sub.add_parser(
+        "worker", help="run the background worker alone (refits, alerts, webhooks, liveness, "
+        "retention); for serve processes started with CURVECAST_WORKER_ENABLED=false")
+    _add_db_option(work)
+    work.set_defaults(func=cmd_worker)
 
     mig = sub.add_parser("migrate", help="upgrade the database schema")
     mig.add_argument("--revision", default="head")

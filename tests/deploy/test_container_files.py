@@ -55,7 +55,7 @@ def test_compose_config_is_valid_and_wired(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     config = yaml.safe_load(proc.stdout)
     services = config["services"]
-    assert set(services) == {"postgres", "migrate", "api"}
+    assert set(services) == {"postgres", "migrate", "api", "worker"}
     assert "pgdata" in config["volumes"]
     assert any("pgdata:" in v for v in services["postgres"]["volumes"])
     assert "healthcheck" in services["postgres"]
@@ -67,6 +67,20 @@ def test_compose_config_is_valid_and_wired(tmp_path: Path) -> None:
     env = api["environment"]
     assert env["CURVECAST_AUTH_ENABLED"] == "true"  # a container binds 0.0.0.0: auth must be on
     assert env["CURVECAST_DATABASE_URL"].startswith("postgresql://")
+    # The background work runs in the worker service, with the same database and secrets.
+    assert env["CURVECAST_WORKER_ENABLED"] == "false"
+    worker = services["worker"]
+    assert worker["entrypoint"] == ["curvecast", "worker"]
+    assert build_parser().parse_args(worker["entrypoint"][1:] + (worker.get("command") or [])
+                                     ).command == "worker"
+    assert worker["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    # The image's check probes the API's port: off (compose v1 renders it as test: [NONE]).
+    check = worker["healthcheck"]
+    assert check.get("disable") is True or check.get("test") == ["NONE"], check
+    for name in ("CURVECAST_DATABASE_URL", "CURVECAST_SECRET_KEY", "CURVECAST_PUBLIC_URL",
+                 "CURVECAST_WEBHOOK_ALLOW_PRIVATE"):
+        assert worker["environment"][name] == env[name], name
+    assert "CURVECAST_WORKER_ENABLED" not in worker["environment"]
     # Without a password compose refuses to render, rather than starting an open database.
     empty_env = tmp_path / "empty.env"
     empty_env.write_text("")

@@ -1,0 +1,58 @@
+"""``curvecast worker``: the background worker in a process of its own, beside serve processes
+started with ``CURVECAST_WORKER_ENABLED=false`` (docs/deployment.md)."""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+
+from curvecast.service.migrate import upgrade
+from curvecast.service.testing import start_server_process, wait_for
+from tests import REPO
+
+
+def test_a_separate_worker_fits_what_a_worker_less_server_stores(
+    fresh_pg_url: str, tmp_path: Path
+) -> None:
+    upgrade(fresh_pg_url)
+    server = start_server_process(fresh_pg_url, tmp_path,
+                                  env={"CURVECAST_WORKER_ENABLED": "false"})
+    worker: subprocess.Popen[str] | None = None
+    try:
+        run_id = uuid.uuid4()
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            client.put(f"/api/v1/runs/{run_id}", json={"project": "p"}).raise_for_status()
+            steps = list(range(1, 2001))
+            loss = [4.0 / math.sqrt(s + 50) + 1.5 for s in steps]
+            client.post(f"/api/v1/runs/{run_id}/metrics",
+                        json={"steps": steps, "values": {"loss": loss}}).raise_for_status()
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "curvecast.service.cli", "worker",
+                 "--database-url", fresh_pg_url],
+                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+
+            def fitted() -> dict[str, object] | None:
+                body: dict[str, object] = client.get(f"/api/v1/runs/{run_id}/forecast").json()
+                return body if body["status"] != "pending" else None
+
+            # The server fits nothing itself: a fit can only come from the worker process.
+            answer = wait_for(fitted, 60, "a fit made by the separate worker", every=0.2)
+            assert answer["status"] in {"ok", "no_asymptote", "too_early"}, answer
+            assert answer["key"] == "loss"
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=30)
+        assert worker.returncode == 0, out
+        assert "curvecast worker running" in out and "curvecast worker stopped" in out, out
+        assert "Traceback" not in out, out
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        server.stop()
