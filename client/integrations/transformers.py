@@ -6,7 +6,8 @@ Usage::
     from curvecast.client.integrations.transformers import CurvecastCallback
 
     opt = ScheduleFreePlus(model.parameters())
-    args = TrainingArguments(..., lr_scheduler_type="constant")   # schedule-free: no decay
+    args = TrainingArguments(..., lr_scheduler_type="constant",    # schedule-free: no decay
+                             max_grad_norm=0)                       # no clipping (see below)
     trainer = Trainer(model=model, args=args, train_dataset=ds, optimizers=(opt, None),
                       callbacks=[CurvecastCallback(project="lm", run_name="bert-small")])
     trainer.train()
@@ -36,6 +37,12 @@ ScheduleFree+ under the Trainer, on every rank:
 * **No schedule.** A learning-rate scheduler multiplies ScheduleFree+'s Polyak step; the
   Trainer's default ``lr_scheduler_type="linear"`` would decay it to 0, so the callback warns
   unless the scheduler is ``constant`` (or ``constant_with_warmup``).
+* **No clipping.** The Trainer clips gradients at ``max_grad_norm=1.0`` by default. Clipping
+  shrinks the gradient in the Polyak step's denominator but not the loss in its numerator, so
+  every clipped step is larger than the method's: a linear regression went from loss 4.8 to
+  1e21 in four steps with it, and trained without (``tests/client/test_hf_trainer.py``). The
+  callback warns unless ``max_grad_norm`` is 0; ScheduleFree+'s weight decay is what keeps it
+  stable.
 """
 
 from __future__ import annotations
@@ -174,6 +181,17 @@ class CurvecastCallback(TrainerCallback):
                 f"{kind or lr_scheduler!r}: the schedule multiplies the Polyak step (the default "
                 f"'linear' decays it to 0). Pass lr_scheduler_type='constant' in the "
                 f"TrainingArguments.",
+                UserWarning,
+                stacklevel=2,
+            )
+        clip = getattr(args, "max_grad_norm", None)
+        if clip is not None and clip > 0:
+            warnings.warn(
+                f"ScheduleFreePlus under gradient clipping (the Trainer's max_grad_norm={clip:g}"
+                f"): clipping shrinks the gradient but not the loss of the Polyak step, so a "
+                f"clipped step is larger than ScheduleFree+'s and training can diverge. Pass "
+                f"max_grad_norm=0 in the TrainingArguments (the optimizer's weight decay keeps "
+                f"it stable).",
                 UserWarning,
                 stacklevel=2,
             )

@@ -3,6 +3,7 @@ real tiny models built from configs (nothing downloaded), real server."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,9 @@ def test_schedule_free_plus_trains_a_gpt2_under_the_trainer(
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=6, logging_steps=1, per_device_train_batch_size=4,
         gradient_accumulation_steps=accumulation, lr_scheduler_type="constant",
-        eval_strategy="steps", eval_steps=3, save_strategy="steps", save_steps=3,
-        report_to=[], use_cpu=True, disable_tqdm=True, run_name=f"gpt2-ga{accumulation}",
+        max_grad_norm=0.0, eval_strategy="steps", eval_steps=3, save_strategy="steps",
+        save_steps=3, report_to=[], use_cpu=True, disable_tqdm=True,
+        run_name=f"gpt2-ga{accumulation}",
     )
     callback = CurvecastCallback(url=sqlite_server, project="client-hf-sfplus",
                                  spool_dir=spool_dir, flush_timeout=30)
@@ -130,7 +132,7 @@ def test_micro_batch_losses_are_averaged_for_models_without_loss_kwargs(
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=4, logging_steps=1, per_device_train_batch_size=4,
         gradient_accumulation_steps=3, lr_scheduler_type="constant", save_strategy="no",
-        report_to=[], use_cpu=True, disable_tqdm=True,
+        report_to=[], use_cpu=True, disable_tqdm=True, max_grad_norm=0.0,  # see the next test
     )
     probe = make_probe(transformers, opt)
     trainer = transformers.Trainer(
@@ -198,3 +200,46 @@ def test_a_decaying_schedule_is_warned_about(tmp_path: Path, spool_dir: Path,
     # The run says which schedule it ran: the forecast reads a decaying one as off_model.
     assert callback.monitor is not None
     assert get_run(sqlite_server, callback.monitor.run_id)["config"]["lr_schedule"] == "linear"
+
+
+def _schedule_free_warnings(record: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in record if "ScheduleFreePlus" in str(w.message)]
+
+
+def test_gradient_clipping_is_warned_about_and_is_why(tmp_path: Path, spool_dir: Path,
+                                                      sqlite_server: str) -> None:
+    """The Trainer's default max_grad_norm=1.0 shrinks the gradient but not the loss of the
+    Polyak step: the same regression and seed diverge with it and train without it, and only
+    the clipped run gets the warning."""
+    transformers = require("transformers")
+    from curvecast.client.integrations.transformers import CurvecastCallback
+    from curvecast.sfplus import ScheduleFreePlus
+
+    final: dict[float, float] = {}
+    for clip in (1.0, 0.0):
+        torch.manual_seed(0)
+        model = MSETiny()
+        opt = ScheduleFreePlus(model.parameters(), warmup_steps=2)
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / str(clip)), max_steps=4, logging_steps=1,
+            per_device_train_batch_size=4, gradient_accumulation_steps=3,
+            lr_scheduler_type="constant", save_strategy="no", report_to=[], use_cpu=True,
+            disable_tqdm=True, max_grad_norm=clip,
+        )
+        trainer = transformers.Trainer(
+            model=model, args=args, train_dataset=mse_data(), optimizers=(opt, None),
+            callbacks=[CurvecastCallback(url=sqlite_server, spool_dir=spool_dir,
+                                         flush_timeout=30)],
+        )
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            trainer.train()
+        ours = _schedule_free_warnings(record)
+        if clip:
+            assert len(ours) == 1 and "max_grad_norm=0" in ours[0], ours
+        else:
+            assert ours == []
+        final[clip] = trainer_losses(trainer)[-1]
+    first = trainer_losses(trainer)[0]
+    assert final[0.0] < first, "without clipping the loss falls"
+    assert final[1.0] > first, "with it the steps are too large: the loss rises"
