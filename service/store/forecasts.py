@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Select, bindparam, func, literal, or_, select, update
+from sqlalchemy import Select, bindparam, func, literal, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from curvecast.contract import (
@@ -41,7 +41,12 @@ from curvecast.service.models import (
     RunWork,
     Series,
 )
-from curvecast.service.store._common import as_utc, series_points, write_connection
+from curvecast.service.store._common import (
+    as_utc,
+    is_postgres,
+    series_points,
+    write_connection,
+)
 from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.rollups import ROLLUP_WIDTHS, read_block_means
 
@@ -268,6 +273,12 @@ def save_fits(
     fit.
     """
     write_connection(session)
+    if is_postgres(session):
+        # A fit is derived data: if a crash loses the last few hundred ms of these commits,
+        # the fit row and the run's bookkeeping are lost together and the run is refitted. Not
+        # waiting for the WAL flush took the store's p95 from 6.3 to 4.1-4.8 ms at 10^6 points
+        # (bench.forecast_latency).
+        session.execute(text("SET LOCAL synchronous_commit TO OFF"))
     for fit_input, fit in fits:
         upto = fit.fitted_upto_step
         previous = fit_input.previous_fit

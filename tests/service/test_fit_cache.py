@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import delete
+from sqlalchemy import delete, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.contract import RunConfig
@@ -120,3 +120,30 @@ def test_two_databases_with_the_same_fit_ids_do_not_share_fits(tmp_path: Path) -
     finally:
         for engine in engines:
             engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_fits_commit_skips_the_wal_flush_and_only_that_transaction(
+    pg_url: str, project: str
+) -> None:
+    """A fit is derived data, so its transaction may commit without waiting for the WAL flush
+    (a crash loses the fit and the run's bookkeeping together: the run is refitted). The
+    setting must stay in that transaction: ingest on the same pooled connection must not
+    acknowledge points it has not flushed."""
+    engine = make_engine(Settings(database_url=pg_url))
+    try:
+        factory = make_sessionmaker(engine)
+        run_id = _new_run(factory, project)
+        job = forecasts.FitJob(run_id=run_id, run_n_points=1, config=RunConfig())
+        data = forecasts.FitInput(key="loss", steps=np.zeros(0), values=np.zeros(0),
+                                  previous_fit=None)
+        with session_scope(factory) as s:
+            forecasts.save_fits(s, job=job, fits=[(data, _fit(1.0))], now=utcnow())
+            assert s.execute(text("SHOW synchronous_commit")).scalar_one() == "off"
+            backend = s.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with session_scope(factory) as s:
+            # The same pooled connection (one PostgreSQL backend), in its next transaction.
+            assert s.execute(text("SELECT pg_backend_pid()")).scalar_one() == backend
+            assert s.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
+    finally:
+        engine.dispose()
