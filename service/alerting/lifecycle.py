@@ -78,6 +78,12 @@ class Observations(Sequence[Observation]):
     clear: NDArray[np.bool_]
     values: NDArray[np.float64]
 
+    def __post_init__(self) -> None:
+        # What zip(..., strict=True) checked when verdicts were built as a list.
+        sizes = {self.steps.size, self.active.size, self.clear.size, self.values.size}
+        if len(sizes) != 1:
+            raise ValueError(f"verdict arrays of different lengths: {sorted(sizes)}")
+
     def __len__(self) -> int:
         return int(self.steps.size)
 

@@ -114,3 +114,8 @@ def test_array_observations_advance_exactly_as_a_list_of_them(seed: int) -> None
             fast = advance(start, arrays, for_steps=for_steps, resolve_for_steps=resolve)
             slow = advance(start, as_list, for_steps=for_steps, resolve_for_steps=resolve)
             assert fast == slow
+
+
+def test_verdict_arrays_of_different_lengths_are_refused() -> None:
+    with pytest.raises(ValueError, match="different lengths"):
+        Observations(np.arange(3), np.zeros(3, bool), np.zeros(2, bool), np.zeros(3))

@@ -52,13 +52,18 @@ def _new_run(factory: sessionmaker[Session], project: str, run_id: uuid.UUID | N
     return run_id
 
 
-def _store(factory: sessionmaker[Session], run_id: uuid.UUID, fit: Fit,
-           now: datetime | None = None) -> None:
+def _save(s: Session, run_id: uuid.UUID, fit: Fit, now: datetime | None = None) -> None:
+    """Store ``fit`` as the worker would, as a new fit of the run's ``loss``."""
     job = forecasts.FitJob(run_id=run_id, run_n_points=fit.n_points, config=RunConfig())
     data = forecasts.FitInput(key="loss", steps=np.zeros(0), values=np.zeros(0),
                               previous_fit=None)
+    forecasts.save_fits(s, job=job, fits=[(data, fit)], now=now or utcnow())
+
+
+def _store(factory: sessionmaker[Session], run_id: uuid.UUID, fit: Fit,
+           now: datetime | None = None) -> None:
     with session_scope(factory) as s:
-        forecasts.save_fits(s, job=job, fits=[(data, fit)], now=now or utcnow())
+        _save(s, run_id, fit, now)
 
 
 def _latest(factory: sessionmaker[Session], run_id: uuid.UUID) -> forecasts.StoredFit:
@@ -134,11 +139,8 @@ def test_a_fits_commit_skips_the_wal_flush_and_only_that_transaction(
     try:
         factory = make_sessionmaker(engine)
         run_id = _new_run(factory, project)
-        job = forecasts.FitJob(run_id=run_id, run_n_points=1, config=RunConfig())
-        data = forecasts.FitInput(key="loss", steps=np.zeros(0), values=np.zeros(0),
-                                  previous_fit=None)
         with session_scope(factory) as s:
-            forecasts.save_fits(s, job=job, fits=[(data, _fit(1.0))], now=utcnow())
+            _save(s, run_id, _fit(1.0))
             assert s.execute(text("SHOW synchronous_commit")).scalar_one() == "off"
             backend = s.execute(text("SELECT pg_backend_pid()")).scalar_one()
         with session_scope(factory) as s:
