@@ -4,8 +4,10 @@
 Each client is a real :class:`client.Monitor` in a training loop that logs 10 metrics per step
 at 100 steps/s (its own run), paced against the wall clock; the clients run as threads in
 several generator processes (one Python process cannot log and encode 32,000 points/s and also
-leave the service CPU). A transport wrapper times every request. Meanwhile "viewers" poll run
-pages' chart data (``/dashboards/api/runs/{id}/figures``, every 2 s like the live page) and
+leave the service CPU). A transport wrapper times every request. Meanwhile "viewers" keep run
+pages open as ``dashboards/static/run.js`` does (every figure when a page opens, then every 2 s
+the run, its new points, forecast and alerts, and the loss and evolution figures again when a
+new fit arrives; ``--page-reloads``: a whole page's figures every 2 s instead) and
 a "scheduler" asks forecasts (``/forecast`` and ``/forecast/target``) in a loop.
 
 Afterwards every run's rows are counted in the database: each (run, key, step) must be stored
@@ -20,9 +22,10 @@ are sampled by ``py-spy`` during the load window, and the functions holding the 
 (own time, and time including callees for the service's own code) are added to the report.
 
 Usage: ``python -m bench.load [--clients 32] [--rate 1000] [--duration 60] [--quick] [--profile]
-[--sqlite] [--no-worker] [--worker-apart]``. ``--sqlite`` writes its own section of
+[--sqlite] [--no-worker] [--worker-apart] [--page-reloads]``. ``--sqlite`` writes its own section of
 BENCHMARKS.md ("load-sqlite");
-``--no-worker`` (the background worker off: ingest and reads alone) writes none;
+``--no-worker`` (the background worker off: ingest and reads alone) and ``--page-reloads``
+write none;
 ``--worker-apart`` runs the worker as ``curvecast worker`` beside serve processes that have it
 off (section "load-worker-apart").
 """
@@ -144,37 +147,101 @@ def generator_process(job: GeneratorJob) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
+#: Request kinds of the dashboard viewers, as the report names them.
+FIGURES_PAGE = "dashboard figures (page opened)"
+FIGURES_FIT = "dashboard figures (new fit: loss, evolution)"
+POLL = "page live poll (run, new points, forecast, alerts)"
+#: The run page's poll interval (``service/web/pages.py``'s POLL_MS) and how long a viewer keeps
+#: a page open.
+POLL_S = 2.0
+PAGE_S = 30.0
+
+
 @dataclass
 class Readers:
     url: str
     run_ids: list[str]
     viewers: int = 8
     forecasters: int = 2
+    page_reloads: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
     latencies: dict[str, list[float]] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _get(self, client: httpx.Client, kind: str, path: str, **params: Any) -> None:
+    def _get(self, client: httpx.Client, kind: str, path: str, **params: Any) -> Any:
+        """GET ``path``, timed under ``kind``; its JSON body, or None after an error."""
         t0 = time.perf_counter()
+        body, error = None, ""
         try:
-            resp = client.get(path, params=params)
+            # As the page's query() does: a parameter without a value is left out.
+            resp = client.get(path, params={k: v for k, v in params.items() if v is not None})
             ok = resp.status_code == 200
-        except httpx.HTTPError:
-            ok = False
+            body = resp.json() if ok else None
+            error = "" if ok else f"{resp.status_code} {resp.text[:300]}"
+        except (httpx.HTTPError, ValueError) as exc:
+            ok, error = False, repr(exc)
+        if error and self.errors.get(kind, 0) < 3:
+            print(f"load: {kind}: GET {path} {params}: {error}", file=sys.stderr)
         with self.lock:
             self.latencies.setdefault(kind, []).append(time.perf_counter() - t0)
             if not ok:
                 self.errors[kind] = self.errors.get(kind, 0) + 1
+        return body
 
     def _viewer(self, index: int) -> None:
+        if self.page_reloads:
+            self._reloading_viewer(index)
+        else:
+            self._page_viewer(index)
+
+    def _reloading_viewer(self, index: int) -> None:
+        """The heavier model of earlier runs: a whole page load (every figure) every 2 s."""
         rng = random.Random(index)
         with httpx.Client(base_url=self.url, timeout=60) as client:
             while not self.stop.is_set():
                 started = time.monotonic()
                 run = rng.choice(self.run_ids)
-                self._get(client, "dashboard figures", f"/dashboards/api/runs/{run}/figures")
-                self.stop.wait(max(0.0, 2.0 - (time.monotonic() - started)))
+                self._get(client, FIGURES_PAGE, f"/dashboards/api/runs/{run}/figures")
+                self.stop.wait(max(0.0, POLL_S - (time.monotonic() - started)))
+
+    def _page_viewer(self, index: int) -> None:
+        """What an open run page does (``dashboards/static/run.js``): every figure once when
+        it opens; then every 2 s the run, the points after its cursor (the keys its charts
+        show, at most 2,000 per series), the forecast and the alerts; the loss and evolution
+        charts again when the forecast's fit changes. A viewer opens another run's page every
+        :data:`PAGE_S` seconds (the first ones staggered, so page loads do not all coincide)."""
+        rng = random.Random(index)
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            # Viewers open their first pages one after another, PAGE_S / viewers apart.
+            if self.stop.wait(PAGE_S * index / self.viewers):
+                return
+            page_end = time.monotonic() + PAGE_S
+            while not self.stop.is_set():
+                run = rng.choice(self.run_ids)
+                page = self._get(client, FIGURES_PAGE, f"/dashboards/api/runs/{run}/figures")
+                if page is None:
+                    self.stop.wait(POLL_S)
+                    continue
+                keys = sorted({k for fig in page["charts"].values()
+                               for k in fig["layout"].get("meta", {}).get("keys", [])})
+                cursor = max(page["state"]["cursor"].values(), default=-1)
+                fitted_at = page["state"].get("fitted_at")
+                api = f"/api/v1/runs/{run}"
+                while not self.stop.wait(POLL_S) and time.monotonic() < page_end:
+                    self._get(client, POLL, api)
+                    new = self._get(client, POLL, f"{api}/metrics", keys=",".join(keys),
+                                    start=max(0, cursor - 63), max_points=2000)
+                    for series in (new or {}).get("series", []):
+                        cursor = max([cursor, *series["steps"][-1:]])
+                    forecast = self._get(client, POLL, f"{api}/forecast",
+                                         horizon=page["state"]["horizon"])
+                    self._get(client, POLL, f"{api}/alerts")
+                    if forecast is not None and forecast.get("fitted_at") != fitted_at:
+                        fitted_at = forecast.get("fitted_at")
+                        self._get(client, FIGURES_FIT, f"/dashboards/api/runs/{run}/figures",
+                                  charts="loss,evolution")
+                page_end = time.monotonic() + PAGE_S
 
     def _forecaster(self, index: int) -> None:
         rng = random.Random(1000 + index)
@@ -361,7 +428,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             jobs = [GeneratorJob(server.url, run_ids[i:i + per_process], steps_per_second,
                                  args.duration, start_at, str(Path(tmp) / "spool"))
                     for i in range(0, len(run_ids), per_process)]
-            readers = Readers(server.url, run_ids)
+            readers = Readers(server.url, run_ids, page_reloads=args.page_reloads)
             ctx = mp.get_context("spawn")
             with ctx.Pool(len(jobs)) as pool:
                 pending = pool.map_async(generator_process, jobs)
@@ -530,9 +597,18 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
     ]
     read_rows: list[list[object]] = [
         [kind, len(lat), f"{len(lat) / args.duration:.1f}", ms([x * 1000 for x in lat], 0.5),
-         ms([x * 1000 for x in lat], 0.99), readers.errors.get(kind, 0)]
+         ms([x * 1000 for x in lat], 0.95), ms([x * 1000 for x in lat], 0.99),
+         readers.errors.get(kind, 0)]
         for kind, lat in sorted(readers.latencies.items())
     ]
+    figures = [x for kind, lat in readers.latencies.items() if kind.startswith("dashboard")
+               for x in lat]
+    if figures:
+        read_rows.append(["dashboard figures, all (#19's goal: p95 ≤ 300 ms)", len(figures),
+                          f"{len(figures) / args.duration:.1f}",
+                          ms([x * 1000 for x in figures], 0.5),
+                          f"**{ms([x * 1000 for x in figures], 0.95)}**",
+                          ms([x * 1000 for x in figures], 0.99), ""])
     backend = "SQLite" if args.sqlite else "PostgreSQL"
     worker = ("background worker **off**: ingest and reads only" if args.no_worker
               else "background worker on, in a `curvecast worker` process of its own (the serve "
@@ -549,13 +625,19 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
         f"{args.clients} simulated training clients (real `Monitor` hooks in paced training "
         f"loops, {args.processes} generator processes) stream for {args.duration} s into "
         f"`curvecast serve --workers 2` on {backend} ({worker}), while {readers.viewers} "
-        "dashboard viewers poll a run's chart data every 2 s and "
+        + ("dashboard viewers each load a whole run page's figures every 2 s (the heavier "
+           "model of earlier runs, `--page-reloads`) and " if readers.page_reloads else
+           "dashboard viewers keep run pages open as the page's script does (every figure "
+           f"when a page opens, a new run's page every {PAGE_S:.0f} s per viewer, the "
+           f"viewers' first pages {PAGE_S / readers.viewers:.2f} s apart; every 2 s the run, "
+           "its new points, forecast and alerts; the loss and evolution figures when a new "
+           "fit arrives) and ") +
         f"{readers.forecasters} scripts ask forecasts, targets and downsampled series in a loop. "
         f"Service, {'' if args.sqlite else 'PostgreSQL, '}load generator and readers share the "
         f"machine's {psutil.cpu_count() or 1} cores.",
         markdown_table(["", "result"], rows),
         "Reads during the load:\n\n" + markdown_table(
-            ["request", "count", "per s", "p50 ms", "p99 ms", "errors"], read_rows),
+            ["request", "count", "per s", "p50 ms", "p95 ms", "p99 ms", "errors"], read_rows),
         "CPU (100% = one core; sampled every second during the load window):\n\n"
         + markdown_table(["process group", "mean", "max"], cpu_rows),
     ])
@@ -576,6 +658,10 @@ def main() -> None:
     parser.add_argument("--worker-apart", action="store_true",
                         help="run the background worker as `curvecast worker`, not in the "
                              "serve processes (its own section of BENCHMARKS.md)")
+    parser.add_argument("--page-reloads", action="store_true",
+                        help="viewers load a whole run page's figures every 2 s (the model "
+                             "of runs before 2026-11-25) instead of keeping pages open as "
+                             "run.js does; writes no BENCHMARKS.md section")
     parser.add_argument("--no-worker", action="store_true",
                         help="background worker off (no refits, no alerts): what ingest and "
                              "reads cost alone; writes no BENCHMARKS.md section")
@@ -594,7 +680,7 @@ def main() -> None:
     if out.get("profile"):
         body += "\n\n" + _profile_tables(out["profile"])
     print(body)
-    if not args.quick and not args.no_worker:
+    if not args.quick and not args.no_worker and not args.page_reloads:
         from bench._report import write_section
 
         if args.worker_apart:

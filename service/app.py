@@ -202,6 +202,10 @@ def make_worker(sessions: sessionmaker[Session], settings: Settings) -> Worker:
         tasks=(
             refit_due_runs, evaluate_alerts, deliver_webhooks, LivenessTask(), RetentionTask(),
         ),
+        # Ingest wakes what acts on new points; an alert round that did work wakes the
+        # webhook deliveries it may have queued. The rest poll every worker_interval_s.
+        on_new_data=(refit_due_runs, evaluate_alerts),
+        follow_ups={evaluate_alerts: (deliver_webhooks,)},
     )
 
 

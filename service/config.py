@@ -69,6 +69,12 @@ class Settings(BaseSettings):
     )
     worker_enabled: bool = Field(default=True, description="Run the background worker.")
     worker_interval_s: float = Field(default=1.0, gt=0, description="Worker poll interval.")
+    worker_wake_gap_s: float = Field(
+        default=0.5, ge=0,
+        description="New points wake the refit and alert tasks early, but each at most once "
+        "per this many seconds (capped at worker_interval_s): under load every ingest request "
+        "notifies, and each early round is a claim that mostly finds nothing due.",
+    )
     refit_growth: float = Field(
         default=0.05, ge=0, description="Refit a run once it has this fraction more points."
     )

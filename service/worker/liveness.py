@@ -58,7 +58,7 @@ def mark_silent_runs(
 
 class LivenessTask:
     """The worker's task: :func:`mark_silent_runs`, at most every ``min(60 s, threshold / 4)``
-    (the worker wakes its tasks on every ingest; this check has no reason to run that often).
+    (the worker polls it every ``worker_interval_s``; this check has no reason to run that often).
 
     The first check waits one such interval after start: a service that was down could not
     hear its clients, which retry at least every 30 s (and send a heartbeat once they get

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 
 import httpx
+import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.service.config import Settings
@@ -118,3 +119,61 @@ def _firing(url: str, run_id: uuid.UUID) -> bool:
     resp = httpx.get(f"{url}/api/v1/runs/{run_id}/alerts", params={"state": "firing"})
     assert resp.status_code == 200, resp.text
     return any(a["rule"] == "non_finite" for a in resp.json()["alerts"])
+
+
+def test_notify_wakes_only_data_tasks_and_work_wakes_follow_ups(sqlite_url: str) -> None:
+    """Ingest's notify() wakes the tasks that act on new data, not the others; a data task's
+    round that did work wakes its follow-ups (an alert round wakes the webhook deliveries)."""
+    rounds = {"data": 0, "follow_up": 0, "other": 0}
+    data_twice, follow_up_twice = threading.Event(), threading.Event()
+    lock = threading.Lock()
+
+    def data(_factory: sessionmaker[Session], _settings: Settings) -> int:
+        with lock:
+            rounds["data"] += 1
+            n = rounds["data"]
+        if n == 2:
+            data_twice.set()
+            return 1  # work done: wakes the follow-up (and runs once more at once)
+        return 0
+
+    def follow_up(_factory: sessionmaker[Session], _settings: Settings) -> int:
+        with lock:
+            rounds["follow_up"] += 1
+            if rounds["follow_up"] == 2:
+                follow_up_twice.set()
+        return 0
+
+    def other(_factory: sessionmaker[Session], _settings: Settings) -> int:
+        with lock:
+            rounds["other"] += 1
+        return 0
+
+    # Intervals far beyond the deadline: only notify() and follow-ups bring second rounds.
+    settings = Settings(database_url=sqlite_url, worker_interval_s=3600, worker_wake_gap_s=0)
+    worker = Worker(sessionmaker(), settings, [data, follow_up, other],
+                    on_new_data=[data], follow_ups={data: [follow_up]})
+    worker.start()
+    try:
+        wait_for(lambda: all(rounds.values()), timeout=DEADLINE_S)  # every first round
+        worker.notify()
+        assert data_twice.wait(DEADLINE_S) and follow_up_twice.wait(DEADLINE_S)
+        wait_for(lambda: rounds["data"] >= 3, timeout=DEADLINE_S)  # at once after work
+        with lock:
+            assert rounds["other"] == 1  # notify() and the follow-up passed it over
+    finally:
+        worker.stop(timeout=DEADLINE_S)
+
+
+def test_worker_refuses_wiring_to_a_task_it_does_not_run(sqlite_url: str) -> None:
+    def task(_factory: sessionmaker[Session], _settings: Settings) -> int:
+        return 0
+
+    def stranger(_factory: sessionmaker[Session], _settings: Settings) -> int:
+        return 0
+
+    settings = Settings(database_url=sqlite_url)
+    with pytest.raises(ValueError, match="not one of the worker's tasks"):
+        Worker(sessionmaker(), settings, [task], on_new_data=[stranger])
+    with pytest.raises(ValueError, match="not one of the worker's tasks"):
+        Worker(sessionmaker(), settings, [task], follow_ups={task: [stranger]})
