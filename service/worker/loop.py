@@ -39,7 +39,7 @@ DB_WARNING_EVERY_S = 600.0
 class _TaskThread:
     """One task in a loop on its own daemon thread: a round right after a round that found
     work (there may be more), else after the interval or a wake-up, but no sooner than
-    ``worker_wake_gap_s`` after the previous round started. ``after_work`` is called after
+    ``worker_wake_gap_s`` after the previous round started. ``follow_ups`` are woken after
     every round that did something."""
 
     def __init__(
@@ -48,7 +48,6 @@ class _TaskThread:
         factory: sessionmaker[Session],
         settings: Settings,
         stopping: threading.Event,
-        after_work: Callable[[], None] | None = None,
     ) -> None:
         self.task = task
         self.wake = threading.Event()
@@ -58,7 +57,7 @@ class _TaskThread:
         self._factory = factory
         self._settings = settings
         self._stopping = stopping
-        self._after_work = after_work
+        self.follow_ups: list[_TaskThread] = []
         self._db_down_since: float | None = None
         self._last_db_warning = 0.0
 
@@ -69,8 +68,8 @@ class _TaskThread:
             self.wake.clear()
             started = time.monotonic()
             done = self._round()
-            if done and self._after_work is not None:
-                self._after_work()
+            if done:
+                _wake(self.follow_ups)
             if done == 0 and self.wake.wait(self._settings.worker_interval_s):
                 # Woken early: at most one such round per gap (stop() cuts the wait short).
                 self._stopping.wait(started + gap - time.monotonic())
@@ -136,7 +135,7 @@ class Worker:
         self._on_new_data = ([by_task[t] for t in on_new_data] if on_new_data is not None
                              else list(self._threads))
         for task, woken in (follow_ups or {}).items():
-            by_task[task]._after_work = _waker([by_task[t] for t in woken])
+            by_task[task].follow_ups = [by_task[t] for t in woken]
 
     def start(self) -> None:
         """Start every task's thread."""
@@ -146,23 +145,18 @@ class Worker:
     def notify(self) -> None:
         """New data arrived: the tasks that act on it run a round soon instead of at the next
         interval."""
-        for t in self._on_new_data:
-            t.wake.set()
+        _wake(self._on_new_data)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask every thread to finish its round, and wait for them (``timeout`` in all)."""
         self._stopping.set()
-        for t in self._threads:
-            t.wake.set()
+        _wake(self._threads)
         deadline = time.monotonic() + timeout
         for t in self._threads:
             if t.thread.is_alive():
                 t.thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _waker(threads: Sequence[_TaskThread]) -> Callable[[], None]:
-    def wake() -> None:
-        for t in threads:
-            t.wake.set()
-
-    return wake
+def _wake(threads: Sequence[_TaskThread]) -> None:
+    for t in threads:
+        t.wake.set()
