@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.dashboard --postgres
 	$(BIN)/python -m bench.gc_pauses
 	$(BIN)/python -m bench.partition
+	$(BIN)/python -m bench.worker_rounds
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache artifacts *.egg-info

@@ -593,15 +593,15 @@ def _read_pairs(raw: Any) -> tuple[tuple[float, float], ...] | None:
     """``[[step, loss], ...]`` as stored, or ``None`` when absent or malformed."""
     if not isinstance(raw, list | tuple):
         return None
-    out: list[tuple[float, float]] = []
-    for pair in raw:
-        if not isinstance(pair, list | tuple) or len(pair) != 2:
-            return None
-        s, v = as_float(pair[0]), as_float(pair[1])
-        if not (math.isfinite(s) and math.isfinite(v)):
-            return None
-        out.append((s, v))
-    return tuple(out)
+    if not raw:
+        return ()
+    try:  # a stored fit is read every worker round: one numpy pass, not one call per number
+        pairs = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if pairs.ndim != 2 or pairs.shape[1] != 2 or not bool(np.isfinite(pairs).all()):
+        return None
+    return tuple((s, v) for s, v in pairs.tolist())
 
 
 def curve_gradient(t: float, a: float, b: float, t0: float) -> FloatArray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,9 +59,12 @@ def series_points(
     """Steps and values of one series with ``lo <= step <= hi`` (either bound optional), by step;
     a NULL value (a NaN that was sent) comes back as NaN, or is left out with ``skip_null``.
 
-    The read the worker repeats every round (the alert rules' windows, a refit's series) goes
-    through the session's own DB-API cursor: plain tuples, none of SQLAlchemy's per-row work
-    (which was most of such a read), and the columns taken with ``np.fromiter``.
+    The read the worker repeats every round (the alert rules' windows, a refit's series), so it
+    skips SQLAlchemy's per-row work and goes through the session's own DB-API cursor. On
+    PostgreSQL each column comes back as one ``bytea`` of big-endian binary values, read with
+    ``np.frombuffer``: building a Python tuple per row and parsing its text was most of the
+    service's CPU in such a read (measured: ~2 ms instead of ~65 ms for 100,000 rows, and less
+    PostgreSQL CPU too). SQLite's rows are already native values: ``np.fromiter`` over them.
     """
     postgres = is_postgres(session)
     mark = "%s" if postgres else "?"
@@ -73,15 +77,64 @@ def series_points(
         params.append(hi)
     if skip_null:
         where.append("value IS NOT NULL")
+    if postgres:
+        sql = (
+            "SELECT 0, string_agg(int8send(step), ''::bytea),"
+            " string_agg(float8send(COALESCE(value, 'NaN')), ''::bytea)"
+            f" FROM metric_points WHERE {' AND '.join(where)}"
+        )
+        return _columns(_fetch(session, sql, params, binary=True)[0])
     sql = f"SELECT step, value FROM metric_points WHERE {' AND '.join(where)} ORDER BY step"
-    dbapi: Any = session.connection().connection.dbapi_connection
-    cursor = dbapi.cursor()
-    try:
-        cursor.execute(sql, tuple(params))
-        rows = cursor.fetchall()
-    finally:
-        cursor.close()
+    rows = _fetch(session, sql, params)
     steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
     values = np.fromiter((math.nan if r[1] is None else r[1] for r in rows),
                          dtype=np.float64, count=len(rows))
     return steps, values
+
+
+def series_points_many(
+    session: Session, *, ranges: Mapping[int, tuple[int, int]]
+) -> dict[int, tuple[NDArray[np.int64], NDArray[np.float64]]]:
+    """:func:`series_points` of several series, each with its own ``(lo, hi)``: one statement
+    on PostgreSQL (an alert round reads a run's watched series together). A series with no
+    points in its range may be left out of the answer."""
+    if not ranges:
+        return {}
+    if not is_postgres(session):
+        return {sid: series_points(session, series_id=sid, lo=lo, hi=hi)
+                for sid, (lo, hi) in ranges.items()}
+    sql = (
+        "SELECT m.series_id, string_agg(int8send(m.step), ''::bytea),"
+        " string_agg(float8send(COALESCE(m.value, 'NaN')), ''::bytea)"
+        " FROM unnest(%s::int4[], %s::int8[], %s::int8[]) AS r(sid, lo, hi)"
+        " JOIN metric_points m ON m.series_id = r.sid AND m.step BETWEEN r.lo AND r.hi"
+        " GROUP BY m.series_id"
+    )
+    sids = list(ranges)
+    params = [sids, [ranges[s][0] for s in sids], [ranges[s][1] for s in sids]]
+    return {int(row[0]): _columns(row) for row in _fetch(session, sql, params, binary=True)}
+
+
+def _columns(row: Any) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """Steps and values from a row of ``(_, steps bytea, values bytea)`` (big-endian int8 and
+    float8, in no particular order), sorted by step.
+
+    No ORDER BY in the aggregate: sorting there costs PostgreSQL more than numpy's check here
+    (the rows nearly always arrive in index order already)."""
+    steps = np.frombuffer(row[1] or b"", dtype=">i8").astype(np.int64)
+    values = np.frombuffer(row[2] or b"", dtype=">f8").astype(np.float64)
+    if steps.size > 1 and not bool(np.all(steps[1:] > steps[:-1])):
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+    return steps, values
+
+
+def _fetch(session: Session, sql: str, params: list[Any], *, binary: bool = False) -> list[Any]:
+    """All rows of ``sql`` from the session's DB-API connection (in its transaction)."""
+    dbapi: Any = session.connection().connection.dbapi_connection
+    cursor = dbapi.cursor(binary=True) if binary else dbapi.cursor()
+    try:
+        cursor.execute(sql, tuple(params))
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()

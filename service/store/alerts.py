@@ -43,7 +43,12 @@ from curvecast.service.models import (
 )
 from curvecast.service.models import Series as SeriesRow
 from curvecast.service.schemas.alerts import AlertList, AlertOut, AlertRow, AlertWrite, EvalJob
-from curvecast.service.store._common import as_utc, is_postgres, series_points, write_connection
+from curvecast.service.store._common import (
+    as_utc,
+    is_postgres,
+    series_points_many,
+    write_connection,
+)
 from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.forecasts import StoredFit, newest_default_fits
 from curvecast.service.store.projects import ensure_project
@@ -177,12 +182,12 @@ def run_series_ids(session: Session, *, run_id: uuid.UUID) -> dict[str, int]:
     return {str(k): int(i) for k, i in rows}
 
 
-def read_points(
-    session: Session, *, series_id: int, lo: int, hi: int
-) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """Steps and values of one series with ``lo <= step <= hi``, by step (NULL values, i.e.
-    NaN, included as NaN)."""
-    return series_points(session, series_id=series_id, lo=lo, hi=hi)
+def read_points_many(
+    session: Session, *, ranges: Mapping[int, tuple[int, int]]
+) -> dict[int, tuple[NDArray[np.int64], NDArray[np.float64]]]:
+    """Steps and values of each series ``sid`` of ``ranges`` with ``lo <= step <= hi``, by step
+    (NULL values, i.e. NaN, included as NaN); a series with no such points may be left out."""
+    return series_points_many(session, ranges=ranges)
 
 
 def latest_fit(session: Session, *, run_id: uuid.UUID) -> StoredFit | None:

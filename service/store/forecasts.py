@@ -211,18 +211,11 @@ def _read_points(session: Session, sid: int, raw_limit: int, min_blocks: int
     """A series' points: raw when it spans at most ``raw_limit`` steps, else rollup block means
     (at least ``min_blocks`` of them), so the read costs the same however long the run.
     ``None`` when the series has no points."""
-    lo = session.scalar(
-        select(MetricPoint.step)
+    # One statement; PostgreSQL and SQLite answer min and max from the primary key's index.
+    lo, hi = session.execute(
+        select(func.min(MetricPoint.step), func.max(MetricPoint.step))
         .where(MetricPoint.series_id == sid)
-        .order_by(MetricPoint.step)
-        .limit(1)
-    )
-    hi = session.scalar(
-        select(MetricPoint.step)
-        .where(MetricPoint.series_id == sid)
-        .order_by(MetricPoint.step.desc())
-        .limit(1)
-    )
+    ).one()
     if lo is None or hi is None:
         return None
     means = (

@@ -20,13 +20,13 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["MAX_POINTS", "SeriesWindows"]
+__all__ = ["MAX_POINTS", "ManyReader", "Points", "Reader", "SeriesWindows"]
 
 #: Points kept in all (two float64 columns: ~32 MB).
 MAX_POINTS = 2_000_000
@@ -34,6 +34,9 @@ MAX_POINTS = 2_000_000
 Points = tuple[NDArray[np.int64], NDArray[np.float64]]
 #: ``read(lo, hi)``: the series' points with ``lo <= step <= hi``, by step.
 Reader = Callable[[int, int], Points]
+#: ``read({series_id: (lo, hi)})``: each series' points in its range, by step (a series with
+#: none may be left out).
+ManyReader = Callable[[dict[int, tuple[int, int]]], dict[int, Points]]
 
 
 @dataclass
@@ -55,32 +58,56 @@ class SeriesWindows:
 
     def points(self, run_id: uuid.UUID, series_id: int, lo: int, hi: int, read: Reader, *,
                fresh: bool = False) -> Points:
-        """The points of the series with ``lo <= step <= hi``.
+        """The points of the series with ``lo <= step <= hi`` (:meth:`points_many` for one)."""
+        def read_many(ranges: dict[int, tuple[int, int]]) -> dict[int, Points]:
+            return {sid: read(*bounds) for sid, bounds in ranges.items()}
 
-        Reads from the database (``read``) only the steps after what the previous call for this
-        series returned; the whole range when there is none, when ``fresh``, or when the range
-        starts earlier or ends earlier than before (a rule looking further back, a run that
-        started over).
+        return self.points_many(run_id, {series_id: lo}, hi, read_many, fresh=fresh)[series_id]
+
+    def points_many(self, run_id: uuid.UUID, los: Mapping[int, int], hi: int, read: ManyReader,
+                    *, fresh: bool = False) -> dict[int, Points]:
+        """The points of each series ``sid`` of ``los`` with ``los[sid] <= step <= hi``.
+
+        Reads from the database only the steps after what the previous call for a series
+        returned; its whole range when there is none, when ``fresh``, or when the range starts
+        earlier or ends earlier than before (a rule looking further back, a run that started
+        over). Every series' read goes to one ``read`` call (one statement on PostgreSQL).
         """
-        key = (run_id, series_id)
+        held: dict[int, _Window | None] = {}
         with self._lock:
-            held = self._windows.pop(key, None)
-            if held is not None:
-                self._held -= held.steps.size
-        if fresh or held is None or held.lo > lo or held.hi > hi:
-            steps, values = read(lo, hi)
-        else:
-            new_steps, new_values = read(held.hi + 1, hi) if hi > held.hi else _empty()
-            keep = held.steps >= lo
-            steps = np.concatenate((held.steps[keep], new_steps))
-            values = np.concatenate((held.values[keep], new_values))
+            for sid in los:
+                window = held[sid] = self._windows.pop((run_id, sid), None)
+                if window is not None:
+                    self._held -= window.steps.size
+        ranges: dict[int, tuple[int, int]] = {}
+        for sid, lo in los.items():
+            window = held[sid]
+            if fresh or window is None or window.lo > lo or window.hi > hi:
+                held[sid] = None
+                ranges[sid] = (lo, hi)
+            elif hi > window.hi:
+                ranges[sid] = (window.hi + 1, hi)
+        fetched = read(ranges) if ranges else {}
+        out: dict[int, Points] = {}
+        for sid, lo in los.items():
+            new_steps, new_values = fetched.get(sid) or _empty()
+            window = held[sid]
+            if window is None:
+                steps, values = new_steps, new_values
+            else:
+                keep = window.steps >= lo
+                steps = np.concatenate((window.steps[keep], new_steps))
+                values = np.concatenate((window.values[keep], new_values))
+            out[sid] = steps, values
         with self._lock:
-            self._windows[key] = _Window(lo, hi, steps, values)
-            self._held += steps.size
+            for sid, lo in los.items():
+                steps, values = out[sid]
+                self._windows[(run_id, sid)] = _Window(lo, hi, steps, values)
+                self._held += steps.size
             while self._held > self._max_points and len(self._windows) > 1:
                 _, dropped = self._windows.popitem(last=False)
                 self._held -= dropped.steps.size
-        return steps, values
+        return out
 
 
 def _empty() -> Points:

@@ -32,7 +32,7 @@ from curvecast.service.schemas.alerts import EvalJob
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
-from curvecast.service.worker._windows import Points, Reader, SeriesWindows
+from curvecast.service.worker._windows import Points, SeriesWindows
 
 log = logging.getLogger(__name__)
 
@@ -203,17 +203,12 @@ def _read_series(
             need[key] = min(need.get(key, lo), lo)
     fresh = job.evaluated_step is None  # a new evaluation state: read everything again
 
-    def reader(series_id: int) -> Reader:
-        def read(lo: int, hi: int) -> Points:
-            return alert_store.read_points(session, series_id=series_id, lo=lo, hi=hi)
+    def read(ranges: dict[int, tuple[int, int]]) -> dict[int, Points]:
+        return alert_store.read_points_many(session, ranges=ranges)
 
-        return read
-
-    return {
-        key: Series(*WINDOWS.points(job.run_id, ids[key], lo, ctx.last_step, reader(ids[key]),
-                                    fresh=fresh))
-        for key, lo in need.items()
-    }
+    points = WINDOWS.points_many(job.run_id, {ids[key]: lo for key, lo in need.items()},
+                                 ctx.last_step, read, fresh=fresh)
+    return {key: Series(*points[ids[key]]) for key in need}
 
 
 def _next_check(

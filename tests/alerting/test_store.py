@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -198,3 +198,49 @@ def test_an_alerts_notifications_leave_in_order_even_from_one_round(
     now = utcnow()
     assert claim_mine(now) == ["firing"]  # the resolution waited for it
     assert claim_mine(now + timedelta(seconds=1)) == ["resolved"]
+
+
+def test_points_of_several_series_are_read_in_one_go_each_in_its_own_range(
+    factory: sessionmaker[Session], project: str
+) -> None:
+    """The alert round's read (one statement on PostgreSQL, binary columns): every series in
+    its own step range, by step, NaN kept as NaN, a series with nothing in range empty, and the
+    same answer as reading the series one by one."""
+    import math
+
+    import numpy as np
+
+    from curvecast.service.models import Series as SeriesRow
+    from curvecast.service.schemas import MetricBatch
+    from curvecast.service.store import metrics as metric_store
+    from curvecast.service.store._common import series_points
+
+    run_id = _run(factory, project)
+    later, earlier = list(range(10, 20)), list(range(0, 10))  # stored out of step order
+    for steps in (later, earlier):
+        values = {"loss": [2.0 + s / 10 if s != 13 else math.nan for s in steps],
+                  "opt/eta": [0.1 * s if s % 2 == 0 else None for s in steps]}
+        with session_scope(factory) as s:
+            metric_store.ingest_batch(s, run_id=run_id, allowed_project=None,
+                                      batch=MetricBatch(steps=steps, values=values))
+    with session_scope(factory) as s:
+        rows = s.execute(select(SeriesRow.key, SeriesRow.id).where(SeriesRow.run_id == run_id))
+        ids = {str(k): int(i) for k, i in rows}
+        if s.get_bind().dialect.name == "postgresql":  # rows in the order they were stored
+            for setting in ("enable_indexscan", "enable_indexonlyscan", "enable_bitmapscan"):
+                s.execute(text(f"SET LOCAL {setting} = off"))
+        ranges = {ids["loss"]: (5, 15), ids["opt/eta"]: (3, 8), 10**9: (0, 5)}
+        many = alert_store.read_points_many(s, ranges=ranges)
+        one_by_one = {sid: series_points(s, series_id=sid, lo=lo, hi=hi)
+                      for sid, (lo, hi) in ranges.items()}
+    steps, values = many[ids["loss"]]
+    assert steps.tolist() == list(range(5, 16))
+    expected = [2.0 + t / 10 if t != 13 else math.nan for t in range(5, 16)]
+    np.testing.assert_array_equal(values, expected)
+    assert many[ids["opt/eta"]][0].tolist() == [4, 6, 8]
+    assert many[ids["opt/eta"]][1].tolist() == [0.4, 0.6000000000000001, 0.8]
+    assert 10**9 not in many or many[10**9][0].size == 0
+    for sid, (got_steps, got_values) in many.items():
+        np.testing.assert_array_equal(got_steps, one_by_one[sid][0])
+        np.testing.assert_array_equal(got_values, one_by_one[sid][1])
+    assert one_by_one[10**9][0].size == 0

@@ -10,7 +10,7 @@ excursion bends towards it and widens its interval, which would hide it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from statistics import NormalDist
 from typing import Any
 
@@ -74,21 +74,24 @@ class _LaggedFits:
         self.lag = lag
         self._cache: dict[int, Fit] = {}
 
-    def at(self, step: int) -> Fit | None:
-        """The fit for ``step``, or ``None``."""
-        j = int(np.searchsorted(self.uptos, step - self.lag, side="right")) - 1
-        if j < 0:
-            return None
+    def indices(self, steps: IntArray) -> IntArray:
+        """Index of the fit for each of ``steps`` (-1: none, or one without a forecast)."""
+        j = np.searchsorted(self.uptos, steps - self.lag, side="right") - 1
+        for k in np.unique(j[j >= 0]).tolist():
+            if not self.fit(k).has_forecast:
+                j[j == k] = -1
+        return j
+
+    def fit(self, j: int) -> Fit:
+        """The ``j``-th fit, parsed once."""
         if j not in self._cache:
             self._cache[j] = Fit.from_dict(self.fits[j])
-        fit = self._cache[j]
-        return fit if fit.has_forecast else None
+        return self._cache[j]
 
 
 class _AtSteps:
     """Each fit's forecast at the steps a round judges, computed once per fit and confidence
-    in one vectorised pass (``Fit.predict_many``) instead of one ``predict`` per step: the
-    round's loop then only looks values up."""
+    in one vectorised pass (``Fit.predict_many``)."""
 
     def __init__(self, steps: np.ndarray) -> None:
         self.steps = steps.astype(np.float64)
@@ -102,6 +105,55 @@ class _AtSteps:
         return self._done[key][1]
 
 
+#: The reference an excursion pins (the fitted series: a fit; the dense one: a fit and gap).
+_Pin = Any
+#: A judgement of every step against one reference: valid, active, clear, excess.
+_Judged = tuple[BoolArray, BoolArray, BoolArray, FloatArray]
+
+
+def _judge_with_pins(
+    n: int,
+    free: Callable[[], tuple[_Judged, Callable[[int], _Pin]]],
+    against: Callable[[_Pin], _Judged],
+    pinned: _Pin | None,
+) -> tuple[BoolArray, BoolArray, FloatArray, _Pin | None]:
+    """Verdicts of ``n`` steps in order, where an excursion pins its reference until it clears.
+
+    Step by step this is: skip an invalid step; while nothing is pinned, judge against the
+    lagged fit (``free``) and pin that step's reference (``free``'s second value) at the first
+    active step; while pinned, judge against the pin (``against``) and unpin at the first clear
+    step. Each stretch between two such changes is judged as one array, so a round costs a few
+    numpy passes instead of a Python loop over its steps (excursions are rare).
+
+    Returns:
+        active, clear, excess, and the pin still held after the last step.
+    """
+    active = np.zeros(n, dtype=bool)
+    clear = np.zeros(n, dtype=bool)
+    excess = np.full(n, np.nan)
+    free_judged: tuple[_Judged, Callable[[int], _Pin]] | None = None
+    i = 0
+    while i < n:
+        if pinned is None:
+            if free_judged is None:
+                free_judged = free()
+            (valid, act, clr, exc), pin_at = free_judged
+            turns = valid[i:] & act[i:]  # the first active step pins
+        else:
+            valid, act, clr, exc = against(pinned)
+            turns = valid[i:] & clr[i:]  # the first clear step unpins
+        hit = int(np.argmax(turns)) if turns.any() else -1
+        end = n if hit < 0 else i + hit + 1
+        ok = valid[i:end]
+        active[i:end] = act[i:end] & ok
+        clear[i:end] = clr[i:end] & ok
+        excess[i:end] = np.where(ok, exc[i:end], np.nan)
+        if hit >= 0:
+            pinned = pin_at(end - 1) if pinned is None else None
+        i = end
+    return active, clear, excess, pinned
+
+
 def _window(ctx: EvalContext, p: Mapping[str, Any]) -> int:
     return auto_steps(ctx, p.get("window_steps"), _OFF_WINDOW, 10, 100)
 
@@ -113,33 +165,41 @@ def _reference_len(ctx: EvalContext, p: Mapping[str, Any]) -> int:
 def _judge_fitted(
     s: Series, ctx: EvalContext, p: Mapping[str, Any], fits: _LaggedFits, memory: dict[str, Any]
 ) -> Verdicts:
-    """The forecast's own series: its rolling median against the forecast interval."""
+    """The forecast's own series: its rolling median against the forecast interval (while an
+    excursion lasts, against the fit from before it began)."""
     burn = burn_in_step(ctx, p.get("burn_in_steps"))
     window = _window(ctx, p)
     mask = (s.steps > max(ctx.after_step, burn + window)) & (s.steps <= ctx.last_step)
     at = s.steps[mask]
     smooth = rolling_median(s.steps, s.values, window, at, resolution=coarse(window))
-    active = np.zeros(at.size, dtype=bool)
-    clear = np.zeros(at.size, dtype=bool)
-    excess = np.full(at.size, np.nan)
+    forecast = _AtSteps(at)
+    finite_y = np.isfinite(smooth)
+
+    def judge(his: tuple[FloatArray, FloatArray], valid: BoolArray) -> _Judged:
+        hi, hi_clear = his
+        valid = valid & finite_y & np.isfinite(hi) & np.isfinite(hi_clear)
+        with np.errstate(invalid="ignore"):
+            return valid, smooth > hi, smooth <= hi_clear, smooth - hi
+
+    def bounds(fit: Fit) -> tuple[FloatArray, FloatArray]:
+        return forecast(fit, p["confidence"])[2], forecast(fit, p["resolve_confidence"])[2]
+
+    def free() -> tuple[_Judged, Callable[[int], Fit]]:
+        j = fits.indices(at)
+        hi, hi_clear = np.full(at.size, np.nan), np.full(at.size, np.nan)
+        for k in np.unique(j[j >= 0]).tolist():
+            rows = j == k
+            fit_hi, fit_clear = bounds(fits.fit(k))
+            hi[rows], hi_clear[rows] = fit_hi[rows], fit_clear[rows]
+        return judge((hi, hi_clear), j >= 0), lambda i: fits.fit(int(j[i]))
+
+    def against(fit: Fit) -> _Judged:
+        return judge(bounds(fit), np.full(at.size, fit.has_forecast))
+
     stored = memory.get("pinned")
     pinned = Fit.from_dict(stored) if stored is not None else None
-    forecast = _AtSteps(at)
-    for i, (t, y) in enumerate(zip(at.tolist(), smooth.tolist(), strict=True)):
-        fit = pinned if pinned is not None else fits.at(t)
-        if fit is None or not fit.has_forecast or not math.isfinite(y):
-            continue
-        hi = float(forecast(fit, p["confidence"])[2][i])
-        hi_clear = float(forecast(fit, p["resolve_confidence"])[2][i])
-        if not (math.isfinite(hi) and math.isfinite(hi_clear)):
-            continue
-        active[i], clear[i], excess[i] = y > hi, y <= hi_clear, y - hi
-        # While the excursion lasts, keep judging against the fit from before it began.
-        if active[i] and pinned is None:
-            pinned = fit
-        elif clear[i]:
-            pinned = None
-    _remember(memory, "pinned", pinned.to_dict() if pinned is not None else None)
+    active, clear, excess, held = _judge_with_pins(at.size, free, against, pinned)
+    _remember(memory, "pinned", _stored(held) if held is not None else None)
     return at, active, clear, excess
 
 
@@ -154,17 +214,15 @@ def _judge_dense(
     minus its gap over the preceding reference stretch must follow the forecast; it is judged
     against the forecast interval widened by the noise of its own rolling median. A corrupted
     data shard moves the training loss at once, while the eval loss (every few hundred steps,
-    at the averaged point) follows a few evaluations later.
+    at the averaged point) follows a few evaluations later. While an excursion lasts it is
+    judged against the fit and gap from before it began.
     """
     burn = burn_in_step(ctx, p.get("burn_in_steps"))
     window, ref_len = _window(ctx, p), _reference_len(ctx, p)
     mask = (s.steps > max(ctx.after_step, burn + window + ref_len)) & (s.steps <= ctx.last_step)
     at = s.steps[mask]
-    active = np.zeros(at.size, dtype=bool)
-    clear = np.zeros(at.size, dtype=bool)
-    excess = np.full(at.size, np.nan)
     if at.size == 0:
-        return at, active, clear, excess
+        return at, np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), np.full(0, np.nan)
     smooth = rolling_median(s.steps, s.values, window, at, resolution=coarse(window))
     reference = rolling_median(s.steps, s.values, ref_len, at - window,
                                resolution=coarse(ref_len))
@@ -178,38 +236,59 @@ def _judge_dense(
     )
     sigma = _MEDIAN_SE * noise / np.sqrt(np.maximum(counts, 1))
     z, z_clear = _z(p["confidence"]), _z(p["resolve_confidence"])
+    forecast, middle = _AtSteps(at), _AtSteps(at - window - ref_len / 2)
+    base_ok = np.isfinite(smooth) & np.isfinite(sigma)
+
+    def judge(fit: Fit, gap: FloatArray | float, rows: BoolArray | None = None) -> _Judged:
+        """Every step against ``fit`` and ``gap`` (only ``rows`` are valid, if given)."""
+        value, _, pred_hi = forecast(fit, p["confidence"])
+        clear_value, _, clear_hi = forecast(fit, p["resolve_confidence"])
+        with np.errstate(invalid="ignore"):
+            hi = value + gap + np.hypot(pred_hi - value, z * sigma)
+            hi_clear = clear_value + gap + np.hypot(clear_hi - clear_value, z_clear * sigma)
+            valid = (base_ok & np.isfinite(gap) & np.isfinite(pred_hi)
+                     & np.isfinite(clear_hi))
+            if rows is not None:
+                valid &= rows
+            return valid, smooth > hi, smooth <= hi_clear, smooth - hi
+
+    def free() -> tuple[_Judged, Callable[[int], tuple[Fit, float]]]:
+        j = fits.indices(at)
+        valid = np.zeros(at.size, dtype=bool)
+        act, clr, exc = valid.copy(), valid.copy(), np.full(at.size, np.nan)
+        gaps = np.full(at.size, np.nan)
+        for k in np.unique(j[j >= 0]).tolist():
+            rows = j == k
+            fit = fits.fit(k)
+            # The gap over the reference stretch, measured against the forecast at its middle.
+            gap = reference - middle(fit, fit.confidence)[0]
+            gaps[rows] = gap[rows]
+            v, a, c, e = judge(fit, gap, rows)
+            valid |= v
+            act[rows], clr[rows], exc[rows] = a[rows], c[rows], e[rows]
+        return (valid, act, clr, exc), lambda i: (fits.fit(int(j[i])), float(gaps[i]))
+
+    def against(pin: tuple[Fit, float]) -> _Judged:
+        return judge(*pin)
+
     stored = memory.get("dense_pinned")
     # (fit, gap) judged against while an excursion lasts, parsed once.
     pinned = (Fit.from_dict(stored["fit"]), float(stored["gap"])) if stored else None
-    forecast, middle = _AtSteps(at), _AtSteps(at - window - ref_len / 2)
-    for i, t in enumerate(at.tolist()):
-        if pinned is not None:
-            fit, gap = pinned
-        else:
-            lagged = fits.at(t)
-            if lagged is None:
-                continue
-            fit = lagged
-            # The gap over the reference stretch, measured against the forecast at its middle.
-            gap = float(reference[i]) - float(middle(fit, fit.confidence)[0][i])
-        y, sd = float(smooth[i]), float(sigma[i])
-        value, _, pred_hi = (float(x[i]) for x in forecast(fit, p["confidence"]))
-        clear_value, _, clear_hi = (float(x[i]) for x in forecast(fit, p["resolve_confidence"]))
-        if not all(math.isfinite(v) for v in (y, sd, gap, pred_hi, clear_hi)):
-            continue
-        hi = value + gap + math.hypot(pred_hi - value, z * sd)
-        hi_clear = clear_value + gap + math.hypot(clear_hi - clear_value, z_clear * sd)
-        active[i], clear[i], excess[i] = y > hi, y <= hi_clear, y - hi
-        if active[i] and pinned is None:
-            pinned = (fit, gap)
-        elif clear[i]:
-            pinned = None
+    active, clear, excess, held = _judge_with_pins(at.size, free, against, pinned)
     _remember(
         memory,
         "dense_pinned",
-        {"fit": pinned[0].to_dict(), "gap": pinned[1]} if pinned is not None else None,
+        {"fit": _stored(held[0]), "gap": held[1]} if held is not None else None,
     )
     return at, active, clear, excess
+
+
+def _stored(fit: Fit) -> dict[str, Any]:
+    """``fit`` as the rule's memory keeps it (JSON, stored with the run's alert state every
+    round): without ``reached``, which only answers target queries."""
+    out = fit.to_dict()
+    out.pop("reached", None)
+    return out
 
 
 def _remember(memory: dict[str, Any], name: str, value: Any) -> None:
@@ -226,25 +305,32 @@ def _merge_verdicts(parts: list[Verdicts], memory: dict[str, Any]) -> Verdicts:
     steps = np.unique(np.concatenate([p[0] for p in parts])) if parts else np.zeros(0, np.int64)
     carried: list[list[Any] | None] = list(memory.get("last") or [])[: len(parts)]
     carried += [None] * (len(parts) - len(carried))
+    known_any = np.zeros(steps.size, dtype=bool)
     active = np.zeros(steps.size, dtype=bool)
-    clear = np.zeros(steps.size, dtype=bool)
-    excess = np.full(steps.size, np.nan)
-    cursors = [0] * len(parts)
-    for i, t in enumerate(steps.tolist()):
-        for k, (at, act, clr, exc) in enumerate(parts):
-            while cursors[k] < at.size and at[cursors[k]] <= t:
-                j = cursors[k]
-                if math.isfinite(exc[j]):
-                    carried[k] = [bool(act[j]), bool(clr[j]), float(exc[j])]
-                cursors[k] += 1
-        known = [c for c in carried if c is not None]
-        if not known:
-            continue
-        active[i] = any(c[0] for c in known)
-        clear[i] = all(c[1] for c in known)
-        excess[i] = max(c[2] for c in known)
+    all_clear = np.ones(steps.size, dtype=bool)
+    excess = np.full(steps.size, -np.inf)
+    for k, (at, act, clr, exc) in enumerate(parts):
+        # Each part's latest verdict at or before every step: a forward fill of its steps
+        # with a verdict (a finite excess), the carried one before its first.
+        judged = np.flatnonzero(np.isfinite(exc))
+        before = np.searchsorted(at[judged], steps, side="right") - 1
+        has = before >= 0
+        src = judged[np.maximum(before, 0)] if judged.size else np.zeros(steps.size, np.int64)
+        prev = carried[k]
+        known = has if prev is None else np.ones(steps.size, dtype=bool)
+        fill_a, fill_c, fill_e = (False, True, -np.inf) if prev is None else prev
+        a = np.where(has, act[src] if judged.size else False, fill_a)
+        c = np.where(has, clr[src] if judged.size else True, fill_c)
+        e = np.where(has, exc[src] if judged.size else -np.inf, fill_e)
+        known_any |= known
+        active |= known & a
+        all_clear &= ~known | c
+        excess = np.where(known, np.maximum(excess, e), excess)
+        if judged.size:
+            last = int(judged[-1])
+            carried[k] = [bool(act[last]), bool(clr[last]), float(exc[last])]
     memory["last"] = carried
-    return steps, active, clear, excess
+    return steps, active, known_any & all_clear, np.where(known_any, excess, np.nan)
 
 
 def _evaluate(
@@ -261,7 +347,7 @@ def _evaluate(
         upto = float(ctx.fit.fitted_upto_step)
         if not fits or upto > float(fits[-1]["fitted_upto_step"]):
             # The memory is JSON (it is stored with the run's alert state).
-            fits.append(ctx.fit.to_dict())
+            fits.append(_stored(ctx.fit))
     lag = auto_steps(ctx, p.get("lag_steps"), _OFF_LAG, 20, 500)
     lagged = _LaggedFits(fits, lag)
     parts = [_judge_fitted(series[key], ctx, p, lagged, memory)]
