@@ -219,8 +219,8 @@ class Readers:
             # Viewers open their first pages one after another, PAGE_S / viewers apart.
             if self.stop.wait(PAGE_S * index / self.viewers):
                 return
-            page_end = time.monotonic() + PAGE_S
             while not self.stop.is_set():
+                page_end = time.monotonic() + PAGE_S
                 run = rng.choice(self.run_ids)
                 page = self._get(client, FIGURES_PAGE, f"/dashboards/api/runs/{run}/figures")
                 if page is None:
@@ -244,7 +244,6 @@ class Readers:
                         fitted_at = forecast.get("fitted_at")
                         self._get(client, FIGURES_FIT, f"/dashboards/api/runs/{run}/figures",
                                   charts="loss,evolution")
-                page_end = time.monotonic() + PAGE_S
 
     def _forecaster(self, index: int) -> None:
         rng = random.Random(1000 + index)
@@ -362,7 +361,8 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _postgres() -> list[psutil.Process]:
+def postgres_processes() -> list[psutil.Process]:
+    """Every process of the local PostgreSQL cluster."""
     out = []
     for p in psutil.process_iter(["name"]):
         if p.info["name"] in ("postgres", "postmaster"):
@@ -438,7 +438,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sampler = CpuSampler({
                     SERVICE: lambda: _tree(server.proc.pid) + (
                         _tree(worker.pid) if worker is not None else []),
-                    **({} if args.sqlite else {POSTGRES: _postgres}),
+                    **({} if args.sqlite else {POSTGRES: postgres_processes}),
                     "load generator": lambda: [psutil.Process(c.pid)
                                                for c in mp.active_children()],
                     "readers": lambda: [psutil.Process()],

@@ -21,7 +21,6 @@ Usage: ``python -m bench.worker_rounds [--sqlite] [--rounds N] [--quick]``
 from __future__ import annotations
 
 import argparse
-import collections
 import statistics
 import tempfile
 import time
@@ -35,7 +34,7 @@ import sqlalchemy as sa
 
 from bench._db import fresh_database
 from bench._report import markdown_table, phase, write_section
-from bench.load import storage_baseline
+from bench.load import postgres_processes, storage_baseline
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
 from curvecast.service.testing import thread_server
@@ -49,12 +48,14 @@ PREFIX = "opt/"  # what the client hook writes
 
 
 def _postgres_cpu() -> float:
-    """CPU seconds of every PostgreSQL process on the machine (the local cluster)."""
+    """CPU seconds of the local PostgreSQL cluster's processes."""
     total = 0.0
-    for proc in psutil.process_iter(["name", "cpu_times"]):
-        if (proc.info["name"] or "").startswith("postgres") and proc.info["cpu_times"]:
-            times = proc.info["cpu_times"]
-            total += times.user + times.system
+    for proc in postgres_processes():
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # a backend that exited meanwhile
+            continue
+        total += times.user + times.system
     return total
 
 
@@ -73,13 +74,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             alert_eval_min_interval_s=0)
         engine = make_engine(settings)
         sessions = make_sessionmaker(engine)
-        statements: collections.Counter[str] = collections.Counter()
-        counting = [False]
+        statements = [0]  # sent through SQLAlchemy since the round began
 
         @sa.event.listens_for(engine, "before_cursor_execute")
         def _count(*_: Any) -> None:
-            if counting[0]:
-                statements["all"] += 1
+            statements[0] += 1
 
         run_ids = [uuid.uuid4() for _ in range(RUNS)]
         rounds: list[dict[str, float]] = []
@@ -105,16 +104,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     lo = args.history + r * args.round_steps
                     new_points = ingest(lo, lo + args.round_steps)
                     points += new_points
-                    counting[0], statements["all"] = True, 0
+                    statements[0] = 0
                     pg0, c0 = _postgres_cpu(), time.thread_time()
                     refits = _drain(refit_due_runs, sessions, settings)
                     c1 = time.thread_time()
                     judged = _drain(evaluate_alerts, sessions, settings)
                     c2, pg1 = time.thread_time(), _postgres_cpu()
-                    counting[0] = False
                     rounds.append({"refit": c1 - c0, "alerts": c2 - c1, "postgres": pg1 - pg0,
                                    "refits": refits, "judged": judged, "points": new_points,
-                                   "statements": statements["all"]})
+                                   "statements": statements[0]})
         engine.dispose()
         with phase("worker_rounds", "storage baseline", 3, 3):
             raw_us = storage_baseline(url, backend)

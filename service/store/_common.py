@@ -78,12 +78,8 @@ def series_points(
     if skip_null:
         where.append("value IS NOT NULL")
     if postgres:
-        sql = (
-            "SELECT 0, string_agg(int8send(step), ''::bytea),"
-            " string_agg(float8send(COALESCE(value, 'NaN')), ''::bytea)"
-            f" FROM metric_points WHERE {' AND '.join(where)}"
-        )
-        return _columns(_fetch(session, sql, params, binary=True)[0])
+        sql = f"SELECT {_BINARY_COLUMNS} FROM metric_points WHERE {' AND '.join(where)}"
+        return _columns(*_fetch(session, sql, params, binary=True)[0])
     sql = f"SELECT step, value FROM metric_points WHERE {' AND '.join(where)} ORDER BY step"
     rows = _fetch(session, sql, params)
     steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
@@ -104,25 +100,31 @@ def series_points_many(
         return {sid: series_points(session, series_id=sid, lo=lo, hi=hi)
                 for sid, (lo, hi) in ranges.items()}
     sql = (
-        "SELECT m.series_id, string_agg(int8send(m.step), ''::bytea),"
-        " string_agg(float8send(COALESCE(m.value, 'NaN')), ''::bytea)"
+        f"SELECT series_id, {_BINARY_COLUMNS}"
         " FROM unnest(%s::int4[], %s::int8[], %s::int8[]) AS r(sid, lo, hi)"
-        " JOIN metric_points m ON m.series_id = r.sid AND m.step BETWEEN r.lo AND r.hi"
-        " GROUP BY m.series_id"
+        " JOIN metric_points ON series_id = r.sid AND step BETWEEN r.lo AND r.hi"
+        " GROUP BY series_id"
     )
     sids = list(ranges)
     params = [sids, [ranges[s][0] for s in sids], [ranges[s][1] for s in sids]]
-    return {int(row[0]): _columns(row) for row in _fetch(session, sql, params, binary=True)}
+    rows = _fetch(session, sql, params, binary=True)
+    return {int(sid): _columns(steps, values) for sid, steps, values in rows}
 
 
-def _columns(row: Any) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """Steps and values from a row of ``(_, steps bytea, values bytea)`` (big-endian int8 and
-    float8, in no particular order), sorted by step.
+#: A series' steps and values as two ``bytea`` columns of big-endian int8 and float8 (NULL
+#: values as NaN), in no particular order: sorting in the aggregate costs PostgreSQL more than
+#: numpy's check in :func:`_columns` (the rows nearly always arrive in index order already).
+_BINARY_COLUMNS = (
+    "string_agg(int8send(step), ''::bytea),"
+    " string_agg(float8send(COALESCE(value, 'NaN')), ''::bytea)"
+)
 
-    No ORDER BY in the aggregate: sorting there costs PostgreSQL more than numpy's check here
-    (the rows nearly always arrive in index order already)."""
-    steps = np.frombuffer(row[1] or b"", dtype=">i8").astype(np.int64)
-    values = np.frombuffer(row[2] or b"", dtype=">f8").astype(np.float64)
+
+def _columns(steps_bytes: bytes | None, values_bytes: bytes | None
+             ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """Steps and values from :data:`_BINARY_COLUMNS` (NULL when no row matched), by step."""
+    steps = np.frombuffer(steps_bytes or b"", dtype=">i8").astype(np.int64)
+    values = np.frombuffer(values_bytes or b"", dtype=">f8").astype(np.float64)
     if steps.size > 1 and not bool(np.all(steps[1:] > steps[:-1])):
         order = np.argsort(steps, kind="stable")
         steps, values = steps[order], values[order]

@@ -26,14 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["MAX_POINTS", "ManyReader", "Points", "Reader", "SeriesWindows"]
+__all__ = ["MAX_POINTS", "ManyReader", "Points", "SeriesWindows"]
 
 #: Points kept in all (two float64 columns: ~32 MB).
 MAX_POINTS = 2_000_000
 
 Points = tuple[NDArray[np.int64], NDArray[np.float64]]
-#: ``read(lo, hi)``: the series' points with ``lo <= step <= hi``, by step.
-Reader = Callable[[int, int], Points]
 #: ``read({series_id: (lo, hi)})``: each series' points in its range, by step (a series with
 #: none may be left out).
 ManyReader = Callable[[dict[int, tuple[int, int]]], dict[int, Points]]
@@ -55,14 +53,6 @@ class SeriesWindows:
         self._windows: OrderedDict[tuple[uuid.UUID, int], _Window] = OrderedDict()
         self._held = 0
         self._lock = threading.Lock()
-
-    def points(self, run_id: uuid.UUID, series_id: int, lo: int, hi: int, read: Reader, *,
-               fresh: bool = False) -> Points:
-        """The points of the series with ``lo <= step <= hi`` (:meth:`points_many` for one)."""
-        def read_many(ranges: dict[int, tuple[int, int]]) -> dict[int, Points]:
-            return {sid: read(*bounds) for sid, bounds in ranges.items()}
-
-        return self.points_many(run_id, {series_id: lo}, hi, read_many, fresh=fresh)[series_id]
 
     def points_many(self, run_id: uuid.UUID, los: Mapping[int, int], hi: int, read: ManyReader,
                     *, fresh: bool = False) -> dict[int, Points]:

@@ -175,8 +175,7 @@ def _judge_fitted(
     forecast = _AtSteps(at)
     finite_y = np.isfinite(smooth)
 
-    def judge(his: tuple[FloatArray, FloatArray], valid: BoolArray) -> _Judged:
-        hi, hi_clear = his
+    def judge(hi: FloatArray, hi_clear: FloatArray, valid: BoolArray) -> _Judged:
         valid = valid & finite_y & np.isfinite(hi) & np.isfinite(hi_clear)
         with np.errstate(invalid="ignore"):
             return valid, smooth > hi, smooth <= hi_clear, smooth - hi
@@ -191,10 +190,10 @@ def _judge_fitted(
             rows = j == k
             fit_hi, fit_clear = bounds(fits.fit(k))
             hi[rows], hi_clear[rows] = fit_hi[rows], fit_clear[rows]
-        return judge((hi, hi_clear), j >= 0), lambda i: fits.fit(int(j[i]))
+        return judge(hi, hi_clear, j >= 0), lambda i: fits.fit(int(j[i]))
 
     def against(fit: Fit) -> _Judged:
-        return judge(bounds(fit), np.full(at.size, fit.has_forecast))
+        return judge(*bounds(fit), np.full(at.size, fit.has_forecast))
 
     stored = memory.get("pinned")
     pinned = Fit.from_dict(stored) if stored is not None else None
@@ -239,8 +238,8 @@ def _judge_dense(
     forecast, middle = _AtSteps(at), _AtSteps(at - window - ref_len / 2)
     base_ok = np.isfinite(smooth) & np.isfinite(sigma)
 
-    def judge(fit: Fit, gap: FloatArray | float, rows: BoolArray | None = None) -> _Judged:
-        """Every step against ``fit`` and ``gap`` (only ``rows`` are valid, if given)."""
+    def judge(fit: Fit, gap: FloatArray | float) -> _Judged:
+        """Every step against ``fit`` and ``gap``."""
         value, _, pred_hi = forecast(fit, p["confidence"])
         clear_value, _, clear_hi = forecast(fit, p["resolve_confidence"])
         with np.errstate(invalid="ignore"):
@@ -248,8 +247,6 @@ def _judge_dense(
             hi_clear = clear_value + gap + np.hypot(clear_hi - clear_value, z_clear * sigma)
             valid = (base_ok & np.isfinite(gap) & np.isfinite(pred_hi)
                      & np.isfinite(clear_hi))
-            if rows is not None:
-                valid &= rows
             return valid, smooth > hi, smooth <= hi_clear, smooth - hi
 
     def free() -> tuple[_Judged, Callable[[int], tuple[Fit, float]]]:
@@ -263,9 +260,8 @@ def _judge_dense(
             # The gap over the reference stretch, measured against the forecast at its middle.
             gap = reference - middle(fit, fit.confidence)[0]
             gaps[rows] = gap[rows]
-            v, a, c, e = judge(fit, gap, rows)
-            valid |= v
-            act[rows], clr[rows], exc[rows] = a[rows], c[rows], e[rows]
+            v, a, c, e = judge(fit, gap)
+            valid[rows], act[rows], clr[rows], exc[rows] = v[rows], a[rows], c[rows], e[rows]
         return (valid, act, clr, exc), lambda i: (fits.fit(int(j[i])), float(gaps[i]))
 
     def against(pin: tuple[Fit, float]) -> _Judged:
@@ -309,26 +305,27 @@ def _merge_verdicts(parts: list[Verdicts], memory: dict[str, Any]) -> Verdicts:
     active = np.zeros(steps.size, dtype=bool)
     all_clear = np.ones(steps.size, dtype=bool)
     excess = np.full(steps.size, -np.inf)
+    before_all = np.iinfo(np.int64).min
     for k, (at, act, clr, exc) in enumerate(parts):
-        # Each part's latest verdict at or before every step: a forward fill of its steps
-        # with a verdict (a finite excess), the carried one before its first.
-        judged = np.flatnonzero(np.isfinite(exc))
-        before = np.searchsorted(at[judged], steps, side="right") - 1
-        has = before >= 0
-        src = judged[np.maximum(before, 0)] if judged.size else np.zeros(steps.size, np.int64)
+        # Each part's latest verdict at or before every step: a forward fill of its steps with
+        # a verdict (a finite excess), led by the one carried over from the previous round.
+        judged = np.isfinite(exc)
+        at_k, act_k, clr_k, exc_k = at[judged], act[judged], clr[judged], exc[judged]
         prev = carried[k]
-        known = has if prev is None else np.ones(steps.size, dtype=bool)
-        fill_a, fill_c, fill_e = (False, True, -np.inf) if prev is None else prev
-        a = np.where(has, act[src] if judged.size else False, fill_a)
-        c = np.where(has, clr[src] if judged.size else True, fill_c)
-        e = np.where(has, exc[src] if judged.size else -np.inf, fill_e)
+        if prev is not None:
+            prev_a, prev_c, prev_e = prev
+            at_k, act_k = np.r_[before_all, at_k], np.r_[prev_a, act_k].astype(bool)
+            clr_k, exc_k = np.r_[prev_c, clr_k].astype(bool), np.r_[prev_e, exc_k]
+        if at_k.size == 0:
+            continue
+        latest = np.searchsorted(at_k, steps, side="right") - 1
+        known = latest >= 0
+        latest = np.maximum(latest, 0)
         known_any |= known
-        active |= known & a
-        all_clear &= ~known | c
-        excess = np.where(known, np.maximum(excess, e), excess)
-        if judged.size:
-            last = int(judged[-1])
-            carried[k] = [bool(act[last]), bool(clr[last]), float(exc[last])]
+        active |= known & act_k[latest]
+        all_clear &= ~known | clr_k[latest]
+        excess = np.where(known, np.maximum(excess, exc_k[latest]), excess)
+        carried[k] = [bool(act_k[-1]), bool(clr_k[-1]), float(exc_k[-1])]
     memory["last"] = carried
     return steps, active, known_any & all_clear, np.where(known_any, excess, np.nan)
 
