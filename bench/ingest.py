@@ -28,6 +28,7 @@ import psutil
 import psycopg
 
 from bench._report import markdown_table, write_section
+from curvecast.client._batcher import Record, encode_records, plain_body
 from curvecast.service.config import Settings
 from curvecast.service.migrate import upgrade
 from curvecast.service.store._pgcopy import encode_rows
@@ -87,16 +88,18 @@ def http_ingest(url: str, writers: int, bodies: list[bytes]) -> float:
 HOOK_STEPS, HOOK_KEYS = 100, tuple(f"metric_{i}" for i in range(10))
 
 
-def hook_bodies(n_batches: int) -> list[bytes]:
-    """Bodies as ``Monitor`` sends them: compact JSON with wall times, consecutive steps."""
+def hook_bodies(n_batches: int, base64_columns: bool = True) -> list[bytes]:
+    """Bodies as ``Monitor`` sends them (its own encoder: base64 columns, wall times,
+    consecutive steps), or the same bodies as plain JSON arrays (what an older client sent)."""
     rng = np.random.default_rng(1)
     bodies = []
     for b in range(n_batches):
-        steps = np.arange(b * HOOK_STEPS, (b + 1) * HOOK_STEPS)
-        bodies.append(json.dumps(
-            {"steps": steps.tolist(), "wall_time": (1.7e9 + steps * 0.01).tolist(),
-             "values": {k: rng.random(HOOK_STEPS).tolist() for k in HOOK_KEYS}},
-            separators=(",", ":")).encode())
+        steps = range(b * HOOK_STEPS, (b + 1) * HOOK_STEPS)
+        values = rng.random((HOOK_STEPS, len(HOOK_KEYS))).tolist()
+        records: list[Record] = [(s, 1.7e9 + s * 0.01, dict(zip(HOOK_KEYS, row, strict=True)),
+                                  None) for s, row in zip(steps, values, strict=True)]
+        [batch], _ = encode_records(records)
+        bodies.append(batch.body if base64_columns else plain_body(batch.body))
     return bodies
 
 
@@ -122,11 +125,13 @@ def _used(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
-def cpu_per_point(url: str, pid: int, writers: int, n_batches: int) -> tuple[float, float]:
+def cpu_per_point(
+    url: str, pid: int, writers: int, n_batches: int, base64_columns: bool
+) -> tuple[float, float]:
     """Service CPU (µs, process CPU time of the server's process tree) and PostgreSQL CPU (µs,
     the whole cluster's processes; ~0 for SQLite) per point stored, ``writers`` concurrent
     clients each streaming ``n_batches`` hook-shaped batches into a run of its own."""
-    bodies = hook_bodies(n_batches)
+    bodies = hook_bodies(n_batches, base64_columns)
     run_ids = [uuid.uuid4() for _ in range(writers)]
     with httpx.Client(timeout=120) as client:
         for run_id in run_ids:
@@ -280,16 +285,29 @@ def main() -> int:
                              else bytes_per_point_sqlite(sqlite_path))
             # Ingest alone: a server of its own without the background worker (which would
             # evaluate alert rules on the new points meanwhile).
+            # Both encodings on the same server, alternating: base64 columns (the hook's),
+            # then plain JSON arrays (the baseline), three times; each row is the mean of its
+            # three (one stream moves by ±10% with the machine's other load).
             server = start_server_process(url, tmp, env={"CURVECAST_WORKER_ENABLED": "false"})
+            measured: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
             try:
-                service_us, pg_us = cpu_per_point(server.url, server.proc.pid, 4,
-                                                  26 if args.quick else 151)
+                for base64_columns in (True, False) * 3:
+                    measured[base64_columns].append(cpu_per_point(
+                        server.url, server.proc.pid, 4, 26 if args.quick else 76,
+                        base64_columns))
             finally:
                 server.stop()
-            cpu_rows.append([name, f"{service_us:.2f}",
-                             f"{pg_us:.2f}" if name == "postgres" else "(in the service)"])
-            print(f"{name} CPU per point: service {service_us:.2f} µs, "
-                  f"PostgreSQL {pg_us:.2f} µs", flush=True)
+            means = {enc: (statistics.mean(s for s, _ in runs),
+                           statistics.mean(p for _, p in runs))
+                     for enc, runs in measured.items()}
+            for enc, label in ((False, "JSON arrays (baseline)"),
+                               (True, "base64 columns (the hook's)")):
+                service_us, pg_us = means[enc]
+                cpu_rows.append([name, label, f"{service_us:.2f}",
+                                 f"{service_us / means[False][0]:.2f}",
+                                 f"{pg_us:.2f}" if name == "postgres" else "(in the service)"])
+                print(f"{name} {label} CPU per point: service {service_us:.2f} µs, "
+                      f"PostgreSQL {pg_us:.2f} µs", flush=True)
     finally:
         drop_pg_database(pg_url)
 
@@ -303,14 +321,17 @@ def main() -> int:
         + markdown_table(
             ["backend", "writers", "points/s over HTTP", "vs COPY write_row",
              "vs COPY pre-encoded"], rows)
-        + f"\n\nCPU per point stored, batches shaped like the client hook's ({HOOK_STEPS} steps × "
-        f"{len(HOOK_KEYS)} keys with wall times, compact JSON), 4 writers each streaming "
-        f"{150 * HOOK_STEPS * len(HOOK_KEYS):,} points into a run of its own, one `curvecast "
-        "serve` process with the background worker off: process CPU time of the service's "
-        "processes and of the PostgreSQL cluster's (shared with anything else using it) over "
-        "the stream, divided by the points stored. #19's goal for the service is ≤ 10 µs for "
-        "everything it does under load (`bench.load`); this is ingest alone:\n\n"
-        + markdown_table(["backend", "service µs/point", "PostgreSQL µs/point"], cpu_rows)
+        + f"\n\nCPU per point stored, batches as the client hook encodes them ({HOOK_STEPS} steps "
+        f"× {len(HOOK_KEYS)} keys with wall times; the hook's base64 columns, and the same "
+        "bodies as plain JSON arrays, alternating on one server, three streams each), 4 writers "
+        f"each streaming {75 * HOOK_STEPS * len(HOOK_KEYS):,} points into a run of its own per "
+        "stream, one `curvecast serve` process with the background worker off: process CPU time "
+        "of the service's processes and of the PostgreSQL cluster's (shared with anything else "
+        "using it) over the stream, divided by the points stored. #19's goal for the service "
+        "is ≤ 10 µs for everything it does under load (`bench.load`); this is ingest "
+        "alone:\n\n"
+        + markdown_table(["backend", "body", "service µs/point", "vs JSON arrays",
+                          "PostgreSQL µs/point"], cpu_rows)
         + "\n\nStorage per stored point: points table, its primary key and the rollups "
         "(SQLite: the whole database file when `dbstat` is not compiled in). "
         "MLflow needs ≈ 250 B:\n\n"

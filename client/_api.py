@@ -11,11 +11,13 @@ import json
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from curvecast.client._batcher import plain_body
 from curvecast.client._transport import Response, Transport, TransportError
+from curvecast.contract import BASE64_COLUMNS, INGEST_ENCODINGS_HEADER
 
 API = "/api/v1/runs"
 
@@ -42,6 +44,7 @@ class Result:
         retry_after: seconds the server asked us to wait (``Retry-After``), if any.
         body: the parsed JSON body of a 2xx answer (None otherwise).
         elapsed: seconds the request took (round trip, including connecting).
+        headers: the headers of a 2xx answer, names in lower case.
     """
 
     outcome: Outcome
@@ -50,6 +53,7 @@ class Result:
     retry_after: float | None = None
     body: Any = None
     elapsed: float = 0.0
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -89,7 +93,7 @@ def classify(resp: Response, elapsed: float = 0.0) -> Result:
             body = resp.json() if resp.body else None
         except ValueError:
             body = None
-        return Result(Outcome.OK, status, body=body, elapsed=elapsed)
+        return Result(Outcome.OK, status, body=body, elapsed=elapsed, headers=resp.headers)
     code, message = "", resp.body[:300].decode("utf-8", "replace")
     try:
         err = resp.json()
@@ -134,6 +138,9 @@ class Api:
         self.transport = transport
         self.timeout = timeout
         self._clock = clock
+        #: Whether the service reads base64 columns (it said so when the run was created);
+        #: until then, and for an older service, batches are sent as plain JSON arrays.
+        self.base64_columns = False
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -156,15 +163,23 @@ class Api:
         return classify(resp, self._clock() - start)
 
     def put_run(self, run_id: str, payload: Mapping[str, Any]) -> Result:
-        """``PUT /api/v1/runs/{id}``: create the run or get it (idempotent)."""
-        return self.call("PUT", f"{API}/{run_id}", _dumps(payload))
+        """``PUT /api/v1/runs/{id}``: create the run or get it (idempotent); learns whether the
+        service reads base64 columns."""
+        result = self.call("PUT", f"{API}/{run_id}", _dumps(payload))
+        if result.ok:
+            said = result.headers.get(INGEST_ENCODINGS_HEADER.lower(), "")
+            self.base64_columns = BASE64_COLUMNS in (e.strip() for e in said.split(","))
+        return result
 
     def patch_run(self, run_id: str, payload: Mapping[str, Any]) -> Result:
         """``PATCH /api/v1/runs/{id}``: status and/or config keys to merge."""
         return self.call("PATCH", f"{API}/{run_id}", _dumps(payload))
 
     def post_metrics(self, run_id: str, body: bytes) -> Result:
-        """``POST /api/v1/runs/{id}/metrics`` with an encoded columnar batch."""
+        """``POST /api/v1/runs/{id}/metrics`` with an encoded columnar batch (its base64 columns
+        turned into JSON arrays for a service that does not read them)."""
+        if not self.base64_columns:
+            body = plain_body(body)
         return self.call("POST", f"{API}/{run_id}/metrics", body)
 
     def get_alerts(self, run_id: str, timeout: float | None = None) -> Result:

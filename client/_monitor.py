@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from curvecast.client._api import Api, Backoff
-from curvecast.client._batcher import Outbox, Record
+from curvecast.client._batcher import Outbox, Record, logged_points
 from curvecast.client._pipeline import Pipeline
 from curvecast.client._sender import (
     HEARTBEAT_INTERVAL,
@@ -178,9 +178,12 @@ class Monitor:
         )
         self._wall = wall_clock
 
-        # Hot-path state: the buffer, and each metric name's last step (its presence means the
-        # name was validated).
+        # Hot-path state: the buffer; the names of the last log() call and its step (a call
+        # with the same names at a later step checks no name); each other name's last step
+        # (its presence means the name was validated).
         self._buffer: deque[Record] = deque()
+        self._names: Any = {}.keys()
+        self._names_step = -1
         self._last_step: dict[str, int] = {}
         self._backwards_warned: set[str] = set()
         self._max_buffer = max_buffer
@@ -259,28 +262,41 @@ class Monitor:
             step = check_step(step)
         if self._closing:
             raise RuntimeError(f"Monitor.log() after finish() (run {self.run_id})")
-        last = self._last_step
+        names = kwargs.keys()
+        if step < self._names_step or names != self._names:
+            self._check_names(names, step)
+        self._names_step = step
         for key, value in kwargs.items():
+            kind = type(value)
+            if kind is not float and kind is not int:
+                if kind in TENSOR_TYPES and not value.ndim and value.dtype not in NOT_REAL_DTYPES:
+                    # check_value's answer for a tensor type it has seen, without the calls:
+                    # the value without its autograd graph (.data: an alias that autograd does
+                    # not track, as detach() but cheaper; it is only read, in the background).
+                    kwargs[key] = value.data
+                else:
+                    kwargs[key] = check_value(key, value)
+        # A step's points share one wall time: the watch() hook's, when it recorded this step.
+        sink = self._sink
+        buf = self._buffer
+        buf.append((step, sink.wall_time if step == sink.step else self._wall(), kwargs, None))
+        if len(buf) >= self._wake_at:
+            self._buffer_filling()
+
+    def _check_names(self, names: Any, step: int) -> None:
+        """A call with other names than the last one, or at an earlier step: validate names
+        seen for the first time, warn about a name going back, and remember each one's step."""
+        last = self._last_step
+        for key in self._names:  # the last call's names, logged at _names_step since then
+            last[key] = self._names_step
+        for key in names:
             prev = last.get(key)
             if prev is None:
                 check_key(key)
             elif step < prev:
                 self._went_backwards(key, step, prev)
-            kind = type(value)
-            if kind is not float and kind is not int:
-                if kind in TENSOR_TYPES and not value.ndim and value.dtype not in NOT_REAL_DTYPES:
-                    # check_value's answer for a tensor type it has seen, without the calls
-                    if value.requires_grad:
-                        kwargs[key] = value.detach()
-                else:
-                    kwargs[key] = check_value(key, value)
             last[key] = step
-        # Counted here, not when batched, so stats() agrees with what the caller did.
-        self._counters.points_logged += len(kwargs)
-        buf = self._buffer
-        buf.append((step, self._wall(), kwargs, None))
-        if len(buf) >= self._wake_at:
-            self._buffer_filling()
+        self._names = names
 
     def _went_backwards(self, key: str, step: int, prev: int) -> None:
         if key in self._backwards_warned:
@@ -306,9 +322,10 @@ class Monitor:
             if room:
                 return
             self._pipe.stalled = True
-        _, _, metrics, _ = self._buffer.pop()
+        dropped = logged_points([self._buffer.pop()])
         self._dropped_calls += 1
-        self._counters.points_dropped += len(metrics)
+        self._counters.points_logged += dropped
+        self._counters.points_dropped += dropped
         if self._dropped_calls in (1, 10, 100) or self._dropped_calls % 1000 == 0:
             log.error(
                 "curvecast: POINTS ARE BEING LOST: the in-memory buffer is full (%d log() calls) "
@@ -488,7 +505,7 @@ class Monitor:
         return done
 
     def _spool_leftovers(self, status: str, done: bool) -> None:
-        records = [self._buffer.popleft() for _ in range(len(self._buffer))]
+        records = self._pipe.take(len(self._buffer))
         for batch in [*self._pipe.encode(records), *self._outbox.take_all()]:
             spool_batch(self._spool, batch, self._counters)
         if done:
@@ -539,12 +556,15 @@ class Monitor:
         """
         c = self._counters
         rtts = [r * 1000 for r in self._sender.rtts]
+        with self._pipe.progress:  # the batcher counts what it takes under this lock
+            buffered = list(self._buffer)
+            counted = vars(c).copy()
         return {
-            **vars(c),
-            "points_logged": c.points_logged + self._sink.points,
+            **counted,
+            "points_logged": counted["points_logged"] + logged_points(buffered),
             "online": self._sender.online,
             "run_created": self._sender.created,
-            "buffered": len(self._buffer),
+            "buffered": len(buffered),
             "pending_bytes": self._outbox.nbytes,
             "spool_bytes": self._spool.nbytes,
             "rtt_ms_median": statistics.median(rtts) if rtts else None,

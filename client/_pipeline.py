@@ -22,8 +22,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 
-from curvecast.client._batcher import Batch, Outbox, Record, encode_records
+from curvecast.client._batcher import Batch, Outbox, Record, encode_records, logged_points
 from curvecast.client._sender import Counters, Sender, spool_batch
 from curvecast.client._spool import Spool
 
@@ -130,13 +131,21 @@ class Pipeline:
             if self._stopping:
                 return
 
-    def _drain(self) -> None:
+    def take(self, n: int) -> list[Record]:
+        """Take up to ``n`` records from the buffer and count their points as logged (under
+        the lock ``Monitor.stats()`` takes: a point is counted in the buffer or here, never in
+        neither), and tell a waiting ``log()`` there is room."""
         buf = self.buffer
-        while buf:
+        with self.progress:
+            records = list(islice(iter(buf.popleft, None), min(len(buf), n)))  # a C loop
+            self._counters.points_logged += logged_points(records)
+            self.progress.notify_all()
+        return records
+
+    def _drain(self) -> None:
+        while self.buffer:
             self._batching = True
-            records = [buf.popleft() for _ in range(min(len(buf), DRAIN_CHUNK))]
-            with self.progress:
-                self.progress.notify_all()  # room in the buffer for a waiting log()
+            records = self.take(DRAIN_CHUNK)
             self.stalled = False
             for batch in self.encode(records):
                 self._dispatch(batch)

@@ -44,7 +44,8 @@ HEARTBEAT_INTERVAL = 60.0
 class Counters:
     """What happened so far (read by ``Monitor.stats()``)."""
 
-    #: Points handed to ``log()`` (and the optimizer hook), counted when logged.
+    #: Points handed to ``log()`` (and the optimizer hook), counted when the batcher takes
+    #: them from the buffer (``Monitor.stats()`` adds the ones still buffered).
     points_logged: int = 0
     #: Points encoded into request bodies so far (``points_logged`` minus what is still
     #: buffered, minus unreadable values).

@@ -89,9 +89,9 @@ def read_line_body(line: bytes) -> tuple[bytes, int] | str:
         return f"not JSON ({exc})"
     if not (
         isinstance(data, dict)
-        and isinstance(data.get("steps"), list)
+        and isinstance(data.get("steps"), list | str)
         and isinstance(data.get("values"), dict)
-        and all(isinstance(c, list) for c in data["values"].values())
+        and all(isinstance(c, list | str) for c in data["values"].values())
     ):
         return "not a metrics batch (needs 'steps' and 'values')"
     return line, count_points(data)

@@ -25,7 +25,8 @@ class Sink:
     """Where the optimizer hooks put each step's statistics: the monitor's buffer (shared with
     ``Monitor.log``). The hook appends ``(step, wall time, stats, key map)`` records itself, in
     one frame: run once per training step, its code and data are out of the CPU caches, so each
-    further call or object touched costs more than its instructions.
+    further call or object touched costs more than its instructions. Points are counted when
+    the batcher drains the buffer, not here.
 
     Attributes:
         buffer: the monitor's record buffer (drained by the batcher thread).
@@ -33,8 +34,8 @@ class Sink:
         wake_at: buffer length at which to call ``on_full``.
         on_full: ``Monitor._buffer_filling`` (wakes the batcher; bounds memory).
         open: False once the monitor finishes: the hooks stop appending.
-        points: points appended by the hooks (``Monitor.stats()`` adds them to
-            ``points_logged``).
+        step: the step of the hook's last record, and ``wall_time`` its wall time: a
+            ``log()`` at that step takes the same time (one clock reading per step).
     """
 
     buffer: deque[Record]
@@ -42,7 +43,8 @@ class Sink:
     wake_at: int
     on_full: Callable[[], None]
     open: bool = True
-    points: int = 0
+    step: int = -1
+    wall_time: float = 0.0
 
 
 def watch_optimizer(
@@ -87,42 +89,62 @@ def watch_optimizer(
             full = names[stat] = check_key(prefix + stat)
         return full
 
-    def put(step: int, metrics: Mapping[str, Any], keys: KeyMap | None, points: int) -> None:
-        """One record (the per-step path of ``sfplus_hook`` spells this out inline)."""
+    def put(step: int, metrics: Mapping[str, Any], keys: KeyMap | None) -> None:
+        """One record (the per-step path of ``step_stats_hook`` spells this out inline)."""
         if sink.open:
-            sink.points += points
             append((step, wall(), metrics, keys))
             if len(buffer) >= wake_at:
                 on_full()
+
+    def put_norms(opt: Any, step: int, stats: Mapping[str, Any]) -> None:
+        # A record of their own: the per-step records keep the same keys, which is what lets
+        # the batcher turn them into columns in one go.
+        norms = {k: v for k, v in opt.stats(norms=True).items() if k not in stats}
+        if norms:
+            put(step, norms, keymap)
 
     # Mutable cells the closures share: the step count since watch(), and whether a failure
     # was already reported (a broken hook logs once, not every step).
     counter = [0]
     failed = [False]
 
-    def sfplus_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
-        # Runs after every step: it only appends a reference to the step's statistics (names
-        # are mapped and values checked in the batcher thread). Kept to one frame.
+    def report_failure(what: str) -> None:
+        if not failed[0]:
+            failed[0] = True
+            log.exception("curvecast: reading the optimizer's %s failed (ignored)", what)
+
+    def step_stats_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
+        # ScheduleFree+: runs after every step and only appends a reference to the step's
+        # statistics (read on the host during the step; names are mapped and values checked
+        # in the batcher thread), in one frame.
         try:
-            counter[0] += 1
-            stats = opt.step_stats if view else opt.stats()
+            stats = opt.step_stats
             if not stats or not sink.open:
                 return
-            step = step_fn() if step_fn else int(stats.get("step") or counter[0])
-            sink.points += len(stats) - ("step" in stats)  # the key map skips "step"
-            append((step, wall(), stats, keymap))
+            step = step_fn() if step_fn else int(stats["step"])
+            sink.step = step
+            now = sink.wall_time = wall()
+            append((step, now, stats, keymap))
             if len(buffer) >= wake_at:
                 on_full()
             if norms_every and step % norms_every == 0:
-                # A record of their own: the per-step records keep the same keys, which is
-                # what lets the batcher turn them into columns in one go.
-                norms = {k: v for k, v in opt.stats(norms=True).items() if k not in stats}
-                if norms:
-                    put(step, norms, keymap, len(norms))
+                put_norms(opt, step, stats)
         except Exception:
-            if not failed[0]:
-                failed[0] = True
-                log.exception("curvecast: reading the optimizer's stats failed (ignored)")
+            report_failure("stats")
+
+    def stats_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
+        # Any other optimizer with a stats() method (a copy per step).
+        try:
+            counter[0] += 1
+            stats = opt.stats()
+            if not stats or not sink.open:
+                return
+            step = step_fn() if step_fn else int(stats.get("step") or counter[0])
+            put(step, stats, keymap)
+            if norms_every and step % norms_every == 0:
+                put_norms(opt, step, stats)
+        except Exception:
+            report_failure("stats")
 
     def lr_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
         try:
@@ -136,16 +158,14 @@ def watch_optimizer(
             for key, value in lrs.items():
                 if type(value) is not float:  # a tensor LR: checked like a logged value
                     lrs[key] = check_value(key, value)
-            put(step, lrs, None, len(lrs))
+            put(step, lrs, None)
         except Exception:
-            if not failed[0]:
-                failed[0] = True
-                log.exception("curvecast: reading the learning rate failed (ignored)")
+            report_failure("learning rate")
 
-    is_sfplus = callable(getattr(optimizer, "stats", None))
     # ScheduleFree+'s step_stats: the same values as stats(), without a copy per step.
-    view = isinstance(getattr(type(optimizer), "step_stats", None), property)
-    return register(sfplus_hook if is_sfplus else lr_hook)
+    if isinstance(getattr(type(optimizer), "step_stats", None), property):
+        return register(step_stats_hook)
+    return register(stats_hook if callable(getattr(optimizer, "stats", None)) else lr_hook)
 
 
 def optimizer_config(optimizer: Any) -> dict[str, Any]:

@@ -33,7 +33,9 @@ __all__ = [
     "ALERT_BURN_IN_FRACTION",
     "CONSTANT_SCHEDULES",
     "EVAL_LOSS_KEYS",
+    "BASE64_COLUMNS",
     "FINAL_RUN_STATUSES",
+    "INGEST_ENCODINGS_HEADER",
     "KEY_CHARS",
     "LR_STAT",
     "KEY_MAX_LENGTH",
@@ -80,6 +82,18 @@ MAX_STEP = 2**62
 #: How NaN and infinities travel in JSON: as these strings (what Python's ``json`` would emit
 #: bare, and what strict JSON parsers refuse). ``null`` is accepted as NaN on the way in.
 NON_FINITE_STRINGS = ("NaN", "Infinity", "-Infinity")
+
+#: Columns of a metrics batch may also travel as base64 strings instead of JSON arrays: the
+#: standard base64 (RFC 4648, with padding) of the column's little-endian bytes, int64 for
+#: ``steps`` and float64 for ``wall_time`` (NaN: no wall time for that row) and each ``values``
+#: column (every entry is a point, NaN included; a column with missing entries travels as an
+#: array with ``null``). Formatting a float as decimal text was most of the client hook's
+#: background CPU; this is the name of that encoding.
+BASE64_COLUMNS = "base64"
+#: The response header with which a service that reads base64 columns answers the run's
+#: ``PUT``: its value lists the encodings it reads (comma-separated). A client sends plain JSON
+#: arrays to a service that does not say so (an older version).
+INGEST_ENCODINGS_HEADER = "Curvecast-Ingest-Encodings"
 
 #: The states a run ends in (``Monitor.finish(status)``; the service records when it ended).
 FINAL_RUN_STATUSES = ("finished", "failed", "crashed")

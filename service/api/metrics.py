@@ -57,7 +57,7 @@ async def post_metrics(
             f"steps: {len(batch.steps)} steps in one request; the limit is "
             f"{settings.max_points_per_request} points (and steps): split the batch"
         )
-    n_points = sum(len(col) - col.count(None) for col in batch.values.values())
+    n_points = batch.n_points()
     if n_points > settings.max_points_per_request:
         raise TooManyPoints(
             f"{n_points} points in one request; the limit is {settings.max_points_per_request}: "

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
+from curvecast.contract import BASE64_COLUMNS, INGEST_ENCODINGS_HEADER
 from curvecast.service.db import session_scope
 from curvecast.service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
 from curvecast.service.schemas import (
@@ -36,11 +37,16 @@ def put_run(
     principal: IngestPrincipal,
     response: Response,
 ) -> RunOut:
-    """Create run ``run_id`` (a UUID the client chooses) or return the stored run unchanged."""
+    """Create run ``run_id`` (a UUID the client chooses) or return the stored run unchanged.
+
+    The answer's ``Curvecast-Ingest-Encodings`` header lists the column encodings
+    ``POST .../metrics`` reads besides JSON arrays (``base64``): the client hook sends its
+    columns so only to a service that says it reads them."""
     run, created = run_store.create_or_get_run(
         session, run_id=run_id, run_in=run_in, allowed_project=principal.project
     )
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    response.headers[INGEST_ENCODINGS_HEADER] = BASE64_COLUMNS
     return run
 
 

@@ -7,12 +7,14 @@ Python's ``json`` module emits (``NaN``, ``Infinity``).
 
 from __future__ import annotations
 
+import binascii
 import math
 import re
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -21,8 +23,10 @@ from pydantic import (
     StrictInt,
     StrictStr,
     StringConstraints,
+    TypeAdapter,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     WrapValidator,
     field_validator,
     model_validator,
@@ -30,6 +34,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from curvecast.contract import (
+    BASE64_COLUMNS,
     KEY_PATTERN,
     MAX_STEP,
     NON_FINITE_STRINGS,
@@ -80,7 +85,27 @@ def _is_metric_value(item: Any) -> bool:
     return isinstance(item, int | float) and not isinstance(item, bool)
 
 
+def _decode_base64(text: str, dtype: str) -> np.ndarray:
+    """A base64 column (:data:`~curvecast.contract.BASE64_COLUMNS`) as a numpy array of its
+    items (``<i8`` or ``<f8``), without a Python object per item."""
+    kind = "int64" if dtype == "<i8" else "float64"
+    try:
+        raw = binascii.a2b_base64(text, strict_mode=True)
+    except binascii.Error as exc:
+        raise PydanticCustomError(
+            "base64_column", f"must be an array or base64 text of little-endian {kind} ({exc})"
+        ) from None
+    if len(raw) % 8:
+        raise PydanticCustomError(
+            "base64_column",
+            f"base64 text decodes to {len(raw)} bytes, not a whole number of 8-byte {kind} items",
+        )
+    return np.frombuffer(raw, dtype=dtype)
+
+
 def _validate_values(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    if isinstance(value, str):  # base64 float64: every entry is a point, NaN included
+        return _decode_base64(value, "<f8")
     # Fast path: pydantic-core validates the whole list in Rust. Only when that fails do we
     # scan in Python, to give one clear message with the index instead of one error per
     # union member.
@@ -90,9 +115,66 @@ def _validate_values(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         raise _explain_bad_item(value, _is_metric_value) from None
 
 
-MetricValues = Annotated[
-    list[StrictFloat | None | NonFiniteString], WrapValidator(_validate_values)
-]
+def _validate_steps(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    if not isinstance(value, str):
+        return handler(value)
+    steps = _decode_base64(value, "<i8")
+    bad = np.flatnonzero((steps < 0) | (steps > MAX_STEP))
+    if bad.size:
+        index = int(bad[0])
+        raise PydanticCustomError(
+            "step_range", f"item {index} must be between 0 and 2**62, got {int(steps[index])}"
+        )
+    return steps
+
+
+def _validate_wall_times(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    if not isinstance(value, str):
+        return handler(value)
+    walls = _decode_base64(value, "<f8")  # NaN: this row has no wall time
+    bad = np.flatnonzero(np.isinf(walls))
+    if bad.size:
+        index = int(bad[0])
+        raise PydanticCustomError(
+            "finite_number",
+            f"item {index} must be a finite number or NaN, got {float(walls[index])}",
+        )
+    return walls
+
+
+def _or_base64(items: Any, what: str) -> WithJsonSchema:
+    """The JSON schema of a column: its array form, or base64 text of its bytes."""
+    return WithJsonSchema({
+        "anyOf": [
+            TypeAdapter(items).json_schema(),
+            {"type": "string", "contentEncoding": BASE64_COLUMNS,
+             "description": f"base64 of little-endian {what}"},
+        ]
+    })
+
+
+# A column validates into a list (from a JSON array) or, from base64 text, a numpy array of
+# its items (no Python object per item); the store takes either. Pydantic is given the array
+# form only (a union would report every bad array item twice, once per member): the wrap
+# validators return the numpy array themselves, which is what the type checker is told.
+if TYPE_CHECKING:
+    MetricValues: TypeAlias = list[float | str | None] | np.ndarray
+    StepColumn: TypeAlias = list[int] | np.ndarray
+    WallTimeColumn: TypeAlias = list[float | None] | np.ndarray
+else:
+    MetricValues = Annotated[
+        list[StrictFloat | None | NonFiniteString],
+        WrapValidator(_validate_values),
+        _or_base64(list[StrictFloat | None | NonFiniteString], "float64 (every entry a point)"),
+    ]
+    StepColumn = Annotated[
+        list[Step], WrapValidator(_validate_steps), _or_base64(list[Step], "int64")
+    ]
+    WallTimeColumn = Annotated[
+        list[WallTime | None],
+        WrapValidator(_validate_wall_times),
+        _or_base64(list[WallTime | None], "float64 (NaN: no wall time)"),
+    ]
 
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -222,12 +304,17 @@ class RunPage(BaseModel):
 
 class MetricBatch(BaseModel):
     """A columnar batch: one ``steps`` array, and per metric key a ``values`` array of the same
-    length (``null`` where the key was not measured at that step)."""
+    length (``null`` where the key was not measured at that step).
+
+    Any of these columns may instead be base64 text of its little-endian bytes (int64 steps,
+    float64 wall times and values; see :data:`curvecast.contract.BASE64_COLUMNS`), as the
+    client hook sends them; validation decodes those to numpy arrays (int64 steps, float64
+    wall times with NaN for none, float64 values)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    steps: list[Step]
-    wall_time: list[WallTime | None] | None = Field(
+    steps: StepColumn
+    wall_time: WallTimeColumn | None = Field(
         default=None, description="Seconds since the epoch, one per step (optional)."
     )
     values: dict[MetricKey, MetricValues]
@@ -238,6 +325,21 @@ class MetricBatch(BaseModel):
         if not values:
             raise ValueError("must contain at least one metric key")
         return values
+
+    def n_points(self) -> int:
+        """The points the batch holds: every entry of a base64 column, the non-null entries
+        of an array."""
+        return sum(
+            len(column) if isinstance(column, np.ndarray) else len(column) - column.count(None)
+            for column in self.values.values()
+        )
+
+    def max_step(self) -> int | None:
+        """The batch's largest step (None for a batch without rows)."""
+        steps = self.steps
+        if not len(steps):
+            return None
+        return int(steps.max()) if isinstance(steps, np.ndarray) else max(steps)
 
     @model_validator(mode="after")
     def _lengths_match(self) -> MetricBatch:

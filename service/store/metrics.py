@@ -235,7 +235,7 @@ def _ingest_postgres(
     now = utcnow()
     params: dict[str, Any] = {
         "run": run_id, "now": now, "keys": _joined_keys(keys), "project": allowed_project,
-        "max_step": max(batch.steps) if batch.steps else None,
+        "max_step": batch.max_step(),
     }  # fmt: skip
     with dbapi.cursor() as cur:
         cur.execute(_PG_TOUCH.format(visible="" if allowed_project is None else _PG_VISIBLE),
@@ -345,7 +345,7 @@ def _ingest_sqlite(
         processor = _stamp_processor(dialect)
         cur.execute(_SQLITE_TOUCH, {
             "run": run, "now": processor(now) if processor else now, "accepted": accepted,
-            "max_step": max(batch.steps) if batch.steps else None,
+            "max_step": batch.max_step(),
         })  # fmt: skip
     finally:
         cur.close()

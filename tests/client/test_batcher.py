@@ -2,16 +2,45 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+from array import array
 
 import torch
 
-from curvecast.client._batcher import Outbox, encode_records, split_batch
+from curvecast.client._batcher import (
+    Outbox,
+    count_points,
+    encode_records,
+    plain_body,
+    split_batch,
+)
 
 
 def decode(batches):
-    return [json.loads(b.body) for b in batches]
+    """The bodies as plain JSON arrays (what an older service is sent)."""
+    return [json.loads(plain_body(b.body)) for b in batches]
+
+
+def test_dense_columns_travel_as_base64_of_their_bytes() -> None:
+    """Steps as int64, wall times and every column without a gap as float64, bit for bit
+    (NaN, infinities, -0.0 and 17-digit values included); a column with gaps stays an array."""
+    values = [0.1, -0.0, math.nan, math.inf, -math.inf, 1 / 3, 5e-324]
+    records = [(s, 1.7e9 + s / 7, {"v": v}, None) for s, v in enumerate(values)]
+    records.append((3, 0.0, {"sparse": 2.5}, None))
+    [batch], _ = encode_records(records)
+    data = json.loads(batch.body)
+    assert data["steps"] == base64.b64encode(array("q", range(7)).tobytes()).decode()
+    assert data["wall_time"] == base64.b64encode(
+        array("d", [1.7e9 + s / 7 for s in range(7)]).tobytes()).decode()
+    assert base64.b64decode(data["values"]["v"]) == array("d", values).tobytes()
+    assert data["values"]["sparse"] == [None, None, None, 2.5, None, None, None]
+    assert batch.points == 8 == count_points(data)
+    plain = json.loads(plain_body(batch.body))
+    assert plain["steps"] == list(range(7)) and plain["values"]["sparse"][3] == 2.5
+    assert [math.copysign(1, v) for v in plain["values"]["v"][:2]] == [1, -1]
+    assert plain_body(plain_body(batch.body)) == plain_body(batch.body)  # plain stays plain
 
 
 def test_rows_merge_by_step_and_first_value_wins() -> None:
@@ -50,7 +79,7 @@ def test_max_points_and_max_keys_split_batches() -> None:
 def test_split_batch_halves_rows() -> None:
     [batch], _ = encode_records([(s, 0.0, {"a": float(s)}, None) for s in range(5)])
     parts = split_batch(batch)
-    assert [json.loads(p.body)["steps"] for p in parts] == [[0, 1], [2, 3, 4]]
+    assert [json.loads(plain_body(p.body))["steps"] for p in parts] == [[0, 1], [2, 3, 4]]
     assert sum(p.points for p in parts) == 5
 
 

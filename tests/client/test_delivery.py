@@ -3,6 +3,7 @@ restarted, stalled or asking to retry later."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -18,6 +20,7 @@ import torch
 
 from curvecast.client import Monitor
 from curvecast.client._api import Backoff
+from curvecast.client._transport import Response
 from curvecast.service.config import Settings
 from curvecast.service.testing import free_port, start_server_process, thread_server
 from tests import REPO
@@ -217,6 +220,48 @@ def test_retry_after_is_honoured_by_the_real_client(spool_dir: Path) -> None:
         assert (gaps >= 0.95).all(), gaps
         assert not mon.finish(timeout=0.2)
     assert (mon.spool_path / "run.json").exists()
+
+
+class _BodyRecorder(RecordingTransport):
+    """The real transport, keeping each POST body; ``older`` hides the run answer's
+    base64-columns header, as a service from before that encoding would answer."""
+
+    def __init__(self, url: str, *, older: bool) -> None:
+        super().__init__(url)
+        self.older = older
+        self.bodies: list[dict[str, Any]] = []
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Response:
+        resp = super().request(method, path, **kwargs)
+        if method == "POST":
+            self.bodies.append(json.loads(kwargs["body"]))
+        if self.older and method == "PUT":
+            headers = {k: v for k, v in resp.headers.items() if k != "curvecast-ingest-encodings"}
+            return Response(resp.status, headers, resp.body)
+        return resp
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["base64-columns", "older-service"])
+def test_columns_travel_as_base64_only_to_a_service_that_reads_them(
+    sqlite_server: str, spool_dir: Path, older: bool
+) -> None:
+    transport = _BodyRecorder(sqlite_server, older=older)
+    mon = Monitor(url=sqlite_server, project="client-e2e", transport=transport,
+                  spool_dir=spool_dir)
+    for step in range(1, 101):
+        mon.log(step, loss=1 / step, tokens=64 * step, t=torch.tensor(step / 3))
+        if step % 10 == 0:
+            mon.log(step, {"eval/loss": 2 / step})
+    assert mon.finish(timeout=30)
+    kinds = {type(body["steps"]) for body in transport.bodies}
+    assert kinds == ({list} if older else {str})
+    dense = {type(body["values"]["loss"]) for body in transport.bodies}
+    assert dense == ({list} if older else {str})
+    stored = series(sqlite_server, mon.run_id)
+    assert stored["loss"]["values"] == [1 / s for s in range(1, 101)]
+    assert stored["t"]["values"] == [float(torch.tensor(s / 3)) for s in range(1, 101)]
+    assert stored["eval/loss"]["steps"] == list(range(10, 101, 10))
+    assert mon.stats()["points_sent"] == 310
 
 
 def test_memory_is_bounded_under_a_stalled_server(sqlite_url: str, spool_dir: Path) -> None:

@@ -12,7 +12,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from curvecast.client._batcher import encode_records
+from curvecast.client._batcher import encode_records, plain_body
 from curvecast.client._spool import Spool, is_locked
 from curvecast.client.sync import sync_run
 from curvecast.service.config import Settings
@@ -68,7 +68,7 @@ def test_a_segment_another_writer_holds_is_not_claimed(tmp_path: Path) -> None:
     assert reader is not None
     lines = []
     while (item := reader.next()) is not None:
-        lines.append(json.loads(item[0])["steps"])
+        lines.append(json.loads(plain_body(item[0]))["steps"])
     reader.close()
     assert lines == [[1], [2]]
 

@@ -7,7 +7,7 @@ import logging
 import uuid
 from pathlib import Path
 
-from curvecast.client._batcher import encode_records
+from curvecast.client._batcher import encode_records, plain_body
 from curvecast.client._sender import Counters, spool_batch
 from curvecast.client._spool import (
     META,
@@ -35,7 +35,7 @@ def test_segments_rotate_and_replay_in_order(tmp_path: Path) -> None:
     for segment in segments:
         reader = SegmentReader(segment, lambda *a: None)
         while (item := reader.next()) is not None:
-            steps.append(json.loads(item[0])["steps"][0])
+            steps.append(json.loads(plain_body(item[0]))["steps"][0])
             assert item[1] == 1
         reader.close()
     assert steps == list(range(10))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import threading
 import warnings
 from fractions import Fraction
@@ -98,6 +99,41 @@ def test_step_going_backwards_warns_once_per_key(mon: Monitor) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mon.log(11, loss=1.0, lr=0.1)  # forward again: fine
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_backwards_warnings_match_a_per_name_reference(spool_dir: Path, seed: int) -> None:
+    """``log()`` checks names only when they differ from the last call's, or the step goes
+    back: over random calls mixing shapes and steps, it warns exactly when a per-name record
+    of the last step would (once per name)."""
+    rng = random.Random(seed)
+    shapes = [("loss", "lr"), ("loss",), ("eval/loss", "loss"), ("lr", "loss"), ("acc",)]
+    monitor = Monitor(project="p", transport=FakeTransport(), spool_dir=spool_dir,
+                      flush_interval=60)
+    last: dict[str, int] = {}
+    expected: list[str] = []
+    step = 0
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(300):
+            step = max(0, step + rng.choice([1, 1, 1, 0, -3]))
+            names = rng.choice(shapes) if rng.random() < 0.3 else shapes[0]
+            for name in names:
+                if step < last.get(name, -1) and name not in expected:
+                    expected.append(name)
+                last[name] = step
+            monitor.log(step, dict.fromkeys(names, 1.0))
+    warned = [str(w.message).split("'")[1] for w in record if w.category is RuntimeWarning]
+    assert warned == expected
+    monitor.finish(timeout=5)
+
+
+def test_a_new_name_is_checked_after_many_calls_with_the_same_names(mon: Monitor) -> None:
+    for step in range(100):
+        mon.log(step, loss=1.0, lr=0.1)
+    with pytest.raises(ValueError, match="invalid metric name 'bad name'"):
+        mon.log(100, {"loss": 1.0, "bad name": 2.0})
+    mon.log(101, loss=1.0, lr=0.1)
 
 
 def test_log_after_finish_raises(spool_dir: Path) -> None:

@@ -93,3 +93,24 @@ def test_the_hook_stops_at_finish(spool_dir: Path) -> None:
     assert logged == len(OPTIMIZER_STATS) - 1 + len(NORM_STATS)
     opt.step(loss=1.0)
     assert mon.stats()["points_logged"] == logged and mon.stats()["buffered"] == 0
+
+
+def test_a_step_reads_the_clock_once(spool_dir: Path) -> None:
+    """``log()`` at the step the hook just recorded takes the hook's wall time (a step's points
+    share one); at a step the hook did not record, it reads the clock itself."""
+    from curvecast import sfplus
+
+    ticks = iter(range(1000, 2000))
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = sfplus.ScheduleFreePlus([param], warmup_steps=1)
+    transport = FakeTransport()
+    mon = Monitor(project="p", transport=transport, spool_dir=spool_dir, norms_every=0,
+                  wall_clock=lambda: float(next(ticks)))
+    mon.watch(opt)
+    param.grad = torch.full((3,), 0.5)
+    opt.step(loss=1.0)  # step 1: the hook reads the clock (1000)
+    mon.log(1, loss=1.0)  # the same step: no reading
+    mon.log(2, loss=0.5)  # a step the hook has not recorded: its own reading (1001)
+    assert mon.finish(timeout=10)
+    [body] = [json.loads(b) for m, _, b in transport.requests if m == "POST" and b]
+    assert body["steps"] == [1, 2] and body["wall_time"] == [1000.0, 1001.0]

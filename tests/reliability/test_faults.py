@@ -26,6 +26,7 @@ import pytest
 
 from curvecast.client import Monitor
 from curvecast.client._api import Backoff
+from curvecast.client._batcher import plain_body
 from curvecast.service.migrate import upgrade
 from curvecast.service.testing import free_port, start_server_process
 from curvecast.service.testing.pgcluster import PrivateCluster
@@ -279,7 +280,7 @@ def _spooled_points(run_dir: Path) -> tuple[dict[str, dict[int, float]], int]:
     for segment in sorted(run_dir.glob("*.jsonl")):
         for line in segment.read_bytes().splitlines():
             try:
-                batch = json.loads(line)
+                batch = json.loads(plain_body(line))
             except ValueError:
                 torn += 1
                 continue

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import math
 import uuid
+from array import array
 
 import httpx
 import pandas as pd
@@ -28,6 +30,11 @@ def post_raw(run_url: str, raw: str | bytes) -> httpx.Response:
     return httpx.post(
         f"{run_url}/metrics", content=raw, headers={"content-type": "application/json"}, timeout=30
     )
+
+
+def b64(typecode: str, items: list[float] | range) -> str:
+    """A column as base64 of its little-endian bytes (``q``: int64, ``d``: float64)."""
+    return base64.b64encode(array(typecode, items).tobytes()).decode()
 
 
 def series(run_url: str, **params: object) -> dict[str, dict]:
@@ -106,6 +113,17 @@ def test_wall_time_round_trip(run_url: str) -> None:
         ({"steps": ["Infinity"], "values": {"a": [1]}}, 422, "steps[0]"),
         ({"steps": [1, 2], "values": {"a": [1, None], "b": [None, "nan"]}}, 422,
          "values.b: item 1"),
+        # Base64 columns: checked as strictly as arrays, and named the same way.
+        ({"steps": b64("q", [1, -2]), "values": {"a": [1, 2]}}, 422,
+         "steps: item 1 must be between 0 and 2**62, got -2"),
+        ({"steps": "AQ", "values": {"a": [1]}}, 422, "steps: must be an array or base64"),
+        ({"steps": [1, 2], "values": {"a": b64("d", [1.0])}}, 422,
+         "values.a has 1 items but steps has 2"),
+        ({"steps": [1], "values": {"a": "AAAA"}}, 422,
+         "values.a: base64 text decodes to 3 bytes, not a whole number of 8-byte float64"),
+        ({"steps": [1], "values": {"a": "!!!!"}}, 422, "values.a: must be an array or base64"),
+        ({"steps": [1, 2], "wall_time": b64("d", [1.0, math.inf]), "values": {"a": [1, 2]}},
+         422, "wall_time: item 1 must be a finite number or NaN, got inf"),
     ],
 )
 def test_bad_input_names_the_field_and_stores_nothing(
@@ -118,6 +136,30 @@ def test_bad_input_names_the_field_and_stores_nothing(
     assert needle in resp.json()["message"], resp.json()["message"]
     got = series(run_url)
     assert list(got) == ["loss"] and got["loss"]["values"] == [5.0]
+
+
+def test_base64_columns_store_what_the_arrays_would(run_url: str) -> None:
+    """The client hook's encoding: every float64 arrives (NaN, infinities, a subnormal, 17
+    digits), a NaN wall time is "none", and a base64 column mixes with an array
+    column that has gaps."""
+    values = [0.1, -0.0, math.nan, math.inf, -math.inf, 1 / 3, 5e-324]
+    walls = [1.7e9 + s / 7 for s in range(7)]
+    walls[4] = math.nan
+    body = {"steps": b64("q", range(7)), "wall_time": b64("d", walls),
+            "values": {"v": b64("d", values), "sparse": [None, 2.5, None, None, None, None, 1]}}
+    assert post(run_url, body).json() == {"accepted": 9, "duplicates": 0}
+    assert post(run_url, body).json() == {"accepted": 0, "duplicates": 9}  # idempotent too
+    got = series(run_url)
+    assert got["v"]["steps"] == list(range(7)) and got["sparse"]["steps"] == [1, 6]
+    stored = got["v"]["values"]
+    assert stored[:2] == [0.1, 0.0]  # (-0.0: SQLite stores a zero, as for an array's -0.0)
+    assert stored[2:5] == ["NaN", "Infinity", "-Infinity"] and stored[5:] == values[5:]
+    assert got["v"]["wall_time"] == [*walls[:4], None, *walls[5:]]
+
+
+def test_run_creation_says_base64_columns_are_read(server: str, project: str) -> None:
+    resp = httpx.put(f"{server}/api/v1/runs/{uuid.uuid4()}", json={"project": project})
+    assert resp.headers["curvecast-ingest-encodings"] == "base64"
 
 
 def test_malformed_json_is_400(run_url: str) -> None:
