@@ -90,20 +90,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"curvecast: {exc.message}", file=sys.stderr)
         return 2
     host = f"[{args.host}]" if ":" in args.host else args.host
+    worker = None
+    if args.workers > 1 and settings.worker_enabled:
+        # One background worker for all serve processes, in a process of its own
+        # (service/worker/process.py says why); the serve processes read this variable.
+        from curvecast.service.worker.process import WorkerProcess
+
+        worker = WorkerProcess(os.environ)
+        os.environ["CURVECAST_WORKER_ENABLED"] = "false"
+    layout = ("" if args.workers == 1 else f"{args.workers} processes, "
+              + ("background worker in its own process, " if worker else "no worker, "))
     print(
         f"curvecast {'(auth on) ' if settings.auth_enabled else ''}serving at "
-        f"http://{host}:{args.port}  (database: {_redact(settings.database_url)})",
+        f"http://{host}:{args.port}  ({layout}database: {_redact(settings.database_url)})",
         flush=True,
     )
-    uvicorn.run(
-        "curvecast.service.app:create_app",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_level=args.log_level,
-        access_log=args.access_log,
-    )
+    if worker is not None:
+        worker.start()
+    try:
+        uvicorn.run(
+            "curvecast.service.app:create_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=args.log_level,
+            access_log=args.access_log,
+        )
+    finally:
+        if worker is not None:
+            worker.stop()
     return 0
 
 
@@ -138,7 +154,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
           "SIGTERM or Ctrl-C stops it", flush=True)
     try:
         while not stop.wait(1.0):
-            pass
+            if args.parent_pid and os.getppid() != args.parent_pid:
+                print("curvecast worker: the serve process that started it is gone; stopping",
+                      flush=True)
+                break
     finally:
         # Each task finishes its round; a lease it held runs out on its own if this is cut short.
         worker.stop()
@@ -244,7 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the API server")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="serve processes; with more than one, the background worker runs "
+                       "once, in a process of its own")
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False)
     _add_db_option(serve)
@@ -254,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
         "worker", help="run the background worker alone (refits, alerts, webhooks, liveness, "
         "retention); for serve processes started with CURVECAST_WORKER_ENABLED=false")
     _add_db_option(work)
+    # Set by `serve --workers N` for the worker process it starts: stop once that parent is gone.
+    work.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     work.set_defaults(func=cmd_worker)
 
     mig = sub.add_parser("migrate", help="upgrade the database schema")

@@ -3,6 +3,7 @@ started with ``CURVECAST_WORKER_ENABLED=false`` (docs/deployment.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import psutil
 
 from curvecast.service.migrate import upgrade
 from curvecast.service.testing import start_server_process, wait_for
@@ -56,3 +58,43 @@ def test_a_separate_worker_fits_what_a_worker_less_server_stores(
             worker.kill()
             worker.wait()
         server.stop()
+
+
+def _worker_children(server_pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(server_pid).children(recursive=True)
+            if "--parent-pid" in p.cmdline()]
+
+
+def test_serve_with_several_processes_runs_one_worker_process(
+    fresh_pg_url: str, tmp_path: Path
+) -> None:
+    """``serve --workers 2``: its two serve processes only serve; one worker process, started,
+    watched and stopped by the serving parent, makes the fits. Killed outright, the parent
+    leaves no worker behind."""
+    upgrade(fresh_pg_url)
+    server = start_server_process(fresh_pg_url, tmp_path, extra_args=["--workers", "2"])
+    tree: list[psutil.Process] = []
+    try:
+        [worker] = wait_for(lambda: _worker_children(server.proc.pid), 60, "the worker process")
+        assert worker.cmdline()[-1] == str(server.proc.pid)
+        run_id = uuid.uuid4()
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            client.put(f"/api/v1/runs/{run_id}", json={"project": "p"}).raise_for_status()
+            steps = list(range(1, 2001))
+            loss = [4.0 / math.sqrt(s + 50) + 1.5 for s in steps]
+            client.post(f"/api/v1/runs/{run_id}/metrics",
+                        json={"steps": steps, "values": {"loss": loss}}).raise_for_status()
+            answer = wait_for(
+                lambda: (b := client.get(f"/api/v1/runs/{run_id}/forecast").json())["status"]
+                != "pending" and b, 60, "a fit", every=0.2)
+            assert answer["key"] == "loss"
+        assert _worker_children(server.proc.pid) == [worker]  # still the one
+        assert "background worker in its own process" in server.log()
+        tree = psutil.Process(server.proc.pid).children(recursive=True)
+        server.kill()  # SIGKILL: no chance to stop its children
+        worker.wait(timeout=30)  # the worker notices its parent is gone
+    finally:
+        server.stop()
+        for proc in tree:  # what a SIGKILLed parent leaves: uvicorn's serve processes
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
