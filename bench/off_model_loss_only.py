@@ -1,0 +1,122 @@
+"""``off_model`` from the loss alone: the shipped detector beside candidates, on the public curves.
+
+#14 asks for ``off_model`` on at least 90% of decaying runs by half of their decay, and on at most
+5% of anytime curves, from the loss. The shipped detector (``fit_curve``'s: the recent 30% of
+the fitted range against a fit on the data before it) flags about 40% of the cosine/WSD curves by
+then. This bench scores, in one run and on the same windows, that detector and a candidate that
+needs no fit at all:
+
+* **concavity of the recent third**: ``a / sqrt(t + b) + c`` with ``a > 0`` is convex for every
+  ``b``, so a loss curve whose recent third bends down (a quadratic's curvature significantly
+  below 0, ``z`` = curvature over its standard error, the error widened for autocorrelated
+  residuals by the lag-1 correlation) has left the model, whatever the fit says. An LR decay
+  speeds the loss's fall up; the question is whether it does so early enough.
+* **either**: the shipped detector or concavity below -3 (does the candidate add what the
+  shipped one misses?).
+
+Windows: anytime curves (constant LR, schedule-free; diverged runs left out) fitted on
+``[5%, k]`` of the run for k = 20/30/50/100%; decaying curves on ``[5% of the run, 50% of the
+decay phase]`` (``bench.forecast_backtest.decay_window``).
+
+Usage: ``python -m bench.off_model_loss_only [--no-write]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from bench._report import markdown_table, write_section
+from bench.forecast_backtest import decay_window, diverged
+from bench.forecast_calibrate import load_corpus, prefix
+from curvecast.service.forecast.solver import fit_curve
+
+#: Anytime cuts (fractions of the run) at which false alarms are counted.
+ANYTIME_CUTS = (0.2, 0.3, 0.5, 1.0)
+#: Concavity thresholds tried (z below it flags).
+THRESHOLDS = (-2.0, -3.0)
+
+
+def concavity_z(t: np.ndarray, y: np.ndarray, frac: float = 1 / 3) -> float | None:
+    """Curvature of a quadratic fitted to the recent ``frac`` of the step range, in standard
+    errors (negative: the curve bends down, which ``a / sqrt(t + b) + c`` never does)."""
+    recent = t >= t[-1] - frac * (t[-1] - t[0])
+    if int(recent.sum()) < 8:
+        return None
+    s = (t[recent] - t[recent][0]) / (t[recent][-1] - t[recent][0])
+    v = y[recent]
+    x = np.vstack([np.ones_like(s), s, s * s]).T
+    coef, *_ = np.linalg.lstsq(x, v, rcond=None)
+    resid = v - x @ coef
+    r1 = float(np.corrcoef(resid[:-1], resid[1:])[0, 1]) if resid.size > 3 else 0.0
+    r1 = max(0.0, r1) if math.isfinite(r1) else 0.0
+    n = resid.size
+    n_eff = max(3.0, n * (1 - r1) / (1 + r1))
+    sigma2 = float(resid @ resid) / (n - 3)
+    var = float(np.linalg.inv(x.T @ x)[2, 2]) * sigma2 * n / n_eff
+    return float(coef[2]) / math.sqrt(var) if var > 0 else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-write", action="store_true", help="print, don't touch BENCHMARKS.md")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    curves = [c for c in load_corpus() if not c.name.startswith("train_quality/")]
+    # (group, detector) -> flags; group "anytime k" or the decaying family at 50% of its decay
+    flags: dict[tuple[str, str], list[bool]] = defaultdict(list)
+
+    def score(group: str, t: np.ndarray, y: np.ndarray) -> None:
+        z = concavity_z(t, y)
+        shipped = bool(fit_curve(t, y).off_model)
+        flags[group, "shipped"].append(shipped)
+        for thr in THRESHOLDS:
+            flags[group, f"concave {thr:g}"].append(z is not None and z < thr)
+        flags[group, "either"].append(shipped or (z is not None and z < -3.0))
+
+    for c in curves:
+        if c.anytime:
+            if diverged(c):
+                continue
+            for k in ANYTIME_CUTS:
+                t, y = prefix(c, k)
+                if t.size >= 20:
+                    score(f"anytime {k:.0%}", t, y)
+            continue
+        window = decay_window(c)
+        if window is None:
+            continue
+        cut = window[0] + 0.5 * (window[1] - window[0])
+        keep = (c.steps >= 0.05 * float(c.steps[-1])) & (c.steps <= cut)
+        if int(keep.sum()) >= 20:
+            family = f"{c.source} {c.schedule.split('(')[0].replace('decay:', '')}"
+            score(family, c.steps[keep], c.losses[keep])
+            score("all decaying", c.steps[keep], c.losses[keep])
+    detectors = ["shipped", *(f"concave {thr:g}" for thr in THRESHOLDS), "either"]
+    groups = sorted({g for g, _ in flags}, key=lambda g: (not g.startswith("anytime"),
+                                                          g != "all decaying", g))
+    rows = [[g, len(flags[g, "shipped"]),
+             *(f"{np.mean(flags[g, d]):.0%}" for d in detectors)] for g in groups]
+    table = markdown_table(["windows (n)", "n", "shipped detector",
+                            *(f"concavity z < {thr:g}" for thr in THRESHOLDS),
+                            "shipped or concavity z < -3"], rows)
+    body = f"""{__doc__.split(chr(10) + chr(10), 1)[1].split("Usage:")[0].strip()}
+
+Share of windows flagged (anytime rows: false alarms, goal ≤ 5%; decaying rows at 50% of the
+decay: goal ≥ 90%):
+
+{table}
+
+Wall time {time.perf_counter() - started:.0f} s."""
+    print(body)
+    if not args.no_write:
+        write_section("off_model_loss_only", "off_model from the loss alone: candidates "
+                      "(`bench/off_model_loss_only.py`)", body)
+
+
+if __name__ == "__main__":
+    main()
