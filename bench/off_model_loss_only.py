@@ -13,6 +13,10 @@ needs no fit at all:
   speeds the loss's fall up; the question is whether it does so early enough.
 * **either**: the shipped detector or concavity below -3 (does the candidate add what the
   shipped one misses?).
+* **shrinking noise**: the iterates' noise scales with the learning rate, so a decay should
+  quieten the loss: the robust scale (MAD) of the loss's second differences in the recent third
+  over that of the part before, flagged below the 5th percentile of the anytime windows' ratios
+  (a threshold chosen on the very windows it is scored on: an upper bound on the candidate).
 
 Windows: anytime curves (constant LR, schedule-free; diverged runs left out) fitted on
 ``[5%, k]`` of the run for k = 20/30/50/100%; decaying curves on ``[5% of the run, 50% of the
@@ -61,6 +65,24 @@ def concavity_z(t: np.ndarray, y: np.ndarray, frac: float = 1 / 3) -> float | No
     return float(coef[2]) / math.sqrt(var) if var > 0 else None
 
 
+def noise_ratio(t: np.ndarray, y: np.ndarray) -> float | None:
+    """Robust scale of the second differences in the recent third over the part before (a
+    decaying learning rate should make it fall below 1)."""
+    d = y[2:] - 2 * y[1:-1] + y[:-2]
+    if d.size < 30:
+        return None
+    tt = t[1:-1]
+    recent = tt >= tt[0] + 2 / 3 * (tt[-1] - tt[0])
+    before, after = d[~recent], d[recent]
+    if before.size < 10 or after.size < 10:
+        return None
+
+    def mad(v: np.ndarray) -> float:
+        return float(np.median(np.abs(v - np.median(v))))
+
+    return mad(after) / mad(before) if mad(before) > 0 else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-write", action="store_true", help="print, don't touch BENCHMARKS.md")
@@ -69,6 +91,7 @@ def main() -> None:
     curves = [c for c in load_corpus() if not c.name.startswith("train_quality/")]
     # (group, detector) -> flags; group "anytime k" or the decaying family at 50% of its decay
     flags: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    ratios: dict[str, list[float | None]] = defaultdict(list)  # group -> noise ratio per window
 
     def score(group: str, t: np.ndarray, y: np.ndarray) -> None:
         z = concavity_z(t, y)
@@ -77,6 +100,7 @@ def main() -> None:
         for thr in THRESHOLDS:
             flags[group, f"concave {thr:g}"].append(z is not None and z < thr)
         flags[group, "either"].append(shipped or (z is not None and z < -3.0))
+        ratios[group].append(noise_ratio(t, y))
 
     for c in curves:
         if c.anytime:
@@ -96,14 +120,20 @@ def main() -> None:
             family = f"{c.source} {c.schedule.split('(')[0].replace('decay:', '')}"
             score(family, c.steps[keep], c.losses[keep])
             score("all decaying", c.steps[keep], c.losses[keep])
-    detectors = ["shipped", *(f"concave {thr:g}" for thr in THRESHOLDS), "either"]
+    anytime_ratios = [r for g, rs in ratios.items() if g.startswith("anytime") for r in rs
+                      if r is not None]
+    quiet = float(np.percentile(anytime_ratios, 5))
+    for group, rs in ratios.items():
+        flags[group, "noise"] = [r is not None and r < quiet for r in rs]
+    detectors = ["shipped", *(f"concave {thr:g}" for thr in THRESHOLDS), "either", "noise"]
     groups = sorted({g for g, _ in flags}, key=lambda g: (not g.startswith("anytime"),
                                                           g != "all decaying", g))
     rows = [[g, len(flags[g, "shipped"]),
              *(f"{np.mean(flags[g, d]):.0%}" for d in detectors)] for g in groups]
     table = markdown_table(["windows (n)", "n", "shipped detector",
                             *(f"concavity z < {thr:g}" for thr in THRESHOLDS),
-                            "shipped or concavity z < -3"], rows)
+                            "shipped or concavity z < -3",
+                            f"noise ratio < {quiet:.2f}"], rows)
     body = f"""{__doc__.split(chr(10) + chr(10), 1)[1].split("Usage:")[0].strip()}
 
 Share of windows flagged (anytime rows: false alarms, goal ≤ 5%; decaying rows at 50% of the
