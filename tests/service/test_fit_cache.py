@@ -3,6 +3,7 @@ they must never answer with a fit other than the newest stored one, whatever the
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import delete, text
+from sqlalchemy import delete, event, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.contract import RunConfig
@@ -19,7 +20,7 @@ from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.migrate import upgrade
-from curvecast.service.models import Run
+from curvecast.service.models import FitRecord, Run
 from curvecast.service.schemas import RunCreate
 from curvecast.service.store import forecasts
 from curvecast.service.store import runs as run_store
@@ -149,3 +150,41 @@ def test_a_fits_commit_skips_the_wal_flush_and_only_that_transaction(
             assert s.execute(text("SHOW synchronous_commit")).scalar_one() == "on"
     finally:
         engine.dispose()
+
+
+def test_a_stored_fit_is_answered_without_reading_its_json_again(
+    factory: sessionmaker[Session], project: str
+) -> None:
+    """The worker that stores a fit keeps it parsed once its transaction commits: this
+    process's next reads (an alert round, a request, the next refit's warm start) do not read
+    its JSON back, and get exactly what parsing the stored row gives."""
+    run_id = _new_run(factory, project)
+    _store(factory, run_id, _fit(1.5))
+    engine = factory.kw["bind"]
+    seen: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        stored = _latest(factory, run_id)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert seen and not any(re.search(r"\bfits\.fit\b", s) for s in seen), seen
+    with session_scope(factory) as s:
+        row = s.scalar(select(FitRecord.fit).where(FitRecord.id == stored.id))
+    assert stored.fit == Fit.from_dict(row)
+
+
+def test_a_fit_whose_transaction_rolls_back_is_not_kept(
+    factory: sessionmaker[Session], project: str
+) -> None:
+    run_id = _new_run(factory, project)
+    with pytest.raises(RuntimeError), session_scope(factory) as s:
+        _save(s, run_id, _fit(7.0))
+        raise RuntimeError("the worker failed after saving")
+    cached = forecasts._parsed_fits._by_engine.get(factory.kw["bind"], {})
+    assert not [ident for ident in cached if ident[1] == run_id]
+    with session_scope(factory) as s:
+        assert forecasts.newest_default_fits(s, [run_id]) == {}
