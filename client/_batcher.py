@@ -89,6 +89,16 @@ Record = tuple[int, float, Mapping[str, Any], KeyMap | None]
 #: A batch's columns: metric name -> one value (or None) per row.
 Columns = dict[str, Sequence[Any]]
 
+_STEP = operator.itemgetter(0)
+_WALL = operator.itemgetter(1)
+_METRICS = operator.itemgetter(2)
+_KEYMAP = operator.itemgetter(3)
+_VALUES = operator.methodcaller("values")
+_DTYPE = operator.attrgetter("dtype")
+_NDIM = operator.attrgetter("ndim")
+_NOTHING_TO_CONVERT = frozenset({float, type(None)})
+
+
 def logged_points(records: Sequence[Record]) -> int:
     """The points ``records`` hold, as the caller logged them (counted when the batcher takes
     them, so that neither ``log()`` nor the optimizer hook pays for counting; C loops)."""
@@ -100,16 +110,6 @@ def logged_points(records: Sequence[Record]) -> int:
                                map(operator.is_, map(_KEYMAP, records), repeat(keymap))))
         points -= keymap.skipped(mapped)
     return points
-
-
-_STEP = operator.itemgetter(0)
-_WALL = operator.itemgetter(1)
-_METRICS = operator.itemgetter(2)
-_KEYMAP = operator.itemgetter(3)
-_VALUES = operator.methodcaller("values")
-_DTYPE = operator.attrgetter("dtype")
-_NDIM = operator.attrgetter("ndim")
-_NOTHING_TO_CONVERT = frozenset({float, type(None)})
 
 
 @dataclass(frozen=True, slots=True)

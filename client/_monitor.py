@@ -322,10 +322,11 @@ class Monitor:
             if room:
                 return
             self._pipe.stalled = True
-        dropped = logged_points([self._buffer.pop()])
+        with self._pipe.progress:  # the lock under which the batcher counts (stats() too)
+            dropped = logged_points([self._buffer.pop()])
+            self._counters.points_logged += dropped
+            self._counters.points_dropped += dropped
         self._dropped_calls += 1
-        self._counters.points_logged += dropped
-        self._counters.points_dropped += dropped
         if self._dropped_calls in (1, 10, 100) or self._dropped_calls % 1000 == 0:
             log.error(
                 "curvecast: POINTS ARE BEING LOST: the in-memory buffer is full (%d log() calls) "

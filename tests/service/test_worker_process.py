@@ -19,6 +19,29 @@ from curvecast.service.testing import start_server_process, wait_for
 from tests import REPO
 
 
+def _store_a_run(client: httpx.Client) -> uuid.UUID:
+    """A run with 2,000 steps of a clean ``a / sqrt(t + b) + c`` loss, stored through the API."""
+    run_id = uuid.uuid4()
+    client.put(f"/api/v1/runs/{run_id}", json={"project": "p"}).raise_for_status()
+    steps = list(range(1, 2001))
+    loss = [4.0 / math.sqrt(s + 50) + 1.5 for s in steps]
+    client.post(f"/api/v1/runs/{run_id}/metrics",
+                json={"steps": steps, "values": {"loss": loss}}).raise_for_status()
+    return run_id
+
+
+def _a_fit(client: httpx.Client, run_id: uuid.UUID, what: str) -> dict[str, object]:
+    """The run's forecast once a fit exists (waits up to a minute)."""
+
+    def fitted() -> dict[str, object] | None:
+        body: dict[str, object] = client.get(f"/api/v1/runs/{run_id}/forecast").json()
+        return body if body["status"] != "pending" else None
+
+    answer: dict[str, object] = wait_for(fitted, 60, what, every=0.2)
+    assert answer["key"] == "loss"
+    return answer
+
+
 def test_a_separate_worker_fits_what_a_worker_less_server_stores(
     fresh_pg_url: str, tmp_path: Path
 ) -> None:
@@ -27,27 +50,16 @@ def test_a_separate_worker_fits_what_a_worker_less_server_stores(
                                   env={"CURVECAST_WORKER_ENABLED": "false"})
     worker: subprocess.Popen[str] | None = None
     try:
-        run_id = uuid.uuid4()
         with httpx.Client(base_url=server.url, timeout=30) as client:
-            client.put(f"/api/v1/runs/{run_id}", json={"project": "p"}).raise_for_status()
-            steps = list(range(1, 2001))
-            loss = [4.0 / math.sqrt(s + 50) + 1.5 for s in steps]
-            client.post(f"/api/v1/runs/{run_id}/metrics",
-                        json={"steps": steps, "values": {"loss": loss}}).raise_for_status()
+            run_id = _store_a_run(client)
             worker = subprocess.Popen(
                 [sys.executable, "-m", "curvecast.service.cli", "worker",
                  "--database-url", fresh_pg_url],
                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )
-
-            def fitted() -> dict[str, object] | None:
-                body: dict[str, object] = client.get(f"/api/v1/runs/{run_id}/forecast").json()
-                return body if body["status"] != "pending" else None
-
             # The server fits nothing itself: a fit can only come from the worker process.
-            answer = wait_for(fitted, 60, "a fit made by the separate worker", every=0.2)
+            answer = _a_fit(client, run_id, "a fit made by the separate worker")
             assert answer["status"] in {"ok", "no_asymptote", "too_early"}, answer
-            assert answer["key"] == "loss"
         worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=30)
         assert worker.returncode == 0, out
@@ -77,17 +89,8 @@ def test_serve_with_several_processes_runs_one_worker_process(
     try:
         [worker] = wait_for(lambda: _worker_children(server.proc.pid), 60, "the worker process")
         assert worker.cmdline()[-1] == str(server.proc.pid)
-        run_id = uuid.uuid4()
         with httpx.Client(base_url=server.url, timeout=30) as client:
-            client.put(f"/api/v1/runs/{run_id}", json={"project": "p"}).raise_for_status()
-            steps = list(range(1, 2001))
-            loss = [4.0 / math.sqrt(s + 50) + 1.5 for s in steps]
-            client.post(f"/api/v1/runs/{run_id}/metrics",
-                        json={"steps": steps, "values": {"loss": loss}}).raise_for_status()
-            answer = wait_for(
-                lambda: (b := client.get(f"/api/v1/runs/{run_id}/forecast").json())["status"]
-                != "pending" and b, 60, "a fit", every=0.2)
-            assert answer["key"] == "loss"
+            _a_fit(client, _store_a_run(client), "a fit made by the worker process")
         assert _worker_children(server.proc.pid) == [worker]  # still the one
         assert "background worker in its own process" in server.log()
         tree = psutil.Process(server.proc.pid).children(recursive=True)
