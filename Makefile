@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.gc_pauses
 	$(BIN)/python -m bench.partition
 	$(BIN)/python -m bench.worker_rounds
+	$(BIN)/python -m bench.read_series
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache artifacts *.egg-info

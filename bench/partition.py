@@ -121,8 +121,9 @@ class Layout:
         return f"series_id = %(sid)s AND step >= %(lo)s AND step <= %(hi)s{run}"
 
     def read_sql(self, with_run: bool) -> tuple[str, str, str]:
-        """``metrics._FIRST_STEP_SQL``, ``_LAST_STEP_SQL`` and ``_ALL_SQL`` on this table;
-        ``with_run`` adds ``run_id = :run`` (what lets ``hash(run_id)`` prune)."""
+        """A series' first step, last step and points in a range, one statement each (the
+        store's per-series reads when this bench was made) on this table; ``with_run`` adds
+        ``run_id = :run`` (what lets ``hash(run_id)`` prune)."""
         where = self._range(with_run)
         return (
             f"SELECT min(step) FROM {self.table} WHERE {where}",

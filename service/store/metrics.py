@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -43,7 +45,7 @@ from curvecast.contract import MAX_STEP
 from curvecast.service.errors import InvalidInput, ReadTooLarge, RunNotFound
 from curvecast.service.models import MetricPoint, Project, Run, Series
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
-from curvecast.service.store._common import utcnow, write_connection
+from curvecast.service.store._common import is_postgres, utcnow, write_connection
 from curvecast.service.store._pgcopy import (
     Float8Array,
     Int4Array,
@@ -384,11 +386,30 @@ def _floats(values: Sequence[Any]) -> list[float]:
 
 
 _RANGE = "series_id = :sid AND step >= :lo AND step <= :hi"
-# Two separate single-aggregate queries: both databases answer each with one index probe
-# (a combined min/max, or a count, would scan every point of the series).
-_FIRST_STEP_SQL = text(f"SELECT min(step) FROM metric_points WHERE {_RANGE}")
-_LAST_STEP_SQL = text(f"SELECT max(step) FROM metric_points WHERE {_RANGE}")
 _ALL_SQL = text(f"SELECT step, value, wall_time FROM metric_points WHERE {_RANGE} ORDER BY step")
+# A read of several series costs the same few statements whatever their number (a page asks for
+# a dozen keys every 2 s): the bounds of every series in one, the points of every series that
+# needs no downsampling in another. The series ids travel as one array (PostgreSQL) or one JSON
+# text (SQLite). Each bound is a correlated single-aggregate subquery: both databases answer it
+# with one index probe (a combined min/max, or a count, would scan every point of the series).
+_PG_IDS = "unnest(CAST(:sids AS BIGINT[])) AS ids(sid)"
+_SQLITE_IDS = "(SELECT value AS sid FROM json_each(:sids)) AS ids"
+_BOUNDS = (
+    "SELECT ids.sid,"
+    " (SELECT min(step) FROM metric_points WHERE series_id = ids.sid AND step >= :lo"
+    " AND step <= :hi),"
+    " (SELECT max(step) FROM metric_points WHERE series_id = ids.sid AND step >= :lo"
+    " AND step <= :hi)"
+    " FROM {ids}"
+)
+_ALL_MANY = (
+    "SELECT series_id, step, value, wall_time FROM metric_points"
+    " WHERE series_id IN (SELECT ids.sid FROM {ids}) AND step >= :lo AND step <= :hi"
+    " ORDER BY series_id, step"
+)
+_BOUNDS_SQL = {True: text(_BOUNDS.format(ids=_PG_IDS)),
+               False: text(_BOUNDS.format(ids=_SQLITE_IDS))}
+_ALL_MANY_SQL = {True: _ALL_MANY.format(ids=_PG_IDS), False: _ALL_MANY.format(ids=_SQLITE_IDS)}
 # Buckets of equal step width: bucket = (step - lo) * n_buckets // span, in integer arithmetic
 # (the caller checks it cannot overflow). Per bucket: the extremes (spikes stay visible), the
 # point count, and the last point, found through the primary key (one lookup per bucket).
@@ -401,6 +422,44 @@ _BUCKET_SQL = text(
     " JOIN metric_points mp ON mp.series_id = :sid AND mp.step = agg.last_step"
     " ORDER BY agg.last_step"
 )
+
+
+# PostgreSQL: the same buckets as five bytea columns of big-endian int8/float8 (a NULL value,
+# a stored NaN, as NaN), read with np.frombuffer: 2,000 buckets as Python row tuples cost the
+# service more than the query (bench.read_series).
+_PG_BUCKET_BINARY = (
+    "WITH agg AS ("
+    " SELECT (step - %(lo)s) * %(nb)s / %(span)s AS b, min(value) AS vmin, max(value) AS vmax,"
+    " max(step) AS last_step, count(*) AS n FROM metric_points"
+    " WHERE series_id = %(sid)s AND step >= %(lo)s AND step <= %(hi)s"
+    " GROUP BY (step - %(lo)s) * %(nb)s / %(span)s),"
+    " bucket AS (SELECT agg.last_step, mp.value, agg.vmin, agg.vmax, agg.n FROM agg"
+    " JOIN metric_points mp ON mp.series_id = %(sid)s AND mp.step = agg.last_step)"
+    " SELECT " + ", ".join(
+        f"string_agg({send}, ''::bytea ORDER BY last_step)" for send in (
+            "int8send(last_step)", "float8send(COALESCE(value, 'NaN'))",
+            "float8send(COALESCE(vmin, 'NaN'))", "float8send(COALESCE(vmax, 'NaN'))",
+            "int8send(n)"))
+    + " FROM bucket"
+)
+
+
+def _raw_buckets(session: Session, sid: int, lo: int, hi: int, n_buckets: int) -> Buckets:
+    """Buckets aggregated from the raw points of ``[lo, hi]`` (narrower than a rollup block)."""
+    params = {"sid": sid, "lo": lo, "hi": hi, "nb": n_buckets, "span": hi - lo + 1}
+    if is_postgres(session):
+        dbapi: Any = session.connection().connection.dbapi_connection
+        with dbapi.cursor(binary=True) as cur:
+            cur.execute(_PG_BUCKET_BINARY, params)
+            steps, last, vmin, vmax, count = (b or b"" for b in cur.fetchone())
+        return Buckets(
+            np.frombuffer(steps, ">i8").tolist(), np.frombuffer(last, ">f8").tolist(),
+            np.frombuffer(vmin, ">f8").tolist(), np.frombuffer(vmax, ">f8").tolist(),
+            np.frombuffer(count, ">i8").tolist(),
+        )
+    rows = session.execute(_BUCKET_SQL, params).all()
+    steps, last, vmin, vmax, count = zip(*rows, strict=True)
+    return Buckets(list(steps), _floats(last), _floats(vmin), _floats(vmax), list(count))
 
 
 def _empty(key: str) -> SeriesOut:
@@ -425,21 +484,18 @@ class _Budget:
             )
 
 
-def _read_all(
-    session: Session, sid: int, key: str, lo: int, hi: int, budget: _Budget | None = None
-) -> SeriesOut:
-    sql = _ALL_SQL
-    params: dict[str, Any] = {"sid": sid, "lo": lo, "hi": hi}
-    if budget is not None and budget.left is not None:
-        # Read one row past what is left: enough to know the read is too large, never more.
-        sql = text(f"{_ALL_SQL.text} LIMIT :cap")
-        params["cap"] = max(0, budget.left) + 1
-    rows = session.execute(sql, params).all()
-    if budget is not None:
-        budget.take(len(rows))
+def _read_all(session: Session, sid: int, key: str, lo: int, hi: int) -> SeriesOut:
+    """Every point of one series in ``[lo, hi]`` (a sparse series a bucketed read found
+    small enough after all)."""
+    rows = session.execute(_ALL_SQL, {"sid": sid, "lo": lo, "hi": hi}).all()
     if not rows:
         return _empty(key)
-    steps, values, walls = zip(*rows, strict=True)
+    return _raw_series(key, *zip(*rows, strict=True))
+
+
+def _raw_series(key: str, steps: Sequence[int], values: Sequence[Any], walls: Sequence[Any]
+                ) -> SeriesOut:
+    """A series read point by point (a NULL value is a stored NaN; wall times only if any)."""
     return SeriesOut(
         key=key,
         total_points=len(steps),
@@ -450,36 +506,57 @@ def _read_all(
     )
 
 
-def _read_one(
-    session: Session,
-    sid: int,
-    key: str,
-    start: int,
-    end: int,
-    max_points: int | None,
-    budget: _Budget | None = None,
+def _ids_param(session: Session, sids: Sequence[int]) -> Any:
+    """Series ids as one parameter: an array on PostgreSQL, JSON text on SQLite."""
+    return list(sids) if is_postgres(session) else json.dumps(list(sids))
+
+
+def _bounds(session: Session, sids: Sequence[int], lo: int, hi: int) -> dict[int, tuple[int, int]]:
+    """First and last step in ``[lo, hi]`` of each series that has a point there, in one
+    statement."""
+    if not sids:
+        return {}
+    rows = session.execute(_BOUNDS_SQL[is_postgres(session)],
+                           {"sids": _ids_param(session, sids), "lo": lo, "hi": hi})
+    return {int(sid): (int(first), int(last)) for sid, first, last in rows
+            if first is not None}
+
+
+def _read_all_many(
+    session: Session, keys: dict[int, str], lo: int, hi: int, budget: _Budget
+) -> dict[int, SeriesOut]:
+    """Every point in ``[lo, hi]`` of the series ``keys`` names (id -> key), in one statement;
+    the raw points of all of them count against ``budget`` together."""
+    if not keys:
+        return {}
+    sql = _ALL_MANY_SQL[is_postgres(session)]
+    params: dict[str, Any] = {"sids": _ids_param(session, list(keys)), "lo": lo, "hi": hi}
+    if budget.left is not None:
+        # Read one row past what is left: enough to know the read is too large, never more.
+        sql += " LIMIT :cap"
+        params["cap"] = max(0, budget.left) + 1
+    rows = session.execute(text(sql), params).all()
+    budget.take(len(rows))
+    out: dict[int, SeriesOut] = {}
+    for sid, group in groupby(rows, key=itemgetter(0)):  # rows come in series order
+        _, steps, values, walls = zip(*group, strict=True)
+        out[int(sid)] = _raw_series(keys[int(sid)], steps, values, walls)
+    return out
+
+
+def _read_downsampled(
+    session: Session, sid: int, key: str, lo: int, hi: int, max_points: int
 ) -> SeriesOut:
-    params = {"sid": sid, "lo": start, "hi": end}
-    lo = session.execute(_FIRST_STEP_SQL, params).scalar()
-    if lo is None:
-        return _empty(key)
-    hi = int(session.execute(_LAST_STEP_SQL, params).scalar_one())
-    lo = int(lo)
+    """A series whose points in ``[lo, hi]`` (its first and last step there) span more than
+    ``max_points`` steps, in at most that many buckets (all its points if they fit)."""
     span = hi - lo + 1
-    # Steps are distinct integers, so a span that fits needs no downsampling.
-    if max_points is None or span <= max_points:
-        return _read_all(session, sid, key, lo, hi, budget)
     level = choose_level(span, max_points)
     if level is not None:
         buckets = read_buckets(session, sid, lo, hi, max_points, level)
     else:
         # Buckets narrower than the finest rollup block (span < 16 * max_points): aggregate the
         # raw points, at most a few hundred thousand.
-        rows = session.execute(
-            _BUCKET_SQL, {"sid": sid, "lo": lo, "hi": hi, "nb": max_points, "span": span}
-        ).all()
-        steps, last, vmin, vmax, count = zip(*rows, strict=True)
-        buckets = Buckets(list(steps), _floats(last), _floats(vmin), _floats(vmax), list(count))
+        buckets = _raw_buckets(session, sid, lo, hi, max_points)
     if sum(buckets.count) <= max_points:  # sparse series: every point fits after all
         return _read_all(session, sid, key, lo, hi)
     return SeriesOut(
@@ -515,16 +592,26 @@ def read_series(
     stmt = select(Series.key, Series.id).where(Series.run_id == run_id).order_by(Series.key)
     if keys:
         stmt = stmt.where(Series.key.in_(keys))
-    found = dict(session.execute(stmt).all())
+    found = {str(k): int(i) for k, i in session.execute(stmt).all()}
     lo = 0 if start is None else start
     hi = MAX_STEP if end is None else end
-    budget = _Budget(max_raw_points)
-    series = [
-        _read_one(session, found[key], key, lo, hi, max_points, budget)
-        if key in found
-        else _empty(key)
-        for key in (keys or sorted(found))
-    ]
+    order = list(keys or sorted(found))
+    bounds = _bounds(session, list(dict.fromkeys(found[k] for k in order if k in found)), lo, hi)
+    # Steps are distinct integers, so a span that fits needs no downsampling.
+    raw = _read_all_many(session, {
+        sid: key for key, sid in found.items()
+        if sid in bounds and (max_points is None or bounds[sid][1] - bounds[sid][0] < max_points)
+    }, lo, hi, _Budget(max_raw_points))
+    series = []
+    for key in order:
+        sid = found.get(key)
+        if sid is None or sid not in bounds:
+            series.append(_empty(key))
+        elif sid in raw:
+            series.append(raw[sid])
+        else:
+            assert max_points is not None  # only a span beyond max_points is not read raw
+            series.append(_read_downsampled(session, sid, key, *bounds[sid], max_points))
     return MetricsOut(run_id=run_id, series=series)
 
 
