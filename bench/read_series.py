@@ -108,15 +108,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def _count(_c: object, _cur: object, statement: str, *_a: object) -> None:
             statements[0] += statement != "BEGIN"
 
-        # The binary bucket read goes through the driver's own cursor, which SQLAlchemy's
-        # events do not see: count it here.
-        raw_buckets = metric_store._raw_buckets
-
-        def counted_buckets(session: Session, *a: Any) -> Any:
-            statements[0] += metric_store.is_postgres(session)
-            return raw_buckets(session, *a)
-
-        metric_store._raw_buckets = counted_buckets  # type: ignore[assignment]
 
         cases = {"live poll (last 64 steps, raw)": STEPS - LAG,
                  "page opened (2,000 buckets each)": 0}
@@ -144,7 +135,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for name in readers:
                     results[case, name] = {"cpu_ms": statistics.median(cpu[name]) * 1e3,
                                            "statements": count[name]}
-        metric_store._raw_buckets = raw_buckets  # type: ignore[assignment]
         engine.dispose()
     return {"backend": backend, "results": results, "cases": list(cases),
             "readers": list(readers), "reads": args.reads}

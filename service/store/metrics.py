@@ -413,29 +413,23 @@ _ALL_MANY_SQL = {True: _ALL_MANY.format(ids=_PG_IDS), False: _ALL_MANY.format(id
 # Buckets of equal step width: bucket = (step - lo) * n_buckets // span, in integer arithmetic
 # (the caller checks it cannot overflow). Per bucket: the extremes (spikes stay visible), the
 # point count, and the last point, found through the primary key (one lookup per bucket).
-_BUCKET_SQL = text(
+_BUCKET_ROWS = (
     "WITH agg AS ("
     " SELECT (step - :lo) * :nb / :span AS b, min(value) AS vmin, max(value) AS vmax,"
     " max(step) AS last_step, count(*) AS n"
     f" FROM metric_points WHERE {_RANGE} GROUP BY (step - :lo) * :nb / :span)"
     " SELECT agg.last_step, mp.value, agg.vmin, agg.vmax, agg.n FROM agg"
     " JOIN metric_points mp ON mp.series_id = :sid AND mp.step = agg.last_step"
-    " ORDER BY agg.last_step"
 )
-
-
+_BUCKET_SQL = text(f"{_BUCKET_ROWS} ORDER BY agg.last_step")
 # PostgreSQL: the same buckets as five bytea columns of big-endian int8/float8 (a NULL value,
 # a stored NaN, as NaN), read with np.frombuffer: 2,000 buckets as Python row tuples cost the
-# service more than the query (bench.read_series).
-_PG_BUCKET_BINARY = (
-    "WITH agg AS ("
-    " SELECT (step - %(lo)s) * %(nb)s / %(span)s AS b, min(value) AS vmin, max(value) AS vmax,"
-    " max(step) AS last_step, count(*) AS n FROM metric_points"
-    " WHERE series_id = %(sid)s AND step >= %(lo)s AND step <= %(hi)s"
-    " GROUP BY (step - %(lo)s) * %(nb)s / %(span)s),"
-    " bucket AS (SELECT agg.last_step, mp.value, agg.vmin, agg.vmax, agg.n FROM agg"
-    " JOIN metric_points mp ON mp.series_id = %(sid)s AND mp.step = agg.last_step)"
-    " SELECT " + ", ".join(
+# service more than the query (bench.read_series). Through SQLAlchemy's text cursor, which
+# decodes the bytea in C; a binary cursor saved a little more but needed a second copy of the
+# SQL in the driver's placeholder style.
+_PG_BUCKET_BINARY = text(
+    f"WITH bucket AS ({_BUCKET_ROWS}) SELECT "
+    + ", ".join(
         f"string_agg({send}, ''::bytea ORDER BY last_step)" for send in (
             "int8send(last_step)", "float8send(COALESCE(value, 'NaN'))",
             "float8send(COALESCE(vmin, 'NaN'))", "float8send(COALESCE(vmax, 'NaN'))",
@@ -448,10 +442,8 @@ def _raw_buckets(session: Session, sid: int, lo: int, hi: int, n_buckets: int) -
     """Buckets aggregated from the raw points of ``[lo, hi]`` (narrower than a rollup block)."""
     params = {"sid": sid, "lo": lo, "hi": hi, "nb": n_buckets, "span": hi - lo + 1}
     if is_postgres(session):
-        dbapi: Any = session.connection().connection.dbapi_connection
-        with dbapi.cursor(binary=True) as cur:
-            cur.execute(_PG_BUCKET_BINARY, params)
-            steps, last, vmin, vmax, count = (b or b"" for b in cur.fetchone())
+        steps, last, vmin, vmax, count = (
+            b or b"" for b in session.execute(_PG_BUCKET_BINARY, params).one())
         return Buckets(
             np.frombuffer(steps, ">i8").tolist(), np.frombuffer(last, ">f8").tolist(),
             np.frombuffer(vmin, ">f8").tolist(), np.frombuffer(vmax, ">f8").tolist(),
