@@ -465,14 +465,15 @@ class _ParsedFits:
         parsed = [((r.id, r.run_id, as_utc(r.created_at)), Fit.from_dict(r.fit))
                   for r in records]
 
-        def keep(_session: Session) -> None:
-            with self._lock:
-                fits = self._by_engine.setdefault(engine, OrderedDict())
-                fits.update(parsed)
-                while len(fits) > self._size:
-                    fits.popitem(last=False)
+        event.listen(session, "after_commit", lambda _s: self._keep(engine, parsed), once=True)
 
-        event.listen(session, "after_commit", keep, once=True)
+    def _keep(self, engine: Any, parsed: list[tuple[Any, Fit]]) -> None:
+        """Add ``(key, fit)`` pairs to ``engine``'s fits, dropping the least recently used."""
+        with self._lock:
+            fits = self._by_engine.setdefault(engine, OrderedDict())
+            fits.update(parsed)
+            while len(fits) > self._size:
+                fits.popitem(last=False)
 
     def get_many(self, session: Session, idents: list[tuple[int, uuid.UUID, datetime]]
                  ) -> dict[int, Fit]:
@@ -493,11 +494,7 @@ class _ParsedFits:
         rows = session.execute(
             select(FitRecord.id, FitRecord.fit).where(FitRecord.id.in_(missing))).all()
         parsed = {fit_id: Fit.from_dict(data) for fit_id, data in rows}
-        with self._lock:
-            for fit_id, fit in parsed.items():
-                fits[missing[fit_id]] = fit
-            while len(fits) > self._size:
-                fits.popitem(last=False)
+        self._keep(engine, [(missing[fit_id], fit) for fit_id, fit in parsed.items()])
         return found | parsed
 
 
