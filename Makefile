@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.partition
 	$(BIN)/python -m bench.worker_rounds
 	$(BIN)/python -m bench.read_series
+	$(BIN)/python -m bench.request_cost
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache artifacts *.egg-info

@@ -8,7 +8,8 @@ leave the service CPU). A transport wrapper times every request. Meanwhile "view
 pages open as ``dashboards/static/run.js`` does (every figure when a page opens, then every 2 s
 the run, its new points, forecast and alerts, and the loss and evolution figures again when a
 new fit arrives; ``--page-reloads``: a whole page's figures every 2 s instead) and
-a "scheduler" asks forecasts (``/forecast`` and ``/forecast/target``) in a loop.
+two scripts each ask a forecast, a target and a downsampled series 5 times a second, on a
+fixed schedule.
 
 Afterwards every run's rows are counted in the database: each (run, key, step) must be stored
 exactly once. CPU is sampled with psutil for the service processes, PostgreSQL's processes (the
@@ -157,6 +158,9 @@ POLL_S = 2.0
 PAGE_S = 30.0
 #: Steps the page asks again behind its cursor (``run.js``'s LAG: late points of a step).
 LAG = 64
+#: Rounds (a forecast, a target and a 2,000-bucket read) per second of each script: about what
+#: the scripts' closed loop made before 2026-11-26 (~5 a second each, 3 requests a round).
+SCRIPT_ROUNDS_PER_S = 5.0
 
 
 @dataclass
@@ -246,9 +250,16 @@ class Readers:
                                   charts="loss,evolution")
 
     def _forecaster(self, index: int) -> None:
+        """A script asking a forecast, a target and a downsampled series of a random run,
+        :data:`SCRIPT_ROUNDS_PER_S` times a second on a fixed schedule (a round that runs late
+        is not made up), so a faster service answers the same questions rather than more of
+        them, and its CPU per point stays comparable."""
         rng = random.Random(1000 + index)
+        period = 1.0 / SCRIPT_ROUNDS_PER_S
+        next_at = time.monotonic() + rng.random() * period
         with httpx.Client(base_url=self.url, timeout=60) as client:
-            while not self.stop.is_set():
+            while not self.stop.wait(max(0.0, next_at - time.monotonic())):
+                next_at = max(next_at + period, time.monotonic())
                 run = rng.choice(self.run_ids)
                 self._get(client, "forecast", f"/api/v1/runs/{run}/forecast",
                           horizon=rng.choice([6000, 20_000, 200_000]))
@@ -256,7 +267,6 @@ class Readers:
                           loss=2.5)
                 self._get(client, "metrics read (2,000 buckets)",
                           f"/api/v1/runs/{run}/metrics", keys="loss", max_points=2000)
-                self.stop.wait(0.1)
 
     def start(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self._viewer, args=(i,)) for i in range(self.viewers)]
@@ -479,9 +489,11 @@ def _start_profiler(pid: int, args: argparse.Namespace, tmp: Path) -> tuple[Any,
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     output = tmp / "profile.txt"
     proc = subprocess.Popen(
-        [exe, "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--rate", "50",
-         "--duration", str(max(1, int(args.duration))), "--format", "raw", "--output",
-         str(output)],
+        # --gil: only the thread holding the GIL is sampled, so samples are CPU time in Python
+        # code (and in C code called with the GIL held), not time waiting on PostgreSQL.
+        [exe, "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--gil",
+         "--rate", "50", "--duration", str(max(1, int(args.duration))), "--format", "raw",
+         "--output", str(output)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     return proc, output
@@ -496,11 +508,15 @@ def _finish_profiler(profiler: tuple[Any, Path]) -> dict[str, Any]:
     inclusive: dict[str, int] = {}
     total = 0
     text = output.read_text() if output.exists() else ""
+    processes = {"serve": 0, "worker": 0}
     for line in text.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
+        # The second "process" entry is the sampled child: a serve process or the worker's.
+        child = stack.split(";", 2)[1:2]
+        processes["worker" if child and " worker --parent-pid" in child[0] else "serve"] += count
         # "process ...;thread ...;" prefixes come first; frames are "name (file:line)".
         frames = [f.rsplit(":", 1)[0] + ")" if ":" in f else f
                   for f in stack.split(";")
@@ -512,7 +528,8 @@ def _finish_profiler(profiler: tuple[Any, Path]) -> dict[str, Any]:
         for frame in set(frames):
             if "curvecast" in frame:
                 inclusive[frame] = inclusive.get(frame, 0) + count
-    return {"total": total, "own": own, "inclusive": inclusive, "error": err.strip()[-500:]}
+    return {"total": total, "own": own, "inclusive": inclusive, "processes": processes,
+            "error": err.strip()[-500:]}
 
 
 def _profile_tables(profile: dict[str, Any], top: int = 15) -> str:
@@ -522,16 +539,20 @@ def _profile_tables(profile: dict[str, Any], top: int = 15) -> str:
         return f"Profile: py-spy recorded no samples ({profile['error'] or 'no message'})."
     total = profile["total"]
 
+    def _share(kind: str) -> str:
+        n = profile.get("processes", {}).get(kind, 0)
+        return f"{100 * n / total:.0f}%"
+
     def rows(counts: dict[str, int]) -> list[list[object]]:
         ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
         return [[f"`{name}`", n, f"{100 * n / total:.1f}%"] for name, n in ranked]
 
     return (
-        f"Profile of the service's processes during the load window (py-spy, 50 samples/s per "
-        f"thread, {profile['total']:,} samples of running threads). py-spy counts a thread "
-        f"blocked in a Python-level wait as running: psycopg's `Connection.wait` (a query's "
-        f"round trip to PostgreSQL) and `Condition.wait` rows are waiting, not CPU. Own time, "
-        f"the top {top} functions:\n\n"
+        f"Profile of the service's processes during the load window (py-spy `--gil`: 50 "
+        f"samples/s of the thread holding each process's GIL, {profile['total']:,} samples, so "
+        f"a share is a share of the CPU time spent in Python; a query's wait for PostgreSQL is "
+        f"not in it). Serve processes {_share('serve')}, background worker "
+        f"{_share('worker')}. Own time, the top {top} functions:\n\n"
         + markdown_table(["function (file)", "samples", "share"], rows(profile["own"]))
         + f"\n\ncurvecast's own functions, time including what they call (top {top}):\n\n"
         + markdown_table(["function (file)", "samples", "share"], rows(profile["inclusive"]))
@@ -636,7 +657,8 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
            f"viewers' first pages {PAGE_S / readers.viewers:.2f} s apart; every 2 s the run, "
            "its new points, forecast and alerts; the loss and evolution figures when a new "
            "fit arrives) and ") +
-        f"{readers.forecasters} scripts ask forecasts, targets and downsampled series in a loop. "
+        f"{readers.forecasters} scripts each ask a forecast, a target and a downsampled series "
+        f"{SCRIPT_ROUNDS_PER_S:g} times a second (a fixed schedule). "
         f"Service, {'' if args.sqlite else 'PostgreSQL, '}load generator and readers share the "
         f"machine's {psutil.cpu_count() or 1} cores.",
         markdown_table(["", "result"], rows),

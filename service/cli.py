@@ -39,6 +39,10 @@ SERVER_MODULES = (
     "fastapi_offline",
     "cryptography",
 )
+#: Packages of the ``[server]`` extra that uvicorn uses when they are there (its C HTTP parser
+#: and event loop) and does without when they are not (uvloop has no Windows build): not
+#: required.
+SERVER_SPEEDUPS = ("httptools", "uvloop")
 #: Commands that run without the ``[server]`` extra.
 CLIENT_COMMANDS = frozenset({"sync"})
 

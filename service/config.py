@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     max_points_per_request: int = Field(default=100_000, gt=0)
     max_keys_per_request: int = Field(default=1_000, gt=0)
     db_connect_timeout_s: int = Field(default=3, gt=0)
+    db_ping_after_idle_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="A pooled PostgreSQL connection idle for longer than this is checked with a "
+        "round trip before a request uses it (0: always, as SQLAlchemy's pool_pre_ping).",
+    )
     retry_after_s: int = Field(default=5, gt=0, description="Retry-After sent with 503 answers.")
     auto_migrate_sqlite: bool = Field(
         default=True, description="Upgrade an embedded SQLite database at start-up."

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from curvecast.service.config import Settings
@@ -33,15 +35,51 @@ def make_engine(settings: Settings) -> Engine:
         )
         _configure_sqlite(engine)
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
-        pool_pre_ping=True,
         pool_size=10,
         max_overflow=20,
         # Fail fast while the database is down so requests answer 503 instead of hanging.
         pool_timeout=settings.db_connect_timeout_s,
         connect_args={"connect_timeout": settings.db_connect_timeout_s},
     )
+    _ping_when_idle(engine, settings.db_ping_after_idle_s)
+    return engine
+
+
+def _ping_when_idle(engine: Engine, idle_s: float) -> None:
+    """Check a pooled connection with a round trip before handing it out, but only if it sat
+    in the pool for more than ``idle_s`` seconds.
+
+    SQLAlchemy's ``pool_pre_ping`` pings on every checkout: one more round trip per request
+    (and per worker transaction), each costing the service and PostgreSQL CPU, although a
+    connection checked in a moment ago is as good as the answer it just gave. A connection
+    that went stale (the database restarted, a proxy dropped it) has almost always been idle
+    for a while; one that breaks within ``idle_s`` of its last use fails its request with a
+    503, and SQLAlchemy then invalidates every connection older than the failure, as it does
+    for any disconnect (the client hook retries; nothing is lost).
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["checked_in_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("checked_in_at")
+        if since is None or time.monotonic() - since <= idle_s:
+            return  # new, or back in the pool a moment ago
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            alive = False
+            reason = str(exc)
+        else:
+            reason = "ping failed"
+        if not alive:
+            # The pool throws this connection away and hands out another (a new one if need
+            # be), as pool_pre_ping does.
+            raise DisconnectionError(reason)
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -79,9 +117,18 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
     session = factory()
     try:
         yield session
-        session.commit()
     except BaseException:
-        session.rollback()
+        end_session(session, commit=False)
         raise
+    end_session(session, commit=True)
+
+
+def end_session(session: Session, *, commit: bool) -> None:
+    """Commit (or roll back) and close ``session``; it is closed even if the commit fails."""
+    try:
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
     finally:
         session.close()

@@ -34,7 +34,7 @@ The method, in short (docs/forecast.md has the long form):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -704,8 +704,8 @@ def _off_model_stats(t: FloatArray, y: FloatArray, w: FloatArray, cmin: float, q
     # window shows in the suffix after it even when it is not yet the window's majority.
     best: tuple[float, float] = (0.0, 0.0)
     lengths = sorted({min(int(round(3 * 1.25**i)), resid.size) for i in range(40)})
-    for m in lengths:
-        med = float(np.median(resid[-m:]))
+    medians = _suffix_medians(resid, lengths)
+    for m, med in zip(lengths, medians.tolist(), strict=True):
         var = float(np.mean(se2[-m:])) + noise2 / m
         if var <= 0:
             continue
@@ -713,6 +713,20 @@ def _off_model_stats(t: FloatArray, y: FloatArray, w: FloatArray, cmin: float, q
         if abs(z) > abs(best[0]):
             best = (z, med / decay)
     return best
+
+
+def _suffix_medians(x: FloatArray, lengths: Sequence[int]) -> FloatArray:
+    """``np.median(x[-m:])`` for every ``m`` in ``lengths`` (finite ``x``), with one sort
+    instead of a median call per suffix (a fit scans about twenty): row ``i`` holds the last
+    ``m_i`` values padded with +inf, so once sorted its middle elements are the suffix's."""
+    m = np.asarray(lengths, dtype=np.int64)
+    rows = np.where(np.arange(x.size)[None, :] < m[:, None], x[::-1][None, :], np.inf)
+    rows.sort(axis=1)
+    at = np.arange(m.size)
+    lo, hi = rows[at, (m - 1) // 2], rows[at, m // 2]
+    # As np.median: the middle value, or the mean of the two middle values.
+    out: FloatArray = np.where(m % 2 == 1, lo, (lo + hi) / 2.0)
+    return out
 
 
 def _data_burn_in(t: FloatArray, y: FloatArray, w: FloatArray, cmin: float) -> float:

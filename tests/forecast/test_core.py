@@ -12,7 +12,7 @@ import pytest
 from curvecast.service.forecast import STATUSES, Fit, FitParams, model
 from curvecast.service.forecast import calibration as cal
 from curvecast.service.forecast.binning import bin_series
-from curvecast.service.forecast.solver import choose_burn_in, fit_curve
+from curvecast.service.forecast.solver import _suffix_medians, choose_burn_in, fit_curve
 
 DATA = Path(__file__).parent / "data"
 
@@ -336,3 +336,17 @@ def test_calibration_multipliers_are_ordered() -> None:
     assert cal.multipliers(2.0, 7.0) == cal.multipliers(2.0, 0.9)  # invalid -> default
     assert len(cal.QUANTILES) == len(cal.RATIOS)
     assert all(len(row) == len(cal.PROBS) for row in cal.QUANTILES)
+
+
+def test_suffix_medians_equal_numpy_medians_of_every_suffix() -> None:
+    # The off_model scan's medians of the last m residuals, from one sort: exactly np.median's
+    # answers (odd and even lengths, ties, the whole array, magnitudes from 1e-5 to 1e3).
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        n = int(rng.integers(3, 160))
+        x = rng.standard_normal(n) * 10 ** rng.uniform(-5, 3)
+        if trial % 3 == 0:
+            x = np.round(x, 1)
+        lengths = sorted({min(int(round(3 * 1.25**i)), n) for i in range(40)})
+        expected = np.array([np.median(x[-m:]) for m in lengths])
+        assert np.array_equal(_suffix_medians(x, lengths), expected)

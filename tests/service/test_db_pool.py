@@ -1,0 +1,141 @@
+"""The PostgreSQL pool checks a connection only when it sat idle (``db_ping_after_idle_s``), and a
+request's session is committed before its answer leaves, rolled back when the route fails.
+
+Real PostgreSQL: a pooled connection's server process is ended with ``pg_terminate_backend``, as
+a database restart or a dropped proxy connection would end it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
+
+from curvecast.service.app import create_app
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine
+from curvecast.service.deps import SessionDep
+from curvecast.service.errors import Conflict
+from curvecast.service.store._common import write_connection
+from curvecast.service.store.projects import ensure_project
+from curvecast.service.testing import serve_app
+
+
+def _backend_pid(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def _terminate(pg_url: str, pid: int) -> None:
+    with psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"),
+                         autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # Until the server process is gone, the pooled connection might still answer.
+        for _ in range(500):
+            if admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                             (pid,)).fetchone() == (0,):
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"backend {pid} did not exit")
+
+
+def _pings(engine: sa.Engine) -> list[int]:
+    """Counts the dialect's pings (the round trip the pool makes before handing out)."""
+    calls = [0]
+    original = engine.dialect.do_ping
+
+    def counting(dbapi_connection: Any) -> bool:
+        calls[0] += 1
+        return original(dbapi_connection)
+
+    engine.dialect.do_ping = counting  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_connection_used_a_moment_ago_is_not_pinged(pg_url: str) -> None:
+    engine = make_engine(Settings(database_url=pg_url, db_ping_after_idle_s=60.0))
+    try:
+        pings = _pings(engine)
+        first = _backend_pid(engine)
+        for _ in range(5):
+            assert _backend_pid(engine) == first  # the same pooled connection
+        assert pings[0] == 0
+    finally:
+        engine.dispose()
+
+
+def test_an_idle_connection_that_died_is_replaced_before_use(pg_url: str) -> None:
+    engine = make_engine(Settings(database_url=pg_url, db_ping_after_idle_s=0.0))
+    try:
+        pings = _pings(engine)
+        dead = _backend_pid(engine)
+        _terminate(pg_url, dead)
+        # Idle for longer than 0 s: pinged, found dead, replaced; the caller sees nothing.
+        assert _backend_pid(engine) != dead
+        assert pings[0] >= 1
+    finally:
+        engine.dispose()
+
+
+def test_a_connection_that_died_within_the_idle_limit_fails_once_then_the_pool_recovers(
+    pg_url: str,
+) -> None:
+    engine = make_engine(Settings(database_url=pg_url, db_ping_after_idle_s=60.0))
+    try:
+        dead = _backend_pid(engine)
+        _terminate(pg_url, dead)
+        with pytest.raises(OperationalError):  # not pinged: its request fails (a 503)
+            _backend_pid(engine)
+        # SQLAlchemy saw a disconnect and dropped the pool's connections: the next is new.
+        assert _backend_pid(engine) != dead
+    finally:
+        engine.dispose()
+
+
+def test_a_request_commits_before_it_answers_and_a_failed_one_writes_nothing(
+    database_url: str,
+) -> None:
+    # Two routes on the real app, each writing through the request's session (SessionDep):
+    # one returns, one fails after its write.
+    app = create_app(Settings(database_url=database_url, worker_enabled=False))
+    tag = uuid.uuid4().hex[:12]
+
+    def write(session: SessionDep, name: str) -> dict[str, str]:
+        write_connection(session)
+        ensure_project(session, name=name)
+        return {"stored": name}
+
+    def write_then_fail(session: SessionDep, name: str) -> dict[str, str]:
+        write_connection(session)
+        ensure_project(session, name=name)
+        raise Conflict(f"{name} conflicts")
+
+    app.add_api_route("/test/write", write, methods=["POST"])
+    app.add_api_route("/test/write-then-fail", write_then_fail, methods=["POST"])
+    engine = make_engine(Settings(database_url=database_url))
+
+    def stored(name: str) -> bool:
+        with engine.connect() as conn:
+            return conn.execute(sa.text("SELECT count(*) FROM projects WHERE name = :n"),
+                                {"n": name}).scalar_one() == 1
+
+    try:
+        with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+            resp = client.post("/test/write", params={"name": f"ok-{tag}"})
+            assert resp.status_code == 200, resp.text
+            assert stored(f"ok-{tag}")  # committed before the answer was sent
+            resp = client.post("/test/write-then-fail", params={"name": f"failed-{tag}"})
+            assert resp.status_code == 409
+            assert resp.json()["error_code"] == "conflict"
+            assert not stored(f"failed-{tag}")  # rolled back
+            # The session's connection went back to the pool clean: the next request works.
+            assert client.post("/test/write", params={"name": f"after-{tag}"}).status_code == 200
+            assert stored(f"after-{tag}")
+    finally:
+        engine.dispose()
