@@ -2,7 +2,9 @@
 ``curvecast serve --workers 2`` on PostgreSQL (or SQLite), while dashboards and forecasts are read.
 
 Each client is a real :class:`client.Monitor` in a training loop that logs 10 metrics per step
-at 100 steps/s (its own run), paced against the wall clock; the clients run as threads in
+at 100 steps/s (its own run), paced against the wall clock, its monitor created at a random
+moment of the second before the load (so the batches leave spread over each second, as
+independent jobs' do; ``--lockstep``: all at once); the clients run as threads in
 several generator processes (one Python process cannot log and encode 32,000 points/s and also
 leave the service CPU). A transport wrapper times every request. Meanwhile "viewers" keep run
 pages open as ``dashboards/static/run.js`` does (every figure when a page opens, then every 2 s
@@ -23,10 +25,10 @@ are sampled by ``py-spy`` during the load window, and the functions holding the 
 (own time, and time including callees for the service's own code) are added to the report.
 
 Usage: ``python -m bench.load [--clients 32] [--rate 1000] [--duration 60] [--quick] [--profile]
-[--sqlite] [--no-worker] [--worker-apart] [--page-reloads]``. ``--sqlite`` writes its own section of
-BENCHMARKS.md ("load-sqlite");
-``--no-worker`` (the background worker off: ingest and reads alone) and ``--page-reloads``
-write none;
+[--sqlite] [--no-worker] [--worker-apart] [--page-reloads] [--lockstep]``. ``--sqlite``
+writes its own section of BENCHMARKS.md ("load-sqlite");
+``--no-worker`` (the background worker off: ingest and reads alone), ``--page-reloads`` and
+``--lockstep`` write none;
 ``--worker-apart`` runs the worker as ``curvecast worker`` beside serve processes that have it
 off (section "load-worker-apart").
 """
@@ -74,6 +76,9 @@ class GeneratorJob:
     duration: float
     start_at: float  # time.time() at which every client starts
     spool_dir: str
+    #: Each client's monitor is created at a random moment of this many seconds before
+    #: start_at (0: all at once; see _client).
+    phase_spread: float = 1.0
 
 
 def _timed_transport(url: str, records: list[tuple[float, float, int, int]]) -> Any:
@@ -106,6 +111,13 @@ def _client(job: GeneratorJob, run_id: str, out: dict[str, Any]) -> None:
 
     records: list[tuple[float, float, int, int]] = []
     steps = int(job.steps_per_second * job.duration)
+    # A monitor sends a batch every flush_interval (1 s) from its creation. Independent jobs
+    # were started at unrelated moments, so their sends are spread over the second; monitors
+    # created in the same few milliseconds would send in lockstep, 32 batches at once every
+    # second, for as long as the run lasts (--lockstep measures that case).
+    if job.phase_spread:
+        phase = random.Random(f"{run_id}/phase").random() * job.phase_spread
+        time.sleep(max(0.0, job.start_at - job.phase_spread + phase - time.time()))
     mon = Monitor(url=job.url, project="load", run_name=f"load-{run_id[:8]}", run_id=run_id,
                   total_steps=steps, config={"c_warmup": 100}, spool_dir=job.spool_dir,
                   transport=_timed_transport(job.url, records), flush_timeout=300)
@@ -437,9 +449,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for run_id in run_ids:  # create the runs up front so readers have something
                 httpx.put(f"{server.url}/api/v1/runs/{run_id}",
                           json={"project": "load", "config": {"c_warmup": 100}}).raise_for_status()
-            start_at = time.time() + 3.0
+            start_at = time.time() + 4.0  # the generator processes start within 2-3 s
             jobs = [GeneratorJob(server.url, run_ids[i:i + per_process], steps_per_second,
-                                 args.duration, start_at, str(Path(tmp) / "spool"))
+                                 args.duration, start_at, str(Path(tmp) / "spool"),
+                                 phase_spread=0.0 if args.lockstep else 1.0)
                     for i in range(0, len(run_ids), per_process)]
             readers = Readers(server.url, run_ids, page_reloads=args.page_reloads)
             ctx = mp.get_context("spawn")
@@ -648,7 +661,12 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
     ]
     body = "\n\n".join([
         f"{args.clients} simulated training clients (real `Monitor` hooks in paced training "
-        f"loops, {args.processes} generator processes) stream for {args.duration} s into "
+        f"loops, {args.processes} generator processes; "
+        + ("every monitor created at once, so all send their batches in the same moment of "
+           "each second, `--lockstep`" if args.lockstep else
+           "each monitor created at a random moment of the second before the load, so their "
+           "batches leave spread over each second, as independent jobs' do")
+        + f") stream for {args.duration} s into "
         f"`curvecast serve --workers 2` on {backend} ({worker}), while {readers.viewers} "
         + ("dashboard viewers each load a whole run page's figures every 2 s (the heavier "
            "model of earlier runs, `--page-reloads`) and " if readers.page_reloads else
@@ -688,6 +706,11 @@ def main() -> None:
                         help="viewers load a whole run page's figures every 2 s (the model "
                              "of runs before 2026-11-25) instead of keeping pages open as "
                              "run.js does; writes no BENCHMARKS.md section")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="create every client's monitor at once, so that all send their "
+                        "batches in the same moment of each second (the worst case; by default "
+                        "their send times are spread over the second, as independent jobs' "
+                        "are); writes no BENCHMARKS.md section")
     parser.add_argument("--no-worker", action="store_true",
                         help="background worker off (no refits, no alerts): what ingest and "
                              "reads cost alone; writes no BENCHMARKS.md section")
@@ -706,7 +729,7 @@ def main() -> None:
     if out.get("profile"):
         body += "\n\n" + _profile_tables(out["profile"])
     print(body)
-    if not args.quick and not args.no_worker and not args.page_reloads:
+    if not args.quick and not args.no_worker and not args.page_reloads and not args.lockstep:
         from bench._report import write_section
 
         if args.worker_apart:
