@@ -1,4 +1,5 @@
-"""The fused update: one compiled loop (CPU) or kernel (CUDA) per tensor, via ``torch.compile``.
+"""The fused update via ``torch.compile``: one compiled loop per tensor on CPU; on an
+accelerator, one compiled call per step that launches a kernel per tensor.
 
 The eager paths of :func:`curvecast.sfplus.functional.update` issue about eleven elementwise
 operations per tensor, each a pass over memory (the CPU path walks cache-sized blocks to soften
@@ -23,7 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["FUSED_MIN_NUMEL", "disable", "fused_kernel", "run", "update_"]
+__all__ = [
+    "FUSED_MIN_NUMEL", "disable", "fused_kernel", "fused_many_kernel", "run", "run_many",
+    "update_", "update_many_",
+]
 
 #: Tensors smaller than this take the eager path: a compiled call costs tens of microseconds of
 #: Python and guard overhead, more than the eager operations on a few thousand elements.
@@ -31,6 +35,7 @@ FUSED_MIN_NUMEL = 1 << 15
 
 _lock = threading.Lock()
 _kernel: Callable[..., None] | None = None
+_many: Callable[..., None] | None = None
 _failed: str | None = None
 
 
@@ -70,6 +75,41 @@ def update_(
     d.copy_(d_new)
 
 
+def update_many_(
+    ys: list[Tensor], gs: list[Tensor], ms: list[Tensor], vs: list[Tensor], ds: list[Tensor],
+    k: Tensor,
+) -> None:
+    """:func:`update_` of every tensor of the lists, with the step's nine scalars in the 1-D
+    tensor ``k`` (in :func:`update_`'s order), on the tensors' device.
+
+    For an accelerator: compiled, one call launches every tensor's kernel from one graph,
+    where a compiled call per tensor cost more in Python and guards than the kernels took (on
+    an H200, 240 microseconds a tensor; BENCHMARKS.md, "optimizer_cuda"). The scalars are data,
+    so a new step size is not a recompile; the graph is compiled once per parameter list.
+    """
+    for y, g, m, v, d in zip(ys, gs, ms, vs, ds, strict=True):
+        m_new = torch.lerp(m, g, k[0])
+        v_new = v * k[1] + g * g * k[2]
+        t = m_new / (v_new.sqrt() + k[3]) + y * k[4]
+        y_new = y + d * k[5] + t * k[6]
+        d_new = d * k[7] + t * k[8]
+        m.copy_(m_new)
+        v.copy_(v_new)
+        y.copy_(y_new)
+        d.copy_(d_new)
+
+
+def fused_many_kernel() -> Callable[..., None] | None:
+    """The compiled :func:`update_many_`, or ``None`` when compilation is unavailable here."""
+    global _many
+    if _failed is not None:
+        return None
+    with _lock:
+        if _many is None:
+            _many = torch.compile(update_many_, fullgraph=True)
+        return _many
+
+
 def fused_kernel() -> Callable[..., None] | None:
     """The compiled :func:`update_`, or ``None`` when compilation is unavailable here."""
     global _kernel
@@ -99,6 +139,18 @@ def run(kernel: Callable[..., None], tensors: tuple[Tensor, ...], scalars: Any) 
     compile. A compilation error is raised before the kernel writes anything."""
     try:
         kernel(*(t.view(-1) for t in tensors), *scalars)
+    except Exception as exc:  # noqa: BLE001 - any compiler failure means "not here"
+        if not _is_compile_error(exc):
+            raise
+        disable(exc)
+        return False
+    return True
+
+
+def run_many(kernel: Callable[..., None], lists: tuple[list[Tensor], ...], k: Tensor) -> bool:
+    """:func:`run` for :func:`update_many_`: ``False`` (and disabled) if it fails to compile."""
+    try:
+        kernel(*lists, k)
     except Exception as exc:  # noqa: BLE001 - any compiler failure means "not here"
         if not _is_compile_error(exc):
             raise

@@ -114,12 +114,14 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         foreach: use the ``torch._foreach_*`` multi-tensor kernels. ``None`` picks them when all
             of a group's parameters are on an accelerator and the per-tensor path on CPU, where
             it walks tensors in cache-sized blocks and is faster.
-        fused: compile the per-tensor update into one loop (CPU) or kernel (CUDA) with
-            ``torch.compile``, which reads and writes each buffer once instead of about eleven
-            times. ``None`` (default) and ``False`` use the eager paths. The first step of a
-            process pays the compilation (tens of seconds on CPU; BENCHMARKS.md, "optimizer",
-            has the step and compile times); where compilation is unavailable the eager path is
-            used with a warning. Tensors under 32K elements always take the eager path.
+        fused: compile the update with ``torch.compile`` so that it reads and writes each
+            buffer once instead of about eleven times: on CPU one loop per tensor (tensors
+            under 32K elements take the eager path); on an accelerator one compiled call per
+            step for every float32 and float64 tensor (other dtypes and non-contiguous tensors
+            take the per-tensor path). ``None`` (default) and ``False`` use the eager paths.
+            The first step pays the compilation (tens of seconds on CPU; on CUDA 14-25 s per
+            parameter list; BENCHMARKS.md, "optimizer" and "optimizer_cuda"); where compilation
+            is unavailable the eager path is used with a warning.
         process_group: the data-parallel group over which the loss is averaged under
             ``torch.distributed``; ``None`` means the default group.
 

@@ -88,6 +88,37 @@ def test_the_compiled_fused_update_matches_reference_over_300_steps(
     assert max_rel_diff(params_of(model), ref_x) < 1e-6
 
 
+def test_the_one_call_update_of_accelerators_matches_reference_over_300_steps(
+    reference_run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an accelerator fused=True updates every tensor in one compiled call per step
+    (``_fused.update_many_``). CI has no accelerator: the CPU takes that route here, with the
+    uncompiled function (its maths and the routing; the compiled one is checked on a GPU by
+    ``bench.optimizer_cuda``'s agreement with the reference)."""
+    from curvecast.sfplus import _fused
+    from curvecast.sfplus import functional as F
+
+    calls = []
+
+    def eager_many(*lists_and_k):  # type: ignore[no-untyped-def]
+        calls.append(len(lists_and_k[0]))
+        _fused.update_many_(*lists_and_k)
+
+    monkeypatch.setattr(F, "one_call_per_step", lambda device: True)
+    monkeypatch.setattr(_fused, "fused_many_kernel", lambda: eager_many)
+    monkeypatch.setattr(_fused, "fused_kernel", lambda: pytest.fail("per-tensor kernel used"))
+    ref_y, ref_x, ref_last = reference_run
+    model = make_model()
+    opt = ScheduleFreePlus(model.parameters(), fused=True, **FULL)
+    train(model, opt, batches(300))
+    n_tensors = len(list(model.parameters()))
+    assert calls == [n_tensors] * 300  # one call per step, with every tensor
+    assert max_rel_diff(params_of(model), ref_y) < 1e-6
+    assert opt.stats()["eta"] == pytest.approx(ref_last["eta"], rel=1e-6)
+    opt.eval()
+    assert max_rel_diff(params_of(model), ref_x) < 1e-6
+
+
 def test_fused_falls_back_to_the_eager_update_where_compilation_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
