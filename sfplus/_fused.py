@@ -1,15 +1,16 @@
-"""The fused update via ``torch.compile``: one compiled loop per tensor on CPU; on an
-accelerator, one compiled call per step that launches a kernel per tensor.
+"""The fused update via ``torch.compile``: one compiled call per step for every float32 and
+float64 tensor (:func:`update_many_`), one per tensor for the others (:func:`update_`).
 
 The eager paths of :func:`curvecast.sfplus.functional.update` issue about eleven elementwise
 operations per tensor, each a pass over memory (the CPU path walks cache-sized blocks to soften
 that). Compiled by TorchInductor, the same arithmetic becomes one loop that reads ``y, g, m, v,
-delta`` once and writes ``y, m, v, delta`` once. The kernel is compiled once per dtype and device
-with a dynamic length (every tensor is passed flattened) and floats that are inputs, not
-constants, so neither new shapes nor each step's new step size recompile it.
+delta`` once and writes ``y, m, v, delta`` once. The one-call graph is compiled once per
+parameter list, with the step's scalars as a tensor input; the per-tensor kernel once per dtype
+and device, with a dynamic length (every tensor is passed flattened) and float inputs. Neither
+recompiles for a new step size.
 
-Compiling takes tens of seconds the first time in a process (Inductor caches its output on disk,
-so later processes are faster) and needs a C++ compiler on CPU. When it is unavailable or fails,
+Compiling takes tens of seconds the first time (Inductor caches its output on disk, so later
+processes are faster) and needs a C++ compiler on CPU. When it is unavailable or fails,
 the update falls back to the eager per-tensor path with one warning; results differ only by float
 rounding (the parity tests hold it to 1e-6 in float64).
 """
@@ -82,10 +83,10 @@ def update_many_(
     """:func:`update_` of every tensor of the lists, with the step's nine scalars in the 1-D
     tensor ``k`` (in :func:`update_`'s order), on the tensors' device.
 
-    For an accelerator: compiled, one call launches every tensor's kernel from one graph,
-    where a compiled call per tensor cost more in Python and guards than the kernels took (on
-    an H200, 240 microseconds a tensor; BENCHMARKS.md, "optimizer_cuda"). The scalars are data,
-    so a new step size is not a recompile; the graph is compiled once per parameter list.
+    Compiled, one call runs every tensor's loop (CPU) or kernel (CUDA) from one graph, where
+    a compiled call per tensor cost more in Python and guards than many tensors' work (on an
+    H200, 240 microseconds a call; BENCHMARKS.md, "optimizer_cuda"). The scalars are data, so
+    a new step size is not a recompile; the graph is compiled once per parameter list.
     """
     for y, g, m, v, d in zip(ys, gs, ms, vs, ds, strict=True):
         m_new = torch.lerp(m, g, k[0])

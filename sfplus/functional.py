@@ -482,10 +482,10 @@ def _update_fused(
         k.one_minus_beta1, k.beta2, k.one_minus_beta2, k.eps_eff,
         k.wd_fold if k.decay else 0.0, k.y_delta, k.y_dir, k.delta_keep, k.delta_dir,
     )
-    if any(one_call_per_step(y.device) for y in ys):
-        ys, gs, ms, vs, ds = _update_fused_many(ys, gs, ms, vs, ds, scalars)
-        if not ys:
-            return
+    # Every float32/float64 tensor in one compiled call; the others one call each.
+    ys, gs, ms, vs, ds = _update_fused_many(ys, gs, ms, vs, ds, scalars)
+    if not ys:
+        return
     kernel = _fused.fused_kernel()
     for y, g, m, v, d in zip(ys, gs, ms, vs, ds, strict=True):
         if (
@@ -499,14 +499,6 @@ def _update_fused(
         _update_tensor(y, g, m, v, d, k, block)
 
 
-def one_call_per_step(device: torch.device) -> bool:
-    """Whether the fused update of tensors on ``device`` is one compiled call per step
-    (:func:`curvecast.sfplus._fused.update_many_`; accelerators, where a compiled call per
-    tensor costs more than its kernel) rather than one per tensor (CPU, where each call is a
-    loop over a large tensor and the per-call cost does not matter)."""
-    return device.type != "cpu"
-
-
 def _update_fused_many(
     ys: list[Tensor],
     gs: list[Tensor],
@@ -516,15 +508,16 @@ def _update_fused_many(
     scalars: tuple[float, ...],
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
     """The compiled update of every contiguous float32 or float64 tensor, one call per
-    (device, dtype); returns the tensors it left to the per-tensor path (the others, or all
-    where compiling failed)."""
+    (device, dtype) and step; returns the tensors it left to the per-tensor path (the others,
+    or all where compiling failed). One call rather than one per tensor: a compiled call costs
+    tens of microseconds of Python and guards on CPU and about 240 on an H200, more than many
+    tensors' own work (BENCHMARKS.md, "optimizer" and "optimizer_cuda")."""
     buckets: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
     rest: list[int] = []
     for i, (y, g, m, v, d) in enumerate(zip(ys, gs, ms, vs, ds, strict=True)):
         # float32 and float64 only: a lower precision would need the scalars (which must stay
         # in float32 there, as Python floats do) and the tensors in two dtypes in one graph.
-        if (one_call_per_step(y.device) and y.dtype in (torch.float32, torch.float64)
-                and _all_contiguous(y, g, m, v, d)):
+        if y.dtype in (torch.float32, torch.float64) and _all_contiguous(y, g, m, v, d):
             buckets[(y.device, y.dtype)].append(i)
         else:
             rest.append(i)

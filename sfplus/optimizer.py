@@ -115,13 +115,13 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             of a group's parameters are on an accelerator and the per-tensor path on CPU, where
             it walks tensors in cache-sized blocks and is faster.
         fused: compile the update with ``torch.compile`` so that it reads and writes each
-            buffer once instead of about eleven times: on CPU one loop per tensor (tensors
-            under 32K elements take the eager path); on an accelerator one compiled call per
-            step for every float32 and float64 tensor (other dtypes and non-contiguous tensors
-            take the per-tensor path). ``None`` (default) and ``False`` use the eager paths.
-            The first step pays the compilation (tens of seconds on CPU; on CUDA 14-25 s per
-            parameter list; BENCHMARKS.md, "optimizer" and "optimizer_cuda"); where compilation
-            is unavailable the eager path is used with a warning.
+            buffer once instead of about eleven times, in one compiled call per step for every
+            float32 and float64 tensor (other dtypes: a compiled call per tensor of 32K+
+            elements; non-contiguous tensors: the eager path). ``None`` (default) and
+            ``False`` use the eager paths. The first step pays the compilation, once per
+            parameter list (tens of seconds on CPU, 14-25 s on an H200; BENCHMARKS.md,
+            "optimizer" and "optimizer_cuda"); where compilation is unavailable the eager path
+            is used with a warning.
         process_group: the data-parallel group over which the loss is averaged under
             ``torch.distributed``; ``None`` means the default group.
 
