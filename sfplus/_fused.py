@@ -35,8 +35,8 @@ __all__ = [
 FUSED_MIN_NUMEL = 1 << 15
 
 _lock = threading.Lock()
-_kernel: Callable[..., None] | None = None
-_many: Callable[..., None] | None = None
+#: The compiled form of each update function, made at its first use.
+_compiled: dict[Callable[..., None], Callable[..., None]] = {}
 _failed: str | None = None
 
 
@@ -102,24 +102,24 @@ def update_many_(
 
 def fused_many_kernel() -> Callable[..., None] | None:
     """The compiled :func:`update_many_`, or ``None`` when compilation is unavailable here."""
-    global _many
-    if _failed is not None:
-        return None
-    with _lock:
-        if _many is None:
-            _many = torch.compile(update_many_, fullgraph=True)
-        return _many
+    return _compiled_once(update_many_)
 
 
 def fused_kernel() -> Callable[..., None] | None:
     """The compiled :func:`update_`, or ``None`` when compilation is unavailable here."""
-    global _kernel
+    return _compiled_once(update_, dynamic=True)
+
+
+def _compiled_once(fn: Callable[..., None], **options: Any) -> Callable[..., None] | None:
+    """``torch.compile(fn, fullgraph=True, **options)``, made once per process; ``None`` once
+    compilation has failed here."""
     if _failed is not None:
         return None
     with _lock:
-        if _kernel is None:
-            _kernel = torch.compile(update_, dynamic=True, fullgraph=True)
-        return _kernel
+        kernel = _compiled.get(fn)
+        if kernel is None:
+            kernel = _compiled[fn] = torch.compile(fn, fullgraph=True, **options)
+        return kernel
 
 
 def disable(reason: BaseException | str) -> None:
@@ -131,27 +131,24 @@ def disable(reason: BaseException | str) -> None:
             f"ScheduleFreePlus(fused=True): torch.compile is unavailable here ({_failed[:300]}); "
             f"using the eager update instead (same results up to float rounding)",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,  # disable <- _call <- run <- the update
         )
 
 
 def run(kernel: Callable[..., None], tensors: tuple[Tensor, ...], scalars: Any) -> bool:
     """Call the compiled kernel on flattened tensors; ``False`` (and disabled) if it fails to
     compile. A compilation error is raised before the kernel writes anything."""
-    try:
-        kernel(*(t.view(-1) for t in tensors), *scalars)
-    except Exception as exc:  # noqa: BLE001 - any compiler failure means "not here"
-        if not _is_compile_error(exc):
-            raise
-        disable(exc)
-        return False
-    return True
+    return _call(kernel, *(t.view(-1) for t in tensors), *scalars)
 
 
 def run_many(kernel: Callable[..., None], lists: tuple[list[Tensor], ...], k: Tensor) -> bool:
     """:func:`run` for :func:`update_many_`: ``False`` (and disabled) if it fails to compile."""
+    return _call(kernel, *lists, k)
+
+
+def _call(kernel: Callable[..., None], *args: Any) -> bool:
     try:
-        kernel(*lists, k)
+        kernel(*args)
     except Exception as exc:  # noqa: BLE001 - any compiler failure means "not here"
         if not _is_compile_error(exc):
             raise

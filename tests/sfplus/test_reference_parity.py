@@ -124,8 +124,8 @@ def test_fused_falls_back_to_the_eager_update_where_compilation_fails(
 
     monkeypatch.setattr(_fused, "FUSED_MIN_NUMEL", 0)
     monkeypatch.setattr(_fused, "_failed", None)
-    monkeypatch.setattr(_fused, "_kernel", no_compiler)
-    monkeypatch.setattr(_fused, "_many", no_compiler)
+    monkeypatch.setitem(_fused._compiled, _fused.update_, no_compiler)
+    monkeypatch.setitem(_fused._compiled, _fused.update_many_, no_compiler)
     runs = []
     for fused in (True, False):
         model = make_model()
