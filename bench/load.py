@@ -392,6 +392,18 @@ def postgres_processes() -> list[psutil.Process]:
     return out
 
 
+def postgres_cpu_seconds() -> float:
+    """CPU seconds the local PostgreSQL cluster's processes have used so far."""
+    total = 0.0
+    for proc in postgres_processes():
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # a backend that exited meanwhile
+            continue
+        total += times.user + times.system
+    return total
+
+
 # --------------------------------------------------------------------------------------------
 # The benchmark
 # --------------------------------------------------------------------------------------------

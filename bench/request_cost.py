@@ -32,7 +32,7 @@ import psutil
 from bench._db import fresh_database
 from bench._report import markdown_table, phase, write_section
 from bench.ingest import hook_bodies
-from bench.load import postgres_processes
+from bench.load import postgres_cpu_seconds
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
 from curvecast.service.testing.synthetic import batch, create_run
@@ -159,11 +159,11 @@ def measure(servers: list[Server], kinds: dict[str, tuple[str, dict[str, Any]]],
 
     def block(server: Server, kind: str, send: Any, n: int, warm: Any = None) -> None:
         (warm or send)()  # a first request may connect or fill a cache
-        pg0 = _pg_cpu() if pg else 0.0
+        pg0 = postgres_cpu_seconds() if pg else 0.0
         c0 = server.cpu()
         for i in range(n):
             send(i)
-        used = (server.cpu() - c0, (_pg_cpu() - pg0) if pg else 0.0)
+        used = (server.cpu() - c0, (postgres_cpu_seconds() - pg0) if pg else 0.0)
         acc = totals.setdefault((server.label, kind), [0.0, 0.0])
         acc[0] += used[0] * 1e3 / n / rounds
         acc[1] += used[1] * 1e3 / n / rounds
@@ -186,17 +186,6 @@ def measure(servers: list[Server], kinds: dict[str, tuple[str, dict[str, Any]]],
                     p, content=b[i], headers=h).raise_for_status(), len(chunk),
                     warm=lambda c=c: c.get("/healthz"))
     return totals
-
-
-def _pg_cpu() -> float:
-    total = 0.0
-    for proc in postgres_processes():
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import sqlalchemy as sa
 
 from bench._db import fresh_database
 from bench._report import markdown_table, phase, write_section
-from bench.load import postgres_processes, storage_baseline
+from bench.load import postgres_cpu_seconds, storage_baseline
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
 from curvecast.service.testing import thread_server
@@ -45,18 +44,6 @@ from curvecast.service.worker.refit import refit_due_runs
 RUNS = 32
 TOTAL_STEPS = 20_000
 PREFIX = "opt/"  # what the client hook writes
-
-
-def _postgres_cpu() -> float:
-    """CPU seconds of the local PostgreSQL cluster's processes."""
-    total = 0.0
-    for proc in postgres_processes():
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:  # a backend that exited meanwhile
-            continue
-        total += times.user + times.system
-    return total
 
 
 def _drain(task: Any, sessions: Any, settings: Settings) -> int:
@@ -105,11 +92,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     new_points = ingest(lo, lo + args.round_steps)
                     points += new_points
                     statements[0] = 0
-                    pg0, c0 = _postgres_cpu(), time.thread_time()
+                    pg0, c0 = postgres_cpu_seconds(), time.thread_time()
                     refits = _drain(refit_due_runs, sessions, settings)
                     c1 = time.thread_time()
                     judged = _drain(evaluate_alerts, sessions, settings)
-                    c2, pg1 = time.thread_time(), _postgres_cpu()
+                    c2, pg1 = time.thread_time(), postgres_cpu_seconds()
                     rounds.append({"refit": c1 - c0, "alerts": c2 - c1, "postgres": pg1 - pg0,
                                    "refits": refits, "judged": judged, "points": new_points,
                                    "statements": statements[0]})
