@@ -5,23 +5,21 @@ A transport turns ``(method, path, body, headers)`` into a :class:`Response` or 
 timeout). It knows nothing about the API: status codes, retries and spooling are decided above it,
 so tests can swap in an in-memory transport and exercise that logic without sockets or sleeps.
 
-:class:`HTTPTransport` is the standard-library implementation: one persistent keep-alive
-connection per calling thread, with ``TCP_NODELAY`` set. ``http.client`` writes the request head
-and the body with two ``send()`` calls; without ``TCP_NODELAY``, Nagle's algorithm holds the
-second write back until the server ACKs the first, and a server that delays its ACK (40 ms on
-Linux) turns every small request into a ~45 ms round trip.
+:class:`HTTPTransport` is the standard implementation: one persistent keep-alive connection per
+calling thread (:mod:`curvecast.client._http`, standard library sockets), with ``TCP_NODELAY``
+set and each request written in one ``send``.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
+
+from curvecast.client._http import Connection, ProtocolError, ServerClosed
 
 __all__ = ["HTTPTransport", "Response", "Transport", "TransportError"]
 
@@ -76,23 +74,10 @@ class Transport(Protocol):
         ...
 
 
-class _NoDelayHTTPConnection(http.client.HTTPConnection):
-    def connect(self) -> None:
-        super().connect()
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class _NoDelayHTTPSConnection(http.client.HTTPSConnection):
-    def connect(self) -> None:
-        super().connect()
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
 # Errors that mean "the server closed an idle keep-alive connection": worth one immediate retry
 # on a fresh connection. A timeout is not among them (retrying would double the wait).
 _STALE_CONNECTION_ERRORS = (
-    http.client.RemoteDisconnected,
-    http.client.BadStatusLine,
+    ServerClosed,
     ConnectionResetError,
     ConnectionAbortedError,
     BrokenPipeError,
@@ -100,7 +85,7 @@ _STALE_CONNECTION_ERRORS = (
 
 
 class HTTPTransport:
-    """HTTP/1.1 over ``http.client`` with one keep-alive connection per thread.
+    """HTTP/1.1 with one keep-alive connection per thread.
 
     Args:
         url: base URL of the service, e.g. ``http://127.0.0.1:8000`` (a path prefix is kept).
@@ -120,17 +105,19 @@ class HTTPTransport:
         self._prefix = parts.path.rstrip("/")
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._open: set[http.client.HTTPConnection] = set()
+        self._open: set[Connection] = set()
 
-    def _new_connection(self, timeout: float) -> http.client.HTTPConnection:
-        cls = _NoDelayHTTPSConnection if self._https else _NoDelayHTTPConnection
-        conn = cls(self._host, self._port, timeout=timeout)
+    #: ``TCP_NODELAY`` on new connections (a benchmark turns it off to show what it avoids).
+    nodelay = True
+
+    def _new_connection(self) -> Connection:
+        conn = Connection(self._host, self._port, https=self._https, nodelay=self.nodelay)
         with self._lock:
             self._open.add(conn)
         self._local.conn = conn
         return conn
 
-    def _drop(self, conn: http.client.HTTPConnection) -> None:
+    def _drop(self, conn: Connection) -> None:
         conn.close()
         with self._lock:
             self._open.discard(conn)
@@ -147,12 +134,12 @@ class HTTPTransport:
         timeout: float = 10.0,
     ) -> Response:
         """Send one request; see :meth:`Transport.request`."""
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        conn: Connection | None = getattr(self._local, "conn", None)
         reused = conn is not None and conn.sock is not None
         if conn is None:
-            conn = self._new_connection(timeout)
+            conn = self._new_connection()
         elif not reused:
-            # Closed by close() from another thread: http.client reopens it on use; track it again.
+            # Closed by close() from another thread: its next request reconnects; track it again.
             with self._lock:
                 self._open.add(conn)
         try:
@@ -161,35 +148,30 @@ class HTTPTransport:
             self._drop(conn)
             if not reused:
                 raise TransportError(f"{method} {self.url}{path}: {exc!r}") from exc
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, ProtocolError) as exc:
             self._drop(conn)
             raise TransportError(f"{method} {self.url}{path}: {exc!r}") from exc
         # The reused connection had gone stale: one retry on a fresh one (requests are idempotent).
-        conn = self._new_connection(timeout)
+        conn = self._new_connection()
         try:
             return self._send(conn, method, path, body, headers, timeout)
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, ProtocolError) as exc:
             self._drop(conn)
             raise TransportError(f"{method} {self.url}{path}: {exc!r}") from exc
 
     def _send(
         self,
-        conn: http.client.HTTPConnection,
+        conn: Connection,
         method: str,
         path: str,
         body: bytes | None,
         headers: Mapping[str, str] | None,
         timeout: float,
     ) -> Response:
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
-        conn.request(method, self._prefix + path, body=body, headers=dict(headers or {}))
-        resp = conn.getresponse()
-        data = resp.read()
-        if resp.will_close:
+        answer = conn.request(method, self._prefix + path, body, headers or {}, timeout)
+        if answer.will_close:
             self._drop(conn)
-        return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
+        return Response(answer.status, answer.headers, answer.body)
 
     def close(self) -> None:
         """Close every open connection (of all threads)."""
