@@ -22,7 +22,11 @@ __all__ = ["weight_norms"]
 
 @torch.no_grad()
 def weight_norms(
-    params: Iterable[tuple[Tensor, Tensor | None]], *, sf_beta_prev: float, train_mode: bool
+    params: Iterable[tuple[Tensor, Tensor | None]],
+    *,
+    sf_beta_prev: float,
+    train_mode: bool,
+    foreach: bool | None = None,
 ) -> dict[str, float]:
     """``x_l2``, ``y_l2``, ``z_l2`` and ``grad_l2`` over all parameters, in one device sync.
 
@@ -30,34 +34,46 @@ def weight_norms(
         params: every parameter with its ``z - y`` buffer (None before its first step).
         sf_beta_prev: the SF beta that formed ``y``.
         train_mode: whether the parameters hold ``y`` (True) or ``x`` (False).
+        foreach: sum the squares with one ``torch._foreach_norm`` per device and dtype
+            (default: on accelerators, not on the CPU).
 
     Returns:
         The four norms as plain floats, summed across shards under ``torch.distributed``.
     """
     # ||p + k delta||^2 = ||p||^2 + 2k <p, delta> + k^2 ||delta||^2 for any k: the norms of
     # x, y and z come from three sums without materialising x or z.
-    # Per shard key, the partial sums of <p, p>, <p, delta>, <delta, delta> and <g, g>: a few
-    # tensor operations per parameter (the reductions), the rest once per quantity.
+    # Per shard key: <p, delta> (partial dot products), and the sums of squares of p, delta and
+    # g. On an accelerator the squares are summed with one foreach norm per device and dtype
+    # instead of a norm (a kernel launch or two) per tensor, so the tensors are collected
+    # first. On the CPU torch's foreach norm is no faster, and a tensor's reductions run back
+    # to back while it is in cache (bench.optimizer_norms), so they are taken in the loop.
     buckets: dict[_dist.ShardKey | None, tuple[list[Tensor], ...]] = {}
     device: torch.device | None = None
     one_device = True
+    use_foreach = False
+
+    def squares(t: Tensor) -> Tensor:
+        """``t`` itself, to be summed with others (foreach), or its sum of squares now."""
+        return t if use_foreach else F.sumsq(t)
+
     for p, delta in params:
         pl = _dist.local(p)
         if device is None:
             device = pl.device
+            use_foreach = foreach if foreach is not None else device.type != "cpu"
         elif pl.device != device:
             one_device = False
         key = _dist.shard_key(p)
         parts = buckets.get(key)
         if parts is None:
             parts = buckets[key] = ([], [], [], [])
-        parts[0].append(F.sumsq(pl))
+        parts[0].append(squares(pl))
         if delta is not None:
             dl = _dist.local(delta)
             parts[1].append(F.dot(pl, dl))
-            parts[2].append(F.sumsq(dl))
+            parts[2].append(squares(dl))
         if p.grad is not None:
-            parts[3].append(F.sumsq(_dist.local(p.grad)))
+            parts[3].append(squares(_dist.local(p.grad)))
     assert device is not None
     acc = F.accumulate_dtype(device)
     zero = torch.zeros((), dtype=acc, device=device)
@@ -70,10 +86,26 @@ def weight_norms(
         # Stacking promotes to the widest dtype (exact), then the sum runs in ``acc``.
         return torch.stack(sums).to(acc).sum()
 
+    def sum_of_squares(items: list[Tensor]) -> Tensor:
+        if not use_foreach:
+            return total(items)  # already sums of squares
+        groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+        for t in items:
+            groups.setdefault((t.device, t.dtype), []).append(t)
+        # Half precision is accumulated in float32, as F.sumsq does; each norm is squared in
+        # ``acc``.
+        sums = [
+            torch.stack(torch._foreach_norm(group, 2, dtype=F.norm_dtype(dtype)))
+            .to(device=device, dtype=acc).square().sum()
+            for (_, dtype), group in groups.items()
+        ]
+        return total(sums) if len(sums) != 1 else sums[0]
+
     replicated = torch.zeros(4, dtype=acc, device=device)
     sharded: dict[_dist.ShardKey, Tensor] = {}
-    for key, parts in buckets.items():
-        sums = torch.stack([total(q) for q in parts])
+    for key, (ps, dots, ds, gs) in buckets.items():
+        sums = torch.stack([sum_of_squares(ps), total(dots), sum_of_squares(ds),
+                            sum_of_squares(gs)])
         if key is None:
             replicated += sums
         else:

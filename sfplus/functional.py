@@ -223,7 +223,7 @@ def _flat(t: Tensor) -> Tensor:
     return t.view(-1) if t.is_contiguous() else t.reshape(-1)
 
 
-def _norm_dtype(dtype: torch.dtype) -> torch.dtype | None:
+def norm_dtype(dtype: torch.dtype) -> torch.dtype | None:
     # Half-precision norms are accumulated and returned in float32; float32/64 stay as they are.
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
 
@@ -238,7 +238,7 @@ def dot(a: Tensor, b: Tensor) -> Tensor:
 
 def sumsq(t: Tensor) -> Tensor:
     """``||t||_2^2``, accumulated in at least float32 (like :func:`dot`)."""
-    norm: Tensor = torch.linalg.vector_norm(t, 2, dtype=_norm_dtype(t.dtype))
+    norm: Tensor = torch.linalg.vector_norm(t, 2, dtype=norm_dtype(t.dtype))
     return norm.square()
 
 
@@ -278,7 +278,7 @@ def reductions(
         scratch: dict[torch.dtype, Tensor] = {}
         for g, d in zip(grads, deltas, strict=True):
             if not _all_contiguous(g, *([d] if d is not None else [])):
-                l1_parts.append(torch.linalg.vector_norm(g, 1, dtype=_norm_dtype(g.dtype)))
+                l1_parts.append(torch.linalg.vector_norm(g, 1, dtype=norm_dtype(g.dtype)))
                 if d is not None:
                     dot_parts.append(dot(g, d))
                 continue
@@ -291,7 +291,7 @@ def reductions(
                 gb = gf[i : i + block]
                 ab = buf[: gb.numel()]
                 torch.abs(gb, out=ab)
-                l1_parts.append(ab.sum(dtype=_norm_dtype(g.dtype)))
+                l1_parts.append(ab.sum(dtype=norm_dtype(g.dtype)))
                 if df is not None:
                     dot_parts.append(dot(gb, df[i : i + block]))
     elif foreach:
@@ -299,14 +299,14 @@ def reductions(
         for g in grads:
             buckets[(g.device, g.dtype)].append(g)
         for (_dev, dtype), gs in buckets.items():
-            norms = torch._foreach_norm(gs, 1, dtype=_norm_dtype(dtype))
+            norms = torch._foreach_norm(gs, 1, dtype=norm_dtype(dtype))
             l1_parts.append(torch.stack(norms).to(device=device, dtype=acc).sum())
         for g, d in zip(grads, deltas, strict=True):
             if d is not None:
                 dot_parts.append(dot(g, d).to(device=device, dtype=acc))
     else:
         for g, d in zip(grads, deltas, strict=True):
-            l1_parts.append(torch.linalg.vector_norm(g, 1, dtype=_norm_dtype(g.dtype)))
+            l1_parts.append(torch.linalg.vector_norm(g, 1, dtype=norm_dtype(g.dtype)))
             if d is not None:
                 dot_parts.append(dot(g, d))
     l1 = torch.stack([p.to(device=device, dtype=acc) for p in l1_parts]).sum()

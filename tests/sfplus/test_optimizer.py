@@ -11,6 +11,7 @@ import torch
 
 from curvecast import contract, sfplus
 from curvecast.sfplus import NORM_STATS_KEYS, STATS_KEYS, ScheduleFreePlus
+from curvecast.sfplus._stats import weight_norms
 
 from .conftest import VOCAB, batches, loss_fn, make_model, params_of, train
 
@@ -402,3 +403,29 @@ def test_works_with_vocab_sized_logits() -> None:
     # Guard for the conftest model itself (used by every test): the shapes line up.
     model = make_model()
     assert model(torch.arange(VOCAB)).shape == (VOCAB, VOCAB)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_norm_stats_sum_over_parameters_of_several_dtypes(foreach: bool) -> None:
+    # Accelerators sum the squares with one foreach norm per dtype (the CPU only when asked):
+    # either way a model mixing dtypes gets every tensor counted once, half precision
+    # accumulated in float32.
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 32, dtype=dtype))
+              for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float32)]
+    opt = ScheduleFreePlus(params, warmup_steps=2)
+    for _ in range(5):
+        loss = sum((p.float() ** 2).mean() for p in params)
+        loss.backward()
+        opt.step(loss=loss)
+    glob = opt._global()
+    stats = weight_norms(  # train mode: the parameters hold y; .grad is the last step's
+        ((p, opt.state[p]["z_minus_y"]) for p in params),
+        sf_beta_prev=float(glob["sf_beta_prev"]), train_mode=True, foreach=foreach)
+    y_direct = math.sqrt(sum((p.double() ** 2).sum().item() for p in params))
+    g_direct = math.sqrt(sum((p.grad.double() ** 2).sum().item() for p in params))
+    assert stats["y_l2"] == pytest.approx(y_direct, rel=1e-5)
+    assert stats["grad_l2"] == pytest.approx(g_direct, rel=1e-5)
+    default = opt.stats(norms=True)  # the CPU's default route
+    assert all(stats[k] == pytest.approx(default[k], rel=1e-5) for k in stats)
+    assert all(math.isfinite(stats[k]) and stats[k] > 0 for k in ("x_l2", "z_l2"))
