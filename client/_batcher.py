@@ -370,9 +370,9 @@ def _read_tensors(items: list[tuple[list[Any], int, Any]]) -> int:
 
 
 def _encode(steps: list[int], walls: list[float], columns: Columns, max_keys: int) -> list[Batch]:
-    # The body is written as bytes, not through json.dumps: it is almost all base64 text,
+    # The body is written as bytes, not through one json.dumps: it is almost all base64 text,
     # which the encoder would scan character by character for escapes (about a sixth of the
-    # batcher's CPU); names are valid metric names and sparse columns go through json.dumps.
+    # batcher's CPU). Names (cached) and sparse columns still go through json.dumps.
     keys = list(columns)
     out = []
     head = b"".join((b'{"steps":"', _b64(array("q", steps)), b'","wall_time":"',
