@@ -123,12 +123,18 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
     end_session(session, commit=True)
 
 
+#: ``Session.info`` key set once :func:`end_session` ended the session.
+SESSION_ENDED = "curvecast.ended"
+
+
 def end_session(session: Session, *, commit: bool) -> None:
-    """Commit (or roll back) and close ``session``; it is closed even if the commit fails."""
+    """Commit (or roll back) and close ``session``; it is closed even if the commit fails, and
+    marked ended (``session.info[SESSION_ENDED]``) for whoever else would end it."""
     try:
         if commit:
             session.commit()
         else:
             session.rollback()
     finally:
+        session.info[SESSION_ENDED] = True
         session.close()

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from curvecast.service.config import Settings
-from curvecast.service.db import end_session, session_scope
+from curvecast.service.db import SESSION_ENDED, end_session, session_scope
 from curvecast.service.errors import Forbidden, Unauthenticated
 from curvecast.service.schemas import Principal, TokenScope
 from curvecast.service.store import tokens
@@ -28,7 +28,8 @@ async def get_settings(request: Request) -> Settings:
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
-    """One session per request: committed when the route returns, rolled back on error.
+    """One session per request: committed when the route returns, rolled back on error (or
+    already ended by a read route in its endpoint's thread: ``api/_route.py``).
 
     ``async``, although committing does I/O: a plain generator dependency is entered and left
     in the thread pool, two hand-overs per request on top of the route's own (a tenth of a
@@ -39,9 +40,12 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     try:
         yield session
     except BaseException:
-        await run_in_threadpool(end_session, session, commit=False)
+        if not session.info.get(SESSION_ENDED):
+            await run_in_threadpool(end_session, session, commit=False)
         raise
-    await run_in_threadpool(end_session, session, commit=True)
+    # A read route (api/_route.py) ended it already, in its endpoint's thread.
+    if not session.info.get(SESSION_ENDED):
+        await run_in_threadpool(end_session, session, commit=True)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -19,10 +19,11 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi.routing import APIRoute
 from pydantic_core import from_json
 from starlette.requests import Request
 from starlette.responses import Response
+
+from curvecast.service.api._route import OneHopRoute
 
 
 def loads(body: bytes) -> Any:
@@ -40,9 +41,9 @@ class _Request(Request):
         return self._json
 
 
-class FastJSONRoute(APIRoute):
-    """An ``APIRoute`` whose request bodies :func:`loads` decodes; everything else (validation,
-    error answers, the OpenAPI description) is FastAPI's own."""
+class FastJSONRoute(OneHopRoute):
+    """A :class:`OneHopRoute` whose request bodies :func:`loads` decodes; everything else
+    (validation, error answers, the OpenAPI description) is FastAPI's own."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

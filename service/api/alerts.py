@@ -18,6 +18,7 @@ from fastapi import status as http
 from curvecast.contract import PROJECT_PATTERN
 from curvecast.service.alerting.rules import RULES, rule_config, validate_override
 from curvecast.service.alerting.targets import is_allowed_address, literal_address
+from curvecast.service.api._route import OneHopRoute
 from curvecast.service.deps import (
     AdminPrincipal,
     IngestPrincipal,
@@ -46,7 +47,7 @@ from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
 
-router = APIRouter(prefix="/api/v1", tags=["alerts"])
+router = APIRouter(prefix="/api/v1", tags=["alerts"], route_class=OneHopRoute)
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
 ProjectPath = Annotated[str, Path(pattern=PROJECT_PATTERN)]

@@ -14,13 +14,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from curvecast.contract import KEY_MAX_LENGTH, KEY_PATTERN, MAX_STEP
+from curvecast.service.api._route import OneHopRoute
 from curvecast.service.deps import ReadPrincipal, SessionDep
 from curvecast.service.forecast.answer import forecast_answer, history_answer, target_answer
 from curvecast.service.schemas.forecast import ForecastHistory, ForecastOut, TargetAnswer
 from curvecast.service.store import forecasts as forecast_store
 from curvecast.service.store._common import utcnow
 
-router = APIRouter(prefix="/api/v1/runs/{run_id}/forecast", tags=["forecast"])
+router = APIRouter(prefix="/api/v1/runs/{run_id}/forecast", tags=["forecast"],
+                   route_class=OneHopRoute)
 
 Confidence = Annotated[float, Query(gt=0.5, lt=1.0, description="Interval coverage")]
 Key = Annotated[

@@ -7,11 +7,12 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from curvecast.service.api._route import OneHopRoute
 from curvecast.service.migrate import check_schema
 from curvecast.service.schemas import Health
 
 log = logging.getLogger(__name__)
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=OneHopRoute)
 
 
 @router.get("/healthz", response_model=Health, summary="The process is alive")

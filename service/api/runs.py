@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 
 from curvecast.contract import BASE64_COLUMNS, INGEST_ENCODINGS_HEADER
+from curvecast.service.api._route import OneHopRoute
 from curvecast.service.db import session_scope
 from curvecast.service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
 from curvecast.service.schemas import (
@@ -21,7 +22,7 @@ from curvecast.service.schemas import (
 from curvecast.service.store import retention
 from curvecast.service.store import runs as run_store
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], route_class=OneHopRoute)
 
 
 @router.put(

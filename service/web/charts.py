@@ -15,13 +15,14 @@ from fastapi.responses import Response
 
 from curvecast.contract import MAX_STEP
 from curvecast.dashboards import views
+from curvecast.service.api._route import OneHopRoute
 from curvecast.service.deps import SessionDep
 from curvecast.service.errors import InvalidInput
 from curvecast.service.web import reads
 from curvecast.service.web.login import PagePrincipal
 from curvecast.service.web.responses import chart_json
 
-router = APIRouter()
+router = APIRouter(route_class=OneHopRoute)
 
 Step = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
 

@@ -15,8 +15,10 @@ import httpx
 import psycopg
 import pytest
 import sqlalchemy as sa
+from fastapi.routing import APIRoute
 from sqlalchemy.exc import OperationalError
 
+from curvecast.service.api._route import OneHopRoute
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine
@@ -105,7 +107,21 @@ def test_a_request_commits_before_it_answers_and_a_failed_one_writes_nothing(
     # one returns, one fails after its write.
     app = create_app(Settings(database_url=database_url, worker_enabled=False))
     tag = uuid.uuid4().hex[:12]
+    _check_commits_and_rollbacks(app, database_url, tag, method="POST")
 
+
+def test_a_read_route_commits_before_it_answers_and_a_failed_one_writes_nothing(
+    database_url: str,
+) -> None:
+    # OneHopRoute (every GET of the API and the chart routes) commits and closes the session in
+    # the endpoint's thread; what a client sees is what the dependency's teardown gave.
+    app = create_app(Settings(database_url=database_url, worker_enabled=False))
+    tag = uuid.uuid4().hex[:12]
+    _check_commits_and_rollbacks(app, database_url, tag, method="GET", route_class=OneHopRoute)
+
+
+def _check_commits_and_rollbacks(app: Any, database_url: str, tag: str, *, method: str,
+                                 route_class: type[APIRoute] | None = None) -> None:
     def write(session: SessionDep, name: str) -> dict[str, str]:
         write_connection(session)
         ensure_project(session, name=name)
@@ -116,8 +132,9 @@ def test_a_request_commits_before_it_answers_and_a_failed_one_writes_nothing(
         ensure_project(session, name=name)
         raise Conflict(f"{name} conflicts")
 
-    app.add_api_route("/test/write", write, methods=["POST"])
-    app.add_api_route("/test/write-then-fail", write_then_fail, methods=["POST"])
+    for path, endpoint in (("/test/write", write), ("/test/write-then-fail", write_then_fail)):
+        app.router.add_api_route(path, endpoint, methods=[method],
+                                 route_class_override=route_class)
     engine = make_engine(Settings(database_url=database_url))
 
     def stored(name: str) -> bool:
@@ -127,15 +144,17 @@ def test_a_request_commits_before_it_answers_and_a_failed_one_writes_nothing(
 
     try:
         with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as client:
-            resp = client.post("/test/write", params={"name": f"ok-{tag}"})
+            resp = client.request(method, "/test/write", params={"name": f"ok-{tag}"})
             assert resp.status_code == 200, resp.text
             assert stored(f"ok-{tag}")  # committed before the answer was sent
-            resp = client.post("/test/write-then-fail", params={"name": f"failed-{tag}"})
+            resp = client.request(method, "/test/write-then-fail",
+                                  params={"name": f"failed-{tag}"})
             assert resp.status_code == 409
             assert resp.json()["error_code"] == "conflict"
             assert not stored(f"failed-{tag}")  # rolled back
             # The session's connection went back to the pool clean: the next request works.
-            assert client.post("/test/write", params={"name": f"after-{tag}"}).status_code == 200
+            again = client.request(method, "/test/write", params={"name": f"after-{tag}"})
+            assert again.status_code == 200
             assert stored(f"after-{tag}")
     finally:
         engine.dispose()
