@@ -33,6 +33,7 @@ from torch.nn import functional as F
 from bench._report import markdown_table, write_section
 from curvecast.sfplus import ScheduleFreePlus
 from curvecast.sfplus import _stats as current_stats
+from curvecast.sfplus._state import DELTA
 from examples.charlm import CharTransformer
 
 
@@ -97,7 +98,7 @@ def measure(make: Callable[[], Any], device: torch.device, rounds: int,
         def call() -> Any:
             glob = opt._global()
             return module.weight_norms(
-                ((p, opt.state.get(p, {}).get("z_minus_y")) for g in opt.param_groups
+                ((p, opt.state.get(p, {}).get(DELTA)) for g in opt.param_groups
                  for p in g["params"]),
                 sf_beta_prev=float(glob["sf_beta_prev"]), train_mode=bool(glob["train_mode"]))
         return call

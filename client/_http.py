@@ -162,18 +162,8 @@ class Connection:
         return Answer(status, headers, body, will_close)
 
     def _read_head(self, *, first: bool) -> tuple[int, str, dict[str, str]]:
-        buf = self._buf
-        while (end := buf.find(b"\r\n\r\n")) < 0:
-            if len(buf) > MAX_HEAD:
-                raise ProtocolError(f"the answer's head is over {MAX_HEAD} bytes")
-            chunk = self._recv()
-            if not chunk:
-                if first and not buf:
-                    raise ServerClosed("the server closed the connection before answering")
-                raise ProtocolError("the connection ended inside the answer's head")
-            buf += chunk
-        lines = buf[:end].decode("latin-1").split("\r\n")
-        del buf[: end + 4]
+        head = self._read_until(b"\r\n\r\n", "the answer's head", closed_is_stale=first)
+        lines = head.decode("latin-1").split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
         if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
@@ -197,18 +187,27 @@ class Connection:
         del buf[:n]
         return out
 
-    def _read_line(self) -> bytes:
+    def _read_until(self, delimiter: bytes, what: str, *, closed_is_stale: bool = False
+                    ) -> bytes:
+        """The bytes before ``delimiter``, taken from the buffer with it; ``what`` names them
+        in errors. With ``closed_is_stale``, a connection that ends before any byte arrived
+        raises :class:`ServerClosed`."""
         buf = self._buf
-        while (end := buf.find(b"\r\n")) < 0:
+        while (end := buf.find(delimiter)) < 0:
             if len(buf) > MAX_HEAD:
-                raise ProtocolError("a chunk header line is too long")
+                raise ProtocolError(f"{what} is over {MAX_HEAD} bytes")
             chunk = self._recv()
             if not chunk:
-                raise ProtocolError("the connection ended inside a chunked body")
+                if closed_is_stale and not buf:
+                    raise ServerClosed("the server closed the connection before answering")
+                raise ProtocolError(f"the connection ended inside {what}")
             buf += chunk
-        line = bytes(buf[:end])
-        del buf[: end + 2]
-        return line
+        out = bytes(buf[:end])
+        del buf[: end + len(delimiter)]
+        return out
+
+    def _read_line(self) -> bytes:
+        return self._read_until(b"\r\n", "a chunked body's line")
 
     def _read_chunked(self) -> bytes:
         parts = []
