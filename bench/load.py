@@ -323,6 +323,9 @@ class CpuSampler:
 
 
 SERVICE = "service (2 workers)"
+#: The service's background worker process alone (part of SERVICE): the rest is the serve
+#: processes (ingest and reads).
+WORKER = "of which: background worker process"
 POSTGRES = "PostgreSQL (whole cluster)"
 
 
@@ -337,7 +340,7 @@ def _us_per_point(sampler: CpuSampler, group: str, points_per_s: float) -> float
 
 def _per_point(sampler: CpuSampler, points_per_s: float) -> str:
     """The service's and PostgreSQL's CPU per point, as the table shows them."""
-    parts = [f"{name.split(' (')[0]} {us:.1f} µs" for name in (SERVICE, POSTGRES)
+    parts = [f"{name.split(' (')[0]} {us:.1f} µs" for name in (SERVICE, WORKER, POSTGRES)
              if math.isfinite(us := _us_per_point(sampler, name, points_per_s))]
     return ", ".join(parts) or "-"
 
@@ -381,6 +384,15 @@ def _tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def _is_worker(proc: psutil.Process) -> bool:
+    """Whether a process of the service's tree is its background worker (``curvecast worker``,
+    started by ``serve`` or by ``--worker-apart``)."""
+    try:
+        return "worker" in proc.cmdline()[3:5]
+    except psutil.Error:
+        return False
 
 
 def postgres_processes() -> list[psutil.Process]:
@@ -473,6 +485,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sampler = CpuSampler({
                     SERVICE: lambda: _tree(server.proc.pid) + (
                         _tree(worker.pid) if worker is not None else []),
+                    WORKER: lambda: [p for p in _tree(server.proc.pid) + (
+                        _tree(worker.pid) if worker is not None else []) if _is_worker(p)],
                     **({} if args.sqlite else {POSTGRES: postgres_processes}),
                     "load generator": lambda: [psutil.Process(c.pid)
                                                for c in mp.active_children()],

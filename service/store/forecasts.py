@@ -47,6 +47,7 @@ from curvecast.service.store._common import (
     series_points,
     write_connection,
 )
+from curvecast.service.store._fit_points import FitPoints
 from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.rollups import ROLLUP_WIDTHS, read_block_means
 
@@ -60,6 +61,8 @@ MIN_FIT_BLOCKS = DEFAULT_MAX_BINS
 #: The logged learning rate only has to show whether it left its peak: a coarse read will do.
 LR_RAW_READ_LIMIT = 2_000
 LR_MIN_BLOCKS = 100
+#: The raw points of the series this process refits (see ``_fit_points``).
+_fit_points = FitPoints()
 
 
 @dataclass(frozen=True)
@@ -206,32 +209,60 @@ def read_fit_inputs(session: Session, *, job: FitJob) -> list[FitInput]:
     return [one for one in inputs if one is not None]
 
 
+def _bounds(session: Session, sid: int) -> tuple[int, int] | None:
+    """A series' first and last step (None without points); one statement, which PostgreSQL
+    and SQLite answer from the primary key's index."""
+    lo, hi = session.execute(
+        select(func.min(MetricPoint.step), func.max(MetricPoint.step))
+        .where(MetricPoint.series_id == sid)
+    ).one()
+    return None if lo is None or hi is None else (int(lo), int(hi))
+
+
 def _read_points(session: Session, sid: int, raw_limit: int, min_blocks: int
                  ) -> tuple[FloatArray, FloatArray] | None:
     """A series' points: raw when it spans at most ``raw_limit`` steps, else rollup block means
     (at least ``min_blocks`` of them), so the read costs the same however long the run.
     ``None`` when the series has no points."""
-    # One statement; PostgreSQL and SQLite answer min and max from the primary key's index.
-    lo, hi = session.execute(
-        select(func.min(MetricPoint.step), func.max(MetricPoint.step))
-        .where(MetricPoint.series_id == sid)
-    ).one()
-    if lo is None or hi is None:
+    bounds = _bounds(session, sid)
+    if bounds is None:
         return None
-    means = (
-        read_block_means(session, sid, int(lo), int(hi), min_blocks)
-        if hi - lo + 1 > raw_limit
+    lo, hi = bounds
+    means = read_block_means(session, sid, lo, hi, min_blocks) if hi - lo + 1 > raw_limit \
         else None
-    )
     if means is not None:
         return means
     steps, values = series_points(session, series_id=sid, skip_null=True)
     return steps.astype(np.float64), values
 
 
+def _read_fit_points(session: Session, run_id: uuid.UUID, sid: int
+                     ) -> tuple[FloatArray, FloatArray] | None:
+    """:func:`_read_points` of a fitted series (``RAW_READ_LIMIT``, ``MIN_FIT_BLOCKS``), whose
+    raw points stay held in this process (:data:`_fit_points`) so the next refit reads only the
+    steps after them."""
+    raw = _fit_points.update(session, run_id, sid)
+    if raw is None or raw[0][-1] - raw[0][0] + 1 > RAW_READ_LIMIT:
+        bounds = _bounds(session, sid)
+        if bounds is None:
+            return None
+        lo, hi = bounds
+        if hi - lo + 1 > RAW_READ_LIMIT:
+            means = read_block_means(session, sid, lo, hi, MIN_FIT_BLOCKS)
+            if means is not None:  # too long to read raw: nothing is held
+                return means
+        raw = series_points(session, series_id=sid)
+        if not raw[0].size:
+            return None
+    _fit_points.keep(session, run_id, sid, raw)
+    steps, values = raw
+    logged = ~np.isnan(values)  # a NaN was logged as such (stored NULL): not a point to fit
+    return steps[logged].astype(np.float64), values[logged]
+
+
 def _read_one(session: Session, job: FitJob, key: str, sid: int, *, is_default: bool,
               rate: float | None, lr: tuple[FloatArray, FloatArray] | None) -> FitInput | None:
-    points = _read_points(session, sid, RAW_READ_LIMIT, MIN_FIT_BLOCKS)
+    points = _read_fit_points(session, job.run_id, sid)
     if points is None:
         return None
     steps, values = points

@@ -204,6 +204,26 @@ class Buckets:
     count: list[int]
 
 
+def bucket_points(steps: np.ndarray, values: np.ndarray, lo: int, span: int, n_buckets: int
+                  ) -> Buckets:
+    """Raw points (by step; NaN for a logged NaN) in ``n_buckets`` buckets of equal step width
+    over ``[lo, lo + span)`` (pure): bucket = (step - lo) * n_buckets // span, in integers. Per
+    non-empty bucket: its last point, the extremes of its values (NaN left out; NaN if it has
+    none) and its point count."""
+    if not steps.size:
+        return Buckets([], [], [], [], [])
+    bucket = (steps - lo) * n_buckets // span
+    starts = np.flatnonzero(np.append(True, bucket[1:] != bucket[:-1]))
+    ends = np.append(starts[1:], len(steps)) - 1
+    return Buckets(
+        steps=steps[ends].tolist(),
+        values=values[ends].tolist(),
+        vmin=np.fmin.reduceat(values, starts).tolist(),
+        vmax=np.fmax.reduceat(values, starts).tolist(),
+        count=np.diff(np.append(starts, len(steps))).tolist(),
+    )
+
+
 def choose_level(span: int, max_points: int) -> int | None:
     """The coarsest level whose block is no wider than one bucket, or None (too fine)."""
     bucket = span / max_points

@@ -252,38 +252,52 @@ def test_sparse_series_is_not_bucketed(run_url: str) -> None:
     assert got["steps"] == [0, 500_000, 1_000_000] and got["total_points"] == 3
 
 
-def test_rollup_reads_match_brute_force(run_url: str) -> None:
-    """Downsampled reads come from the rollups (plus raw edges); they must equal what a brute
-    force over the raw points gives, including after overlapping (duplicate) batches."""
+@pytest.mark.parametrize(("n", "start", "end", "max_points"), [
+    (60_000, 1_234, 45_678, 300),  # 147 steps a bucket: from the rollups, raw edges
+    (6_000, 17, 5_990, 2_000),  # 3 steps a bucket: aggregated from the raw points
+], ids=["rollups", "raw"])
+def test_downsampled_reads_match_brute_force(run_url: str, n: int, start: int, end: int,
+                                             max_points: int) -> None:
+    """Downsampled reads (from the rollups plus raw edges, or from the raw points when a bucket
+    is narrower than a rollup block) must equal what a brute force over the raw points gives,
+    including after overlapping (duplicate) batches and in buckets whose values are all NaN."""
     import numpy as np
 
     rng = np.random.default_rng(7)
-    n = 60_000
     values = rng.normal(3.0, 1.0, n)
     values[rng.choice(n, 50, replace=False)] = np.nan
+    values[start + 30 : start + 45] = np.nan  # whole buckets of NaN
     steps = np.arange(n)
-    for lo in range(0, n, 20_000):  # batches overlapping by 5,000 steps
-        sl = slice(max(0, lo - 5_000), lo + 20_000)
+    batch = n // 3
+    for lo in range(0, n, batch):  # batches overlapping by a quarter of one
+        sl = slice(max(0, lo - batch // 4), lo + batch)
         body = {"steps": steps[sl].tolist(),
                 "values": {"loss": ["NaN" if np.isnan(v) else v for v in values[sl]]}}
         assert post(run_url, body).status_code == 200
-    start, end, max_points = 1_234, 45_678, 300
     got = series(run_url, start=start, end=end, max_points=max_points)["loss"]
     assert got["downsampled"] is True
     assert len(got["steps"]) <= max_points
     assert got["total_points"] == sum(got["count"]) == end - start + 1
     window = values[start : end + 1]
-    assert max(got["max"]) == np.nanmax(window) and min(got["min"]) == np.nanmin(window)
+    finite_max = [v for v in got["max"] if v != "NaN"]
+    finite_min = [v for v in got["min"] if v != "NaN"]
+    assert max(finite_max) == np.nanmax(window) and min(finite_min) == np.nanmin(window)
+
+    def same(answer: object, expected: float) -> bool:
+        return answer == "NaN" if np.isnan(expected) else answer == expected
+
     # Every bucket: its last point is the raw point at its last step; extremes and counts agree.
     edges = [start - 1, *got["steps"]]
+    all_nan = 0
     for i, last in enumerate(got["steps"]):
         chunk = values[edges[i] + 1 : last + 1]
         assert got["count"][i] == len(chunk)
-        assert got["max"][i] == np.nanmax(chunk) and got["min"][i] == np.nanmin(chunk)
-        expected_last = values[last]
-        assert (got["values"][i] == "NaN") if np.isnan(expected_last) else (
-            got["values"][i] == expected_last
-        )
+        nan_only = bool(np.isnan(chunk).all())
+        all_nan += nan_only
+        assert same(got["max"][i], np.nan if nan_only else np.nanmax(chunk))
+        assert same(got["min"][i], np.nan if nan_only else np.nanmin(chunk))
+        assert same(got["values"][i], values[last])
+    assert all_nan >= (1 if max_points == 2_000 else 0)
 
 
 def test_nulls_nan_strings_and_unsorted_steps_in_one_batch(run_url: str) -> None:

@@ -1,0 +1,97 @@
+"""The raw points of the series this process refits, kept between refits so that a refit reads
+only the steps logged since the previous one.
+
+A refit fits a series' raw points while it spans at most ``RAW_READ_LIMIT`` steps (20,000).
+Read whole every round, that read grew with the run: a run logging 100 steps a second had its
+whole history read every 5 s to add 500 points. :class:`FitPoints` keeps what the last refit of
+a series read, and asks the database only for the steps after it.
+
+What it checks: the points held plus the new ones must be as many as the series' rollups count,
+counted *after* the new points were read (points are only added while a run exists, so a count
+taken later can only be larger: a point stored late, with a step the cache already covers, or
+one stored between the two reads, makes the numbers differ). Anything else reads the series
+whole, so a refit sees exactly what a fresh read would. Memory is bounded (:data:`MAX_POINTS` in
+all, least recently used series dropped first), per database engine, thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from curvecast.service.store._common import series_points
+from curvecast.service.store.rollups import ROLLUP_WIDTHS
+
+__all__ = ["MAX_POINTS", "FitPoints"]
+
+#: Points held in all, per engine (two 8-byte columns: ~32 MB).
+MAX_POINTS = 2_000_000
+
+Points = tuple[NDArray[np.int64], NDArray[np.float64]]
+
+#: A series' point count: one small row per 524,288 steps at the coarsest rollup level.
+_COUNT_SQL = text(
+    "SELECT sum(n) FROM metric_rollups WHERE series_id = :sid AND level = :level"
+)
+
+
+class FitPoints:
+    """Every point of a series (NaN where a NaN was logged), by step, read incrementally."""
+
+    def __init__(self, max_points: int = MAX_POINTS) -> None:
+        self._max_points = max_points
+        self._lock = threading.Lock()
+        self._by_engine: weakref.WeakKeyDictionary[
+            Any, OrderedDict[tuple[uuid.UUID, int], Points]] = weakref.WeakKeyDictionary()
+        self._held: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        #: Reads answered from what was held plus the new steps / read whole (diagnostics).
+        self.hits = 0
+        self.misses = 0
+
+    def update(self, session: Session, run_id: uuid.UUID, sid: int) -> Points | None:
+        """The points held of series ``sid`` of run ``run_id`` and the steps stored after them,
+        or None when nothing is held or the count disagrees (read the series whole, then
+        :meth:`keep` it). What was held is released either way: :meth:`keep` what is used."""
+        engine = session.get_bind()
+        with self._lock:
+            held = self._by_engine.setdefault(engine, OrderedDict()).pop((run_id, sid), None)
+            if held is not None:
+                self._held[engine] = self._held.get(engine, 0) - held[0].size
+        if held is None or not held[0].size:
+            self.misses += 1
+            return None
+        new_steps, new_values = series_points(session, series_id=sid, lo=int(held[0][-1]) + 1)
+        if held[0].size + new_steps.size != _stored_count(session, sid):
+            self.misses += 1
+            return None
+        self.hits += 1
+        return np.concatenate((held[0], new_steps)), np.concatenate((held[1], new_values))
+
+    def keep(self, session: Session, run_id: uuid.UUID, sid: int, points: Points) -> None:
+        """Hold ``points`` (every point of the series, NaN included, by step) for the next
+        :meth:`update`, dropping the least recently used series beyond the bound."""
+        engine = session.get_bind()
+        with self._lock:
+            series = self._by_engine.setdefault(engine, OrderedDict())
+            old = series.pop((run_id, sid), None)
+            held = self._held.get(engine, 0) - (old[0].size if old is not None else 0)
+            series[(run_id, sid)] = points
+            held += points[0].size
+            while held > self._max_points and len(series) > 1:
+                _, dropped = series.popitem(last=False)
+                held -= dropped[0].size
+            self._held[engine] = held
+
+
+def _stored_count(session: Session, sid: int) -> int:
+    """How many points series ``sid`` has, from its rollups (kept in the points' transaction)."""
+    n = session.execute(_COUNT_SQL, {"sid": sid, "level": len(ROLLUP_WIDTHS) - 1}).scalar()
+    return int(n or 0)

@@ -1,0 +1,118 @@
+"""A refit reads only the steps logged since the previous refit (``store/_fit_points``), and
+must still see exactly what a read of the whole series gives: after new steps, a point stored
+late inside what is held, logged NaNs, and a series that grows past the raw read's limit."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from curvecast.contract import RunConfig
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.schemas import MetricBatch, RunCreate
+from curvecast.service.store import forecasts
+from curvecast.service.store import metrics as metric_store
+from curvecast.service.store import runs as run_store
+from curvecast.service.store._fit_points import FitPoints
+
+
+@pytest.fixture(scope="module")
+def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(Settings(database_url=database_url))
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def _log(factory: sessionmaker[Session], run_id: uuid.UUID, steps: list[int],
+         nan_every: int = 0) -> None:
+    values = [math.nan if nan_every and s % nan_every == 0 else 3.0 / math.sqrt(1 + s) + 1
+              for s in steps]
+    with session_scope(factory) as s:
+        metric_store.ingest_batch(s, run_id=run_id, batch=MetricBatch(
+            steps=steps, values={"loss": values}), allowed_project=None)
+
+
+def _inputs(factory: sessionmaker[Session], run_id: uuid.UUID) -> tuple[np.ndarray, np.ndarray]:
+    job = forecasts.FitJob(run_id=run_id, run_n_points=0, config=RunConfig())
+    with session_scope(factory) as s:
+        (loss,) = forecasts.read_fit_inputs(s, job=job)
+    return loss.steps, loss.values
+
+
+def _whole(factory: sessionmaker[Session], run_id: uuid.UUID,
+           monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
+    """The same read with nothing held: a fresh cache, used once."""
+    with monkeypatch.context() as m:
+        m.setattr(forecasts, "_fit_points", FitPoints())
+        return _inputs(factory, run_id)
+
+
+def _same(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> None:
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_refits_read_new_steps_and_see_what_a_whole_read_sees(
+    factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = FitPoints()
+    monkeypatch.setattr(forecasts, "_fit_points", cache)
+    run_id = uuid.uuid4()
+    with session_scope(factory) as s:
+        run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
+                                    allowed_project=None)
+    _log(factory, run_id, list(range(0, 300)), nan_every=7)
+    first = _inputs(factory, run_id)
+    assert (cache.hits, cache.misses) == (0, 1)
+    assert not np.isnan(first[1]).any() and first[0].size == 300 - 43, "logged NaNs left out"
+
+    _log(factory, run_id, list(range(300, 500)), nan_every=7)
+    grown = _inputs(factory, run_id)
+    assert (cache.hits, cache.misses) == (1, 1), "the new steps only"
+    _same(grown, _whole(factory, run_id, monkeypatch))
+    assert grown[0][-1] == 499
+
+    # Steps missing inside what is held, stored late (a resent batch, a second writer): the
+    # count disagrees, so the series is read whole, late points included.
+    _log(factory, run_id, list(range(500, 520)) + [1_000])
+    _log(factory, run_id, list(range(520, 600)))
+    late = _inputs(factory, run_id)
+    assert cache.hits == 2
+    _log(factory, run_id, [700, 701])  # inside [0, 1000], after nothing held
+    after_late = _inputs(factory, run_id)
+    assert cache.misses == 2, "a late step is not taken for a new one"
+    _same(after_late, _whole(factory, run_id, monkeypatch))
+    assert {700.0, 701.0} <= set(after_late[0].tolist()) and 700.0 not in late[0]
+
+    # Past the raw limit the refit reads block means, and holds nothing of the series.
+    monkeypatch.setattr(forecasts, "RAW_READ_LIMIT", 600)
+    monkeypatch.setattr(forecasts, "MIN_FIT_BLOCKS", 20)
+    means = _inputs(factory, run_id)
+    _same(means, _whole(factory, run_id, monkeypatch))
+    assert means[0].size < 500, "block means, not raw points"
+    assert _inputs(factory, run_id)[0].size == means[0].size
+
+
+def test_the_cache_holds_at_most_max_points(
+    factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = FitPoints(max_points=250)
+    monkeypatch.setattr(forecasts, "_fit_points", cache)
+    runs = [uuid.uuid4() for _ in range(3)]
+    for run_id in runs:
+        with session_scope(factory) as s:
+            run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
+                                        allowed_project=None)
+        _log(factory, run_id, list(range(0, 100)))
+        _inputs(factory, run_id)
+    assert cache.misses == 3
+    _inputs(factory, runs[0])  # the oldest was dropped to stay within 250 points
+    assert (cache.hits, cache.misses) == (0, 4)
+    _inputs(factory, runs[2])
+    assert cache.hits == 1
