@@ -8,8 +8,8 @@ independent jobs' do; ``--lockstep``: all at once); the clients run as threads i
 several generator processes (one Python process cannot log and encode 32,000 points/s and also
 leave the service CPU). A transport wrapper times every request. Meanwhile "viewers" keep run
 pages open as ``dashboards/static/run.js`` does (every figure when a page opens, then every 2 s
-the run, its new points, forecast and alerts, and the loss and evolution figures again when a
-new fit arrives; ``--page-reloads``: a whole page's figures every 2 s instead) and
+the run, its new points, forecast and alerts in one request, and the loss and evolution figures
+again when a new fit arrives; ``--page-reloads``: a whole page's figures every 2 s instead) and
 two scripts each ask a forecast, a target and a downsampled series 5 times a second, on a
 fixed schedule.
 
@@ -163,7 +163,7 @@ def generator_process(job: GeneratorJob) -> dict[str, Any]:
 #: Request kinds of the dashboard viewers, as the report names them.
 FIGURES_PAGE = "dashboard figures (page opened)"
 FIGURES_FIT = "dashboard figures (new fit: loss, evolution)"
-POLL = "page live poll (run, new points, forecast, alerts)"
+POLL = "page live poll (run, new points, forecast, alerts: one request)"
 #: The run page's poll interval (``service/web/pages.py``'s POLL_MS) and how long a viewer keeps
 #: a page open.
 POLL_S = 2.0
@@ -226,7 +226,8 @@ class Readers:
     def _page_viewer(self, index: int) -> None:
         """What an open run page does (``dashboards/static/run.js``): every figure once when
         it opens; then every 2 s the run, the points after its cursor (the keys its charts
-        show, at most 2,000 per series), the forecast and the alerts; the loss and evolution
+        show, at most 2,000 per series), the forecast and the alerts, in one request (its
+        ``/live`` poll; four REST requests before 2026-11-26); the loss and evolution
         charts again when the forecast's fit changes. A viewer opens another run's page every
         :data:`PAGE_S` seconds; the viewers' first pages open :data:`PAGE_S` / viewers apart,
         so that page loads are spread evenly rather than all at the start."""
@@ -246,16 +247,14 @@ class Readers:
                                for k in fig["layout"].get("meta", {}).get("keys", [])})
                 cursor = max(page["state"]["cursor"].values(), default=-1)
                 fitted_at = page["state"].get("fitted_at")
-                api = f"/api/v1/runs/{run}"
                 while not self.stop.wait(POLL_S) and time.monotonic() < page_end:
-                    self._get(client, POLL, api)
-                    new = self._get(client, POLL, f"{api}/metrics", keys=",".join(keys),
-                                    start=max(0, cursor - LAG + 1), max_points=2000)
-                    for series in (new or {}).get("series", []):
+                    live = self._get(client, POLL, f"/dashboards/api/runs/{run}/live",
+                                     keys=",".join(keys) or None,
+                                     start=max(0, cursor - LAG + 1), max_points=2000,
+                                     horizon=page["state"]["horizon"]) or {}
+                    for series in (live.get("metrics") or {}).get("series", []):
                         cursor = max([cursor, *series["steps"][-1:]])
-                    forecast = self._get(client, POLL, f"{api}/forecast",
-                                         horizon=page["state"]["horizon"])
-                    self._get(client, POLL, f"{api}/alerts")
+                    forecast = live.get("forecast")
                     if forecast is not None and forecast.get("fitted_at") != fitted_at:
                         fitted_at = forecast.get("fitted_at")
                         self._get(client, FIGURES_FIT, f"/dashboards/api/runs/{run}/figures",
@@ -699,7 +698,8 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
            "dashboard viewers keep run pages open as the page's script does (every figure "
            f"when a page opens, a new run's page every {PAGE_S:.0f} s per viewer, the "
            f"viewers' first pages {PAGE_S / readers.viewers:.2f} s apart; every 2 s the run, "
-           "its new points, forecast and alerts; the loss and evolution figures when a new "
+           "its new points, forecast and alerts in one request; the loss and evolution figures "
+           "when a new "
            "fit arrives) and ") +
         f"{readers.forecasters} scripts each ask a forecast, a target and a downsampled series "
         f"{SCRIPT_ROUNDS_PER_S:g} times a second (a fixed schedule). "

@@ -4,6 +4,7 @@ One module per concern, each routed under :data:`router`:
 
 * :mod:`.pages` -- the runs list, a run, a comparison (HTML);
 * :mod:`.charts` -- their figures as JSON (``/dashboards/api/...``);
+* :mod:`.live` -- the run page's live poll (run, new points, forecast, alerts) in one request;
 * :mod:`.reads` -- what a page shows, read from the store and the forecast answer builder
   (never through the app's own REST routes);
 * :mod:`.login` -- who is asking (the REST API's principal logic) and the cookie login;
@@ -16,8 +17,8 @@ The figures themselves are built by :mod:`curvecast.dashboards` (pure: data in, 
 
 from fastapi import APIRouter
 
-from curvecast.service.web import charts, login, pages, proxy, static
+from curvecast.service.web import charts, live, login, pages, proxy, static
 
 router = APIRouter(tags=["dashboards"], include_in_schema=False)
-for _module in (pages, charts, login, proxy, static):
+for _module in (pages, charts, live, login, proxy, static):
     router.include_router(_module.router)
