@@ -58,7 +58,8 @@ SCOPES = [
 #: Dashboard pages and their data (hidden from the schema): a read token, header or cookie.
 PAGES = {
     "/", "/runs/{run_id}", "/compare", "/dashboards/api/runs-table",
-    "/dashboards/api/runs/{run_id}/figures", "/dashboards/api/compare",
+    "/dashboards/api/runs/{run_id}/figures", "/dashboards/api/runs/{run_id}/live",
+    "/dashboards/api/compare",
     "/dashboards/api/v1/{path:path}",
 }
 #: Listings answer 200 to another project's token, with only that project's objects.
