@@ -18,10 +18,10 @@ PostgreSQL, three round trips:
 3. ``COMMIT``.
 
 SQLite (in process, so the number of statements matters less than what each one does): the run
-and its series in one ``SELECT``; the points in one ``executemany`` inside a savepoint — if any
-point was already stored, the savepoint is rolled back and the batch is inserted again, minus
-the points found stored; the rollups in one ``executemany``; the run's row in one ``UPDATE``.
-The write transaction (``BEGIN IMMEDIATE``) excludes other writers.
+and its series in one ``SELECT``; the points in ``INSERT`` statements of 200 rows inside a
+savepoint — if any point was already stored, the savepoint is rolled back and the batch is
+inserted again, minus the points found stored; the rollups in one ``executemany``; the run's
+row in one ``UPDATE``. The write transaction (``BEGIN IMMEDIATE``) excludes other writers.
 """
 
 from __future__ import annotations
@@ -122,6 +122,14 @@ _SQLITE_INSERT = (
     "ON CONFLICT DO NOTHING"
 )
 _EXISTING_SQL = "SELECT step FROM metric_points WHERE series_id = ? AND step >= ? AND step <= ?"
+#: Rows per multi-row INSERT: one statement of 200 rows cost SQLite's writer 0.7x the CPU of
+#: ``executemany`` over the same rows (per-row statement resets and parameter binding from
+#: tuples); 800 parameters stay under the 999 that SQLite before 3.32 allows.
+_SQLITE_CHUNK = 200
+_SQLITE_INSERT_CHUNK = (
+    "INSERT INTO metric_points (series_id, step, value, wall_time) VALUES "
+    + ", ".join(["(?, ?, ?, ?)"] * _SQLITE_CHUNK) + " ON CONFLICT DO NOTHING"
+)
 
 
 @dataclass(frozen=True)
@@ -138,20 +146,18 @@ class _Columns:
     wall: np.ndarray | None
     n_sent: int  # points in the request, counting repeats within it
 
-    def rows(self, mask: np.ndarray | None = None) -> list[tuple[Any, ...]]:
-        """Python rows (of the masked points) for DB-API ``executemany`` (NaN → None)."""
+    def flat(self, mask: np.ndarray | None = None) -> list[Any]:
+        """The (masked) points' parameters, row after row: series id, step, value, wall time
+        (NaN → None)."""
         pick = slice(None) if mask is None else mask
         value = self.value[pick]
-        wall = self.wall[pick] if self.wall is not None else None
-        return list(
-            zip(
-                self.series_id[pick].tolist(),
-                self.step[pick].tolist(),
-                _nan_to_none(value),
-                _nan_to_none(wall) if wall is not None else [None] * len(value),
-                strict=True,
-            )
-        )
+        out: list[Any] = [None] * (4 * len(value))
+        out[0::4] = self.series_id[pick].tolist()
+        out[1::4] = self.step[pick].tolist()
+        out[2::4] = _nan_to_none(value)
+        if self.wall is not None:
+            out[3::4] = _nan_to_none(self.wall[pick])
+        return out
 
 
 def _flatten(batch: MetricBatch, series_ids: dict[str, int]) -> _Columns:
@@ -290,14 +296,14 @@ def _stamp_processor(dialect: Dialect) -> Any:
 def _insert_sqlite(cur: Any, cols: _Columns) -> np.ndarray:
     """Insert the points not stored yet; returns the mask of those that were new.
 
-    New points are the common case: one ``executemany`` inside a savepoint, and its row count
-    says whether every point was new. If not, the savepoint is rolled back, the points already
-    stored are looked up per series, and only the others are inserted. The write transaction
-    (BEGIN IMMEDIATE) excludes other writers, so what is found here is what the insert adds.
+    New points are the common case: inserted inside a savepoint (:func:`_insert_rows`), and
+    the row count says whether every point was new. If not, the savepoint is rolled back, the
+    points already stored are looked up per series, and only the others are inserted. The write
+    transaction (BEGIN IMMEDIATE) excludes other writers, so what is found here is what the
+    insert adds.
     """
     cur.execute("SAVEPOINT curvecast_points")
-    cur.executemany(_SQLITE_INSERT, cols.rows())
-    if cur.rowcount == len(cols.step):
+    if _insert_rows(cur, cols.flat()) == len(cols.step):
         cur.execute("RELEASE curvecast_points")
         return np.ones(len(cols.step), dtype=bool)
     cur.execute("ROLLBACK TO curvecast_points")
@@ -310,8 +316,24 @@ def _insert_sqlite(cur: Any, cols: _Columns) -> np.ndarray:
         stored = [r[0] for r in cur.execute(_EXISTING_SQL, (sid, lo, hi)).fetchall()]
         if stored:
             new[start:end] = ~np.isin(cols.step[start:end], np.array(stored, dtype=np.int64))
-    cur.executemany(_SQLITE_INSERT, cols.rows(new))
+    _insert_rows(cur, cols.flat(new))
     return new
+
+
+def _insert_rows(cur: Any, flat: list[Any]) -> int:
+    """Insert rows given as :meth:`_Columns.flat` parameters, ``_SQLITE_CHUNK`` rows a
+    statement (the rest through ``executemany``); returns how many were new."""
+    per = 4 * _SQLITE_CHUNK
+    whole = len(flat) // per * per
+    inserted = 0
+    for start in range(0, whole, per):
+        cur.execute(_SQLITE_INSERT_CHUNK, flat[start:start + per])
+        inserted += cur.rowcount
+    if whole < len(flat):
+        rest = flat[whole:]
+        cur.executemany(_SQLITE_INSERT, [rest[i:i + 4] for i in range(0, len(rest), 4)])
+        inserted += cur.rowcount
+    return int(inserted)
 
 
 def _ingest_sqlite(
