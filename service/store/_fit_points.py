@@ -10,16 +10,19 @@ What it checks: the points held plus the new ones must be as many as the series'
 counted *after* the new points were read (points are only added while a run exists, so a count
 taken later can only be larger: a point stored late, with a step the cache already covers, or
 one stored between the two reads, makes the numbers differ). Anything else reads the series
-whole, so a refit sees exactly what a fresh read would. Memory is bounded (:data:`MAX_POINTS` in
-all, least recently used series dropped first), per database engine, thread-safe.
+whole, so a refit sees exactly what a fresh read would. Points are held under the run's id
+*and creation time*: a run deleted and created again under the same id (whose series SQLite may
+give the old ids) starts afresh even where the counts happen to agree. Memory is bounded
+(:data:`MAX_POINTS` in all, least recently used series dropped first), per database engine,
+thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
-import uuid
 import weakref
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -50,19 +53,20 @@ class FitPoints:
         self._max_points = max_points
         self._lock = threading.Lock()
         self._by_engine: weakref.WeakKeyDictionary[
-            Any, OrderedDict[tuple[uuid.UUID, int], Points]] = weakref.WeakKeyDictionary()
+            Any, OrderedDict[tuple[Hashable, int], Points]] = weakref.WeakKeyDictionary()
         self._held: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         #: Reads answered from what was held plus the new steps / read whole (diagnostics).
         self.hits = 0
         self.misses = 0
 
-    def update(self, session: Session, run_id: uuid.UUID, sid: int) -> Points | None:
-        """The points held of series ``sid`` of run ``run_id`` and the steps stored after them,
+    def update(self, session: Session, run: Hashable, sid: int) -> Points | None:
+        """The points held of series ``sid`` of ``run`` (what tells the run apart from a
+        deleted one of the same id: its id and creation time) and the steps stored after them,
         or None when nothing is held or the count disagrees (read the series whole, then
         :meth:`keep` it). What was held is released either way: :meth:`keep` what is used."""
         engine = session.get_bind()
         with self._lock:
-            held = self._by_engine.setdefault(engine, OrderedDict()).pop((run_id, sid), None)
+            held = self._by_engine.setdefault(engine, OrderedDict()).pop((run, sid), None)
             if held is not None:
                 self._held[engine] = self._held.get(engine, 0) - held[0].size
         if held is None or not held[0].size:
@@ -75,15 +79,15 @@ class FitPoints:
         self.hits += 1
         return np.concatenate((held[0], new_steps)), np.concatenate((held[1], new_values))
 
-    def keep(self, session: Session, run_id: uuid.UUID, sid: int, points: Points) -> None:
+    def keep(self, session: Session, run: Hashable, sid: int, points: Points) -> None:
         """Hold ``points`` (every point of the series, NaN included, by step) for the next
         :meth:`update`, dropping the least recently used series beyond the bound."""
         engine = session.get_bind()
         with self._lock:
             series = self._by_engine.setdefault(engine, OrderedDict())
-            old = series.pop((run_id, sid), None)
+            old = series.pop((run, sid), None)
             held = self._held.get(engine, 0) - (old[0].size if old is not None else 0)
-            series[(run_id, sid)] = points
+            series[(run, sid)] = points
             held += points[0].size
             while held > self._max_points and len(series) > 1:
                 _, dropped = series.popitem(last=False)

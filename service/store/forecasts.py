@@ -12,6 +12,7 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -167,8 +168,16 @@ def read_fit_inputs(session: Session, *, job: FitJob) -> list[FitInput]:
     loss, typically), so ``?key=`` answers for each; raw points, or bucket means for very long
     series. Empty when the run has no loss-like series yet.
     """
-    rows = session.execute(select(Series.key, Series.id).where(Series.run_id == job.run_id)).all()
-    series_ids = {str(k): int(i) for k, i in rows}
+    # With the run's creation time: the raw points held of its series (_fit_points) belong to
+    # this incarnation of the run, not to a deleted one of the same id (SQLite may even give
+    # the new series the old ids).
+    rows = session.execute(
+        select(Series.key, Series.id, Run.created_at)
+        .join(Run, Run.id == Series.run_id)
+        .where(Series.run_id == job.run_id)
+    ).all()
+    series_ids = {str(k): int(i) for k, i, _ in rows}
+    run = (job.run_id, rows[0][2] if rows else None)
     wanted = fit_candidates(job.config)
     # Point counts from the coarsest rollup level: one small row per 524,288 steps.
     counts = {
@@ -202,7 +211,7 @@ def read_fit_inputs(session: Session, *, job: FitJob) -> list[FitInput]:
     lr = (None if lr_series is None else
           _read_points(session, series_ids[lr_series], LR_RAW_READ_LIMIT, LR_MIN_BLOCKS))
     inputs = [
-        _read_one(session, job, key, series_ids[key], is_default=key == default, rate=rate,
+        _read_one(session, job, run, key, series_ids[key], is_default=key == default, rate=rate,
                   lr=lr)
         for key in (default, *others)
     ]
@@ -236,12 +245,12 @@ def _read_points(session: Session, sid: int, raw_limit: int, min_blocks: int
     return steps.astype(np.float64), values
 
 
-def _read_fit_points(session: Session, run_id: uuid.UUID, sid: int
+def _read_fit_points(session: Session, run: Hashable, sid: int
                      ) -> tuple[FloatArray, FloatArray] | None:
     """:func:`_read_points` of a fitted series (``RAW_READ_LIMIT``, ``MIN_FIT_BLOCKS``), whose
-    raw points stay held in this process (:data:`_fit_points`) so the next refit reads only the
-    steps after them."""
-    raw = _fit_points.update(session, run_id, sid)
+    raw points stay held in this process (:data:`_fit_points`, under ``run``: the run's id and
+    creation time) so the next refit reads only the steps after them."""
+    raw = _fit_points.update(session, run, sid)
     if raw is None or raw[0][-1] - raw[0][0] + 1 > RAW_READ_LIMIT:
         bounds = _bounds(session, sid)
         if bounds is None:
@@ -254,15 +263,16 @@ def _read_fit_points(session: Session, run_id: uuid.UUID, sid: int
         raw = series_points(session, series_id=sid)
         if not raw[0].size:
             return None
-    _fit_points.keep(session, run_id, sid, raw)
+    _fit_points.keep(session, run, sid, raw)
     steps, values = raw
     logged = ~np.isnan(values)  # a NaN was logged as such (stored NULL): not a point to fit
     return steps[logged].astype(np.float64), values[logged]
 
 
-def _read_one(session: Session, job: FitJob, key: str, sid: int, *, is_default: bool,
-              rate: float | None, lr: tuple[FloatArray, FloatArray] | None) -> FitInput | None:
-    points = _read_fit_points(session, job.run_id, sid)
+def _read_one(session: Session, job: FitJob, run: Hashable, key: str, sid: int, *,
+              is_default: bool, rate: float | None, lr: tuple[FloatArray, FloatArray] | None
+              ) -> FitInput | None:
+    points = _read_fit_points(session, run, sid)
     if points is None:
         return None
     steps, values = points

@@ -116,3 +116,33 @@ def test_the_cache_holds_at_most_max_points(
     assert (cache.hits, cache.misses) == (0, 4)
     _inputs(factory, runs[2])
     assert cache.hits == 1
+
+
+def test_a_run_deleted_and_created_again_is_read_afresh(
+    factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run deleted and created again under the same id (its series may even get the same
+    ids back on SQLite) logs new points: none of the old ones may be taken for them, even when
+    the counts happen to agree."""
+    from curvecast.service.store.retention import delete_run
+
+    monkeypatch.setattr(forecasts, "_fit_points", FitPoints())
+    run_id = uuid.uuid4()
+
+    def create() -> None:
+        with session_scope(factory) as s:
+            run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
+                                        allowed_project=None)
+
+    create()
+    _log(factory, run_id, list(range(0, 300)))
+    assert _inputs(factory, run_id)[1][0] == pytest.approx(4.0)
+    delete_run(factory, run_id)
+    create()
+    # 400 points where 300 were held: the held ones plus the 100 after them match the count.
+    steps = list(range(0, 400))
+    with session_scope(factory) as s:
+        metric_store.ingest_batch(s, run_id=run_id, batch=MetricBatch(
+            steps=steps, values={"loss": [7.0] * 400}), allowed_project=None)
+    again = _inputs(factory, run_id)
+    assert again[0].size == 400 and set(again[1].tolist()) == {7.0}
