@@ -48,7 +48,7 @@ from curvecast.service.store._common import (
     series_points,
     write_connection,
 )
-from curvecast.service.store._fit_points import FitPoints
+from curvecast.service.store._held_points import held_points
 from curvecast.service.store._leases import claim_leases
 from curvecast.service.store.rollups import ROLLUP_WIDTHS, read_block_means
 
@@ -62,8 +62,8 @@ MIN_FIT_BLOCKS = DEFAULT_MAX_BINS
 #: The logged learning rate only has to show whether it left its peak: a coarse read will do.
 LR_RAW_READ_LIMIT = 2_000
 LR_MIN_BLOCKS = 100
-#: The raw points of the series this process refits (see ``_fit_points``).
-_fit_points = FitPoints()
+#: The raw points of the series this process refits (see ``_held_points``).
+_fit_points = held_points
 
 
 @dataclass(frozen=True)

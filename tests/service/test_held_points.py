@@ -1,12 +1,14 @@
-"""A refit reads only the steps logged since the previous refit (``store/_fit_points``), and
+"""A refit reads only the steps logged since the previous refit (``store/_held_points``), and
 must still see exactly what a read of the whole series gives: after new steps, a point stored
 late inside what is held, logged NaNs, and a series that grows past the raw read's limit."""
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ from curvecast.service.schemas import MetricBatch, RunCreate
 from curvecast.service.store import forecasts
 from curvecast.service.store import metrics as metric_store
 from curvecast.service.store import runs as run_store
-from curvecast.service.store._fit_points import FitPoints
+from curvecast.service.store._held_points import HeldPoints
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def _whole(factory: sessionmaker[Session], run_id: uuid.UUID,
            monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
     """The same read with nothing held: a fresh cache, used once."""
     with monkeypatch.context() as m:
-        m.setattr(forecasts, "_fit_points", FitPoints())
+        m.setattr(forecasts, "_fit_points", HeldPoints())
         return _inputs(factory, run_id)
 
 
@@ -61,7 +63,7 @@ def _same(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) ->
 def test_refits_read_new_steps_and_see_what_a_whole_read_sees(
     factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cache = FitPoints()
+    cache = HeldPoints()
     monkeypatch.setattr(forecasts, "_fit_points", cache)
     run_id = uuid.uuid4()
     with session_scope(factory) as s:
@@ -102,7 +104,7 @@ def test_refits_read_new_steps_and_see_what_a_whole_read_sees(
 def test_the_cache_holds_at_most_max_points(
     factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cache = FitPoints(max_points=250)
+    cache = HeldPoints(max_points=250)
     monkeypatch.setattr(forecasts, "_fit_points", cache)
     runs = [uuid.uuid4() for _ in range(3)]
     for run_id in runs:
@@ -126,7 +128,7 @@ def test_a_run_deleted_and_created_again_is_read_afresh(
     the counts happen to agree."""
     from curvecast.service.store.retention import delete_run
 
-    monkeypatch.setattr(forecasts, "_fit_points", FitPoints())
+    monkeypatch.setattr(forecasts, "_fit_points", HeldPoints())
     run_id = uuid.uuid4()
 
     def create() -> None:
@@ -146,3 +148,58 @@ def test_a_run_deleted_and_created_again_is_read_afresh(
             steps=steps, values={"loss": [7.0] * 400}), allowed_project=None)
     again = _inputs(factory, run_id)
     assert again[0].size == 400 and set(again[1].tolist()) == {7.0}
+
+
+def _buckets(factory: sessionmaker[Session], run_id: uuid.UUID, **window: int) -> Any:
+    """A downsampled read whose buckets are narrower than a rollup block (raw points)."""
+    with session_scope(factory) as s:
+        out = metric_store.read_series(s, run_id=run_id, keys=["loss"], max_points=1_000,
+                                       allowed_project=None, start=window.get("start"),
+                                       end=window.get("end"))
+    return json.loads(out.series[0].model_dump_json())  # NaN as "NaN": comparable
+
+
+def test_raw_bucket_reads_from_held_points_answer_as_fresh_reads(
+    factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch,
+    database_url: str,
+) -> None:
+    from curvecast.service.store.retention import delete_run
+
+    cache = HeldPoints()
+    monkeypatch.setattr(metric_store, "held_points", cache)
+    run_id = uuid.uuid4()
+
+    def create() -> None:
+        with session_scope(factory) as s:
+            run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
+                                        allowed_project=None)
+
+    def fresh(**window: int) -> Any:
+        with monkeypatch.context() as m:
+            m.setattr(metric_store, "held_points", HeldPoints())
+            return _buckets(factory, run_id, **window)
+
+    create()
+    _log(factory, run_id, list(range(0, 3_000)), nan_every=11)
+    first = _buckets(factory, run_id)
+    assert first["downsampled"] and first == fresh()
+    _log(factory, run_id, list(range(3_000, 3_500)), nan_every=11)
+    assert _buckets(factory, run_id) == fresh()
+    assert _buckets(factory, run_id, start=1_000, end=3_200) == fresh(start=1_000, end=3_200)
+    _log(factory, run_id, [5_000])
+    assert _buckets(factory, run_id) == fresh()
+    _log(factory, run_id, [4_000, 4_001])  # late: inside what is held (up to 5,000)
+    late = _buckets(factory, run_id)
+    assert late == fresh() and late["total_points"] == 3_503
+    sqlite = database_url.startswith("sqlite")
+    assert (cache.hits, cache.misses) == ((3, 2) if sqlite else (0, 0)), "SQLite holds"
+
+    delete_run(factory, run_id)
+    create()
+    # As many points as were held, plus 100 after the last held step: the counts agree.
+    steps = list(range(0, 3_503)) + list(range(5_001, 5_101))
+    with session_scope(factory) as s:
+        metric_store.ingest_batch(s, run_id=run_id, batch=MetricBatch(
+            steps=steps, values={"loss": [7.0] * len(steps)}), allowed_project=None)
+    again = _buckets(factory, run_id)
+    assert again == fresh() and set(again["values"]) == {7.0}
