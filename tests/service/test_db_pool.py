@@ -158,3 +158,20 @@ def _check_commits_and_rollbacks(app: Any, database_url: str, tag: str, *, metho
             assert stored(f"after-{tag}")
     finally:
         engine.dispose()
+
+
+def test_sqlite_connections_checkpoint_a_longer_wal(sqlite_url: str) -> None:
+    """Every SQLite connection of the service writes ahead to a WAL of ~40 MB before copying it
+    back (fewer copies of the pages each ingest batch rewrites), with the other settings."""
+    from curvecast.service.db import SQLITE_WAL_AUTOCHECKPOINT_PAGES
+
+    engine = make_engine(Settings(database_url=sqlite_url))
+    try:
+        with engine.connect() as conn:
+            pragma = {name: conn.exec_driver_sql(f"PRAGMA {name}").scalar() for name in (
+                "wal_autocheckpoint", "journal_mode", "synchronous", "foreign_keys")}
+    finally:
+        engine.dispose()
+    assert pragma == {"wal_autocheckpoint": SQLITE_WAL_AUTOCHECKPOINT_PAGES,
+                      "journal_mode": "wal", "synchronous": 1, "foreign_keys": 1}
+    assert SQLITE_WAL_AUTOCHECKPOINT_PAGES > 1_000, "longer than SQLite's default"
