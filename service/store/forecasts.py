@@ -237,8 +237,9 @@ def _read_points(session: Session, sid: int, raw_limit: int, min_blocks: int
     if bounds is None:
         return None
     lo, hi = bounds
-    means = read_block_means(session, sid, lo, hi, min_blocks) if hi - lo + 1 > raw_limit \
-        else None
+    means = (
+        read_block_means(session, sid, lo, hi, min_blocks) if hi - lo + 1 > raw_limit else None
+    )
     if means is not None:
         return means
     steps, values = series_points(session, series_id=sid, skip_null=True)

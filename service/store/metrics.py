@@ -492,7 +492,8 @@ def _raw_buckets(session: Session, run: Hashable, sid: int, lo: int, hi: int, n_
     if points is None:
         steps, values = series_points(session, series_id=sid, lo=lo, hi=hi)
     else:
-        held_points.keep(session, run, sid, points)
+        if points[0].size <= HOLD_LIMIT:  # a series grown past it is let go
+            held_points.keep(session, run, sid, points)
         first, last = np.searchsorted(points[0], [lo, hi + 1])
         steps, values = points[0][first:last], points[1][first:last]
     return bucket_points(steps, values, lo, hi - lo + 1, n_buckets)

@@ -150,10 +150,11 @@ def test_a_run_deleted_and_created_again_is_read_afresh(
     assert again[0].size == 400 and set(again[1].tolist()) == {7.0}
 
 
-def _buckets(factory: sessionmaker[Session], run_id: uuid.UUID, **window: int) -> Any:
+def _buckets(factory: sessionmaker[Session], run_id: uuid.UUID, max_points: int = 1_000,
+             **window: int) -> Any:
     """A downsampled read whose buckets are narrower than a rollup block (raw points)."""
     with session_scope(factory) as s:
-        out = metric_store.read_series(s, run_id=run_id, keys=["loss"], max_points=1_000,
+        out = metric_store.read_series(s, run_id=run_id, keys=["loss"], max_points=max_points,
                                        allowed_project=None, start=window.get("start"),
                                        end=window.get("end"))
     return json.loads(out.series[0].model_dump_json())  # NaN as "NaN": comparable
@@ -203,3 +204,24 @@ def test_raw_bucket_reads_from_held_points_answer_as_fresh_reads(
             steps=steps, values={"loss": [7.0] * len(steps)}), allowed_project=None)
     again = _buckets(factory, run_id)
     assert again == fresh() and set(again["values"]) == {7.0}
+
+
+def test_a_read_lets_go_of_a_series_grown_past_the_hold_limit(
+    factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch,
+    database_url: str,
+) -> None:
+    cache = HeldPoints()
+    monkeypatch.setattr(metric_store, "held_points", cache)
+    monkeypatch.setattr(metric_store, "HOLD_LIMIT", 500)
+    run_id = uuid.uuid4()
+    with session_scope(factory) as s:
+        run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
+                                    allowed_project=None)
+    _log(factory, run_id, list(range(0, 400)))
+    small = _buckets(factory, run_id, max_points=60)  # held: 400 points
+    _log(factory, run_id, list(range(400, 600)))
+    grown = _buckets(factory, run_id, max_points=60)  # 600 points: answered, then let go
+    again = _buckets(factory, run_id, max_points=60)  # read from the database
+    assert small["total_points"] == 400 and grown == again and again["total_points"] == 600
+    if database_url.startswith("sqlite"):
+        assert (cache.hits, cache.misses) == (1, 2)
