@@ -212,15 +212,22 @@ def bucket_points(steps: np.ndarray, values: np.ndarray, lo: int, span: int, n_b
     none) and its point count."""
     if not steps.size:
         return Buckets([], [], [], [], [])
-    bucket = (steps - lo) * n_buckets // span
+    return _merge((steps - lo) * n_buckets // span, steps, values, values, values,
+                  np.ones(steps.size, dtype=np.int64))
+
+
+def _merge(bucket: np.ndarray, last_step: np.ndarray, last_value: np.ndarray,
+           vmin: np.ndarray, vmax: np.ndarray, n: np.ndarray) -> Buckets:
+    """Consecutive parts (points or blocks, by step) with the same ``bucket`` number merged:
+    the last part's last point, the extremes (NaN left out) and the summed counts (pure)."""
     starts = np.flatnonzero(np.append(True, bucket[1:] != bucket[:-1]))
-    ends = np.append(starts[1:], len(steps)) - 1
+    ends = np.append(starts[1:], len(bucket)) - 1
     return Buckets(
-        steps=steps[ends].tolist(),
-        values=values[ends].tolist(),
-        vmin=np.fmin.reduceat(values, starts).tolist(),
-        vmax=np.fmax.reduceat(values, starts).tolist(),
-        count=np.diff(np.append(starts, len(steps))).tolist(),
+        steps=last_step[ends].tolist(),
+        values=last_value[ends].tolist(),
+        vmin=np.fmin.reduceat(vmin, starts).tolist(),
+        vmax=np.fmax.reduceat(vmax, starts).tolist(),
+        count=np.add.reduceat(n, starts).tolist(),
     )
 
 
@@ -299,18 +306,8 @@ def read_buckets(
             values = _as_float([r[1] for r in raw])
             parts.append(aggregate(np.zeros(len(steps), dtype=np.int64), steps, values, width))
     blocks = _sorted_concat(parts)
-    block, n, vmin, vmax = blocks.block, blocks.n, blocks.vmin, blocks.vmax
-    last_step, last_value = blocks.last_step, blocks.last_value
-    bucket = block // per_bucket
-    starts = np.flatnonzero(np.append(True, bucket[1:] != bucket[:-1]))
-    ends = np.append(starts[1:], len(bucket)) - 1
-    return Buckets(
-        steps=last_step[ends].tolist(),
-        values=last_value[ends].tolist(),
-        vmin=np.fmin.reduceat(vmin, starts).tolist(),
-        vmax=np.fmax.reduceat(vmax, starts).tolist(),
-        count=np.add.reduceat(n, starts).tolist(),
-    )
+    return _merge(blocks.block // per_bucket, blocks.last_step, blocks.last_value, blocks.vmin,
+                  blocks.vmax, blocks.n)
 
 
 def read_block_means(

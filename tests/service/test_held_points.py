@@ -31,6 +31,13 @@ def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
     engine.dispose()
 
 
+def _create(factory: sessionmaker[Session], run_id: uuid.UUID, project: str) -> uuid.UUID:
+    with session_scope(factory) as s:
+        run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
+                                    allowed_project=None)
+    return run_id
+
+
 def _log(factory: sessionmaker[Session], run_id: uuid.UUID, steps: list[int],
          nan_every: int = 0) -> None:
     values = [math.nan if nan_every and s % nan_every == 0 else 3.0 / math.sqrt(1 + s) + 1
@@ -65,10 +72,7 @@ def test_refits_read_new_steps_and_see_what_a_whole_read_sees(
 ) -> None:
     cache = HeldPoints()
     monkeypatch.setattr(forecasts, "_fit_points", cache)
-    run_id = uuid.uuid4()
-    with session_scope(factory) as s:
-        run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
-                                    allowed_project=None)
+    run_id = _create(factory, uuid.uuid4(), project)
     _log(factory, run_id, list(range(0, 300)), nan_every=7)
     first = _inputs(factory, run_id)
     assert (cache.hits, cache.misses) == (0, 1)
@@ -108,9 +112,7 @@ def test_the_cache_holds_at_most_max_points(
     monkeypatch.setattr(forecasts, "_fit_points", cache)
     runs = [uuid.uuid4() for _ in range(3)]
     for run_id in runs:
-        with session_scope(factory) as s:
-            run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
-                                        allowed_project=None)
+        _create(factory, run_id, project)
         _log(factory, run_id, list(range(0, 100)))
         _inputs(factory, run_id)
     assert cache.misses == 3
@@ -132,9 +134,7 @@ def test_a_run_deleted_and_created_again_is_read_afresh(
     run_id = uuid.uuid4()
 
     def create() -> None:
-        with session_scope(factory) as s:
-            run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
-                                        allowed_project=None)
+        _create(factory, run_id, project)
 
     create()
     _log(factory, run_id, list(range(0, 300)))
@@ -171,9 +171,7 @@ def test_raw_bucket_reads_from_held_points_answer_as_fresh_reads(
     run_id = uuid.uuid4()
 
     def create() -> None:
-        with session_scope(factory) as s:
-            run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
-                                        allowed_project=None)
+        _create(factory, run_id, project)
 
     def fresh(**window: int) -> Any:
         with monkeypatch.context() as m:
@@ -213,10 +211,7 @@ def test_a_read_lets_go_of_a_series_grown_past_the_hold_limit(
     cache = HeldPoints()
     monkeypatch.setattr(metric_store, "held_points", cache)
     monkeypatch.setattr(metric_store, "HOLD_LIMIT", 500)
-    run_id = uuid.uuid4()
-    with session_scope(factory) as s:
-        run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
-                                    allowed_project=None)
+    run_id = _create(factory, uuid.uuid4(), project)
     _log(factory, run_id, list(range(0, 400)))
     small = _buckets(factory, run_id, max_points=60)  # held: 400 points
     _log(factory, run_id, list(range(400, 600)))
