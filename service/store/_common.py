@@ -54,10 +54,9 @@ def insert_ignore(session: Session, table: Table, **values: Any) -> Insert:
 
 def series_points(
     session: Session, *, series_id: int, lo: int | None = None, hi: int | None = None,
-    skip_null: bool = False,
 ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     """Steps and values of one series with ``lo <= step <= hi`` (either bound optional), by step;
-    a NULL value (a NaN that was sent) comes back as NaN, or is left out with ``skip_null``.
+    a NULL value (a NaN that was sent) comes back as NaN.
 
     The read the worker repeats every round (the alert rules' windows, a refit's series), so it
     skips SQLAlchemy's per-row work and goes through the session's own DB-API cursor. On
@@ -75,8 +74,6 @@ def series_points(
     if hi is not None:
         where.append(f"step <= {mark}")
         params.append(hi)
-    if skip_null:
-        where.append("value IS NOT NULL")
     if postgres:
         sql = f"SELECT {_BINARY_COLUMNS} FROM metric_points WHERE {' AND '.join(where)}"
         return _columns(*_fetch(session, sql, params, binary=True)[0])

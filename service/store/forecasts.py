@@ -62,8 +62,6 @@ MIN_FIT_BLOCKS = DEFAULT_MAX_BINS
 #: The logged learning rate only has to show whether it left its peak: a coarse read will do.
 LR_RAW_READ_LIMIT = 2_000
 LR_MIN_BLOCKS = 100
-#: The raw points of the series this process refits (see ``_held_points``).
-_fit_points = held_points
 
 
 @dataclass(frozen=True)
@@ -168,7 +166,7 @@ def read_fit_inputs(session: Session, *, job: FitJob) -> list[FitInput]:
     loss, typically), so ``?key=`` answers for each; raw points, or bucket means for very long
     series. Empty when the run has no loss-like series yet.
     """
-    # With the run's creation time: the raw points held of its series (_fit_points) belong to
+    # With the run's creation time: the raw points held of its series (held_points) belong to
     # this incarnation of the run, not to a deleted one of the same id (SQLite may even give
     # the new series the old ids).
     rows = session.execute(
@@ -228,43 +226,30 @@ def _bounds(session: Session, sid: int) -> tuple[int, int] | None:
     return None if lo is None or hi is None else (int(lo), int(hi))
 
 
-def _read_points(session: Session, sid: int, raw_limit: int, min_blocks: int
-                 ) -> tuple[FloatArray, FloatArray] | None:
+def _read_points(session: Session, sid: int, raw_limit: int, min_blocks: int, *,
+                 held: Hashable | None = None) -> tuple[FloatArray, FloatArray] | None:
     """A series' points: raw when it spans at most ``raw_limit`` steps, else rollup block means
     (at least ``min_blocks`` of them), so the read costs the same however long the run.
-    ``None`` when the series has no points."""
-    bounds = _bounds(session, sid)
-    if bounds is None:
-        return None
-    lo, hi = bounds
-    means = (
-        read_block_means(session, sid, lo, hi, min_blocks) if hi - lo + 1 > raw_limit else None
-    )
-    if means is not None:
-        return means
-    steps, values = series_points(session, series_id=sid, skip_null=True)
-    return steps.astype(np.float64), values
+    ``None`` when the series has no points.
 
-
-def _read_fit_points(session: Session, run: Hashable, sid: int
-                     ) -> tuple[FloatArray, FloatArray] | None:
-    """:func:`_read_points` of a fitted series (``RAW_READ_LIMIT``, ``MIN_FIT_BLOCKS``), whose
-    raw points stay held in this process (:data:`_fit_points`, under ``run``: the run's id and
-    creation time) so the next refit reads only the steps after them."""
-    raw = _fit_points.update(session, run, sid)
-    if raw is None or raw[0][-1] - raw[0][0] + 1 > RAW_READ_LIMIT:
+    With ``held`` (the run's id and creation time: see ``_held_points``) the raw points stay
+    held in this process, so the next read asks only for the steps after them.
+    """
+    raw = held_points.update(session, held, sid) if held is not None else None
+    if raw is None or raw[0][-1] - raw[0][0] + 1 > raw_limit:
         bounds = _bounds(session, sid)
         if bounds is None:
             return None
         lo, hi = bounds
-        if hi - lo + 1 > RAW_READ_LIMIT:
-            means = read_block_means(session, sid, lo, hi, MIN_FIT_BLOCKS)
+        if hi - lo + 1 > raw_limit:
+            means = read_block_means(session, sid, lo, hi, min_blocks)
             if means is not None:  # too long to read raw: nothing is held
                 return means
         raw = series_points(session, series_id=sid)
         if not raw[0].size:
             return None
-    _fit_points.keep(session, run, sid, raw)
+    if held is not None:
+        held_points.keep(session, held, sid, raw)
     steps, values = raw
     logged = ~np.isnan(values)  # a NaN was logged as such (stored NULL): not a point to fit
     return steps[logged].astype(np.float64), values[logged]
@@ -273,7 +258,7 @@ def _read_fit_points(session: Session, run: Hashable, sid: int
 def _read_one(session: Session, job: FitJob, run: Hashable, key: str, sid: int, *,
               is_default: bool, rate: float | None, lr: tuple[FloatArray, FloatArray] | None
               ) -> FitInput | None:
-    points = _read_fit_points(session, run, sid)
+    points = _read_points(session, sid, RAW_READ_LIMIT, MIN_FIT_BLOCKS, held=run)
     if points is None:
         return None
     steps, values = points
