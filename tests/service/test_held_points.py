@@ -22,6 +22,7 @@ from curvecast.service.store import forecasts
 from curvecast.service.store import metrics as metric_store
 from curvecast.service.store import runs as run_store
 from curvecast.service.store._held_points import HeldPoints
+from curvecast.service.store.retention import delete_run
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,22 @@ def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
     engine = make_engine(Settings(database_url=database_url))
     yield make_sessionmaker(engine)
     engine.dispose()
+
+
+@pytest.fixture
+def refit_cache(monkeypatch: pytest.MonkeyPatch) -> HeldPoints:
+    """A fresh cache for the refits' reads (``forecasts``), its counters starting at 0."""
+    cache = HeldPoints()
+    monkeypatch.setattr(forecasts, "held_points", cache)
+    return cache
+
+
+@pytest.fixture
+def read_cache(monkeypatch: pytest.MonkeyPatch) -> HeldPoints:
+    """A fresh cache for the downsampled reads (``metrics``), its counters starting at 0."""
+    cache = HeldPoints()
+    monkeypatch.setattr(metric_store, "held_points", cache)
+    return cache
 
 
 def _create(factory: sessionmaker[Session], run_id: uuid.UUID, project: str) -> uuid.UUID:
@@ -58,7 +75,7 @@ def _whole(factory: sessionmaker[Session], run_id: uuid.UUID,
            monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
     """The same read with nothing held: a fresh cache, used once."""
     with monkeypatch.context() as m:
-        m.setattr(forecasts, "_fit_points", HeldPoints())
+        m.setattr(forecasts, "held_points", HeldPoints())
         return _inputs(factory, run_id)
 
 
@@ -68,10 +85,10 @@ def _same(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) ->
 
 
 def test_refits_read_new_steps_and_see_what_a_whole_read_sees(
-    factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch
+    factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch,
+    refit_cache: HeldPoints,
 ) -> None:
-    cache = HeldPoints()
-    monkeypatch.setattr(forecasts, "_fit_points", cache)
+    cache = refit_cache
     run_id = _create(factory, uuid.uuid4(), project)
     _log(factory, run_id, list(range(0, 300)), nan_every=7)
     first = _inputs(factory, run_id)
@@ -109,7 +126,7 @@ def test_the_cache_holds_at_most_max_points(
     factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = HeldPoints(max_points=250)
-    monkeypatch.setattr(forecasts, "_fit_points", cache)
+    monkeypatch.setattr(forecasts, "held_points", cache)
     runs = [uuid.uuid4() for _ in range(3)]
     for run_id in runs:
         _create(factory, run_id, project)
@@ -123,14 +140,11 @@ def test_the_cache_holds_at_most_max_points(
 
 
 def test_a_run_deleted_and_created_again_is_read_afresh(
-    factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch
+    factory: sessionmaker[Session], project: str, refit_cache: HeldPoints
 ) -> None:
     """A run deleted and created again under the same id (its series may even get the same
     ids back on SQLite) logs new points: none of the old ones may be taken for them, even when
     the counts happen to agree."""
-    from curvecast.service.store.retention import delete_run
-
-    monkeypatch.setattr(forecasts, "_fit_points", HeldPoints())
     run_id = uuid.uuid4()
 
     def create() -> None:
@@ -162,12 +176,9 @@ def _buckets(factory: sessionmaker[Session], run_id: uuid.UUID, max_points: int 
 
 def test_raw_bucket_reads_from_held_points_answer_as_fresh_reads(
     factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch,
-    database_url: str,
+    database_url: str, read_cache: HeldPoints,
 ) -> None:
-    from curvecast.service.store.retention import delete_run
-
-    cache = HeldPoints()
-    monkeypatch.setattr(metric_store, "held_points", cache)
+    cache = read_cache
     run_id = uuid.uuid4()
 
     def create() -> None:
@@ -206,10 +217,9 @@ def test_raw_bucket_reads_from_held_points_answer_as_fresh_reads(
 
 def test_a_read_lets_go_of_a_series_grown_past_the_hold_limit(
     factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch,
-    database_url: str,
+    database_url: str, read_cache: HeldPoints,
 ) -> None:
-    cache = HeldPoints()
-    monkeypatch.setattr(metric_store, "held_points", cache)
+    cache = read_cache
     monkeypatch.setattr(metric_store, "HOLD_LIMIT", 500)
     run_id = _create(factory, uuid.uuid4(), project)
     _log(factory, run_id, list(range(0, 400)))
