@@ -12,14 +12,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy import (
     DateTime,
+    Integer,
     Select,
     and_,
+    bindparam,
     case,
     delete,
     exists,
@@ -76,6 +79,38 @@ def _silenced_until() -> Any:
 # ---------------------------------------------------------------------------------------------
 # Evaluation jobs (worker side)
 # ---------------------------------------------------------------------------------------------
+
+# The statements an alert round sends for every run, built once (as a refit's are: see
+# ``store.forecasts``); their values are bound parameters.
+
+#: Every metric key of a run and its series id.
+_RUN_SERIES_IDS = select(SeriesRow.key, SeriesRow.id).where(
+    SeriesRow.run_id == bindparam("run_id"))
+#: A project's rule overrides.
+_RULE_OVERRIDES = select(AlertRuleOverride.rule, AlertRuleOverride.config).where(
+    AlertRuleOverride.project_id == bindparam("project_id"))
+#: An evaluation recorded, if the lease named by ``token`` is still held.
+_FINISH_EVALUATION = (
+    update(AlertEval)
+    .where(AlertEval.run_id == bindparam("b_run_id"),
+           AlertEval.lease_token == bindparam("b_token"))
+    .values(
+        state=bindparam("b_state"),
+        evaluated_step=bindparam("b_evaluated_step"),
+        n_points=bindparam("b_n_points"),
+        evaluated_at=bindparam("b_now"),
+        next_check_at=bindparam("b_next_check_at"),
+        lease_until=None,
+        lease_token=None,
+    )
+)
+#: A run's pending and firing alerts.
+_OPEN_ALERTS = (
+    select(Alert, _silenced_until())
+    .options(defer(Alert.silenced_until))
+    .where(Alert.run_id == bindparam("run_id"), Alert.state.in_(OPEN_STATES))
+    .order_by(Alert.id)
+)
 
 
 def _ensure_eval_rows(session: Session) -> None:
@@ -176,9 +211,7 @@ def claim_eval_jobs(
 
 def run_series_ids(session: Session, *, run_id: uuid.UUID) -> dict[str, int]:
     """Every metric key of a run and its series id."""
-    rows = session.execute(
-        select(SeriesRow.key, SeriesRow.id).where(SeriesRow.run_id == run_id)
-    ).all()
+    rows = session.execute(_RUN_SERIES_IDS, {"run_id": run_id}).all()
     return {str(k): int(i) for k, i in rows}
 
 
@@ -197,11 +230,7 @@ def latest_fit(session: Session, *, run_id: uuid.UUID) -> StoredFit | None:
 
 def rule_overrides(session: Session, *, project_id: int) -> dict[str, dict[str, Any]]:
     """A project's rule overrides by rule name, as stored (validated when they were put)."""
-    rows = session.execute(
-        select(AlertRuleOverride.rule, AlertRuleOverride.config).where(
-            AlertRuleOverride.project_id == project_id
-        )
-    ).all()
+    rows = session.execute(_RULE_OVERRIDES, {"project_id": project_id}).all()
     return {str(r): dict(c) for r, c in rows}
 
 
@@ -234,17 +263,10 @@ def finish_evaluation(
     """
     write_connection(session)
     moved = session.execute(
-        update(AlertEval)
-        .where(AlertEval.run_id == job.run_id, AlertEval.lease_token == job.token)
-        .values(
-            state=dict(state),
-            evaluated_step=evaluated_step,
-            n_points=n_points,
-            evaluated_at=now,
-            next_check_at=next_check_at,
-            lease_until=None,
-            lease_token=None,
-        ),
+        _FINISH_EVALUATION,
+        {"b_run_id": job.run_id, "b_token": job.token, "b_state": dict(state),
+         "b_evaluated_step": evaluated_step, "b_n_points": n_points, "b_now": now,
+         "b_next_check_at": next_check_at},
         execution_options={"synchronize_session": False},
     )
     return bool(moved.rowcount == 1)  # type: ignore[attr-defined]
@@ -252,12 +274,7 @@ def finish_evaluation(
 
 def open_alerts(session: Session, *, run_id: uuid.UUID) -> list[AlertRow]:
     """A run's pending and firing alerts (at most one per rule)."""
-    alerts = session.execute(
-        select(Alert, _silenced_until())
-        .options(defer(Alert.silenced_until))
-        .where(Alert.run_id == run_id, Alert.state.in_(OPEN_STATES))
-        .order_by(Alert.id)
-    ).all()
+    alerts = session.execute(_OPEN_ALERTS, {"run_id": run_id}).all()
     return [
         AlertRow(
             id=a.id,
@@ -391,20 +408,39 @@ def list_alerts(
     """Alerts newest first, filtered; other projects' alerts are invisible."""
     if allowed_project is not None and project not in (None, allowed_project):
         return AlertList(alerts=[])
+    name = allowed_project or project
+    stmt = _list_alerts_statement(name is not None, run_id is not None, state is not None)
+    rows = session.execute(
+        stmt, {"project": name, "run_id": run_id, "state": state, "limit": limit}).all()
+    return AlertList(alerts=[_out(a, p, until) for a, p, until in rows])
+
+
+# A run page's poll lists its alerts every 2 s: the statements are built once per shape
+# (building them cost more CPU than running them; see ``store.forecasts``).
+
+@cache
+def _list_alerts_statement(by_project: bool, by_run: bool, by_state: bool) -> Select[Any]:
+    """Alerts with their project's name, newest first. Parameters: ``project``, ``run_id``,
+    ``state`` (each where its filter is on) and ``limit``."""
     stmt = (
         select(Alert, Project.name, _silenced_until())
         .options(defer(Alert.silenced_until))
         .join(Project, Project.id == Alert.project_id)
     )
-    name = allowed_project or project
-    if name is not None:
-        stmt = stmt.where(Project.name == name)
-    if run_id is not None:
-        stmt = stmt.where(Alert.run_id == run_id)
-    if state is not None:
-        stmt = stmt.where(Alert.state == state)
-    rows = session.execute(stmt.order_by(Alert.id.desc()).limit(limit)).all()
-    return AlertList(alerts=[_out(a, p, until) for a, p, until in rows])
+    if by_project:
+        stmt = stmt.where(Project.name == bindparam("project"))
+    if by_run:
+        stmt = stmt.where(Alert.run_id == bindparam("run_id"))
+    if by_state:
+        stmt = stmt.where(Alert.state == bindparam("state"))
+    return stmt.order_by(Alert.id.desc()).limit(bindparam("limit", type_=Integer))
+
+
+@cache
+def _run_visible_statement(by_project: bool) -> Select[Any]:
+    """The run's id if it exists (in ``project``). Parameters: ``run_id``, ``project``."""
+    stmt = select(Run.id).join(Project).where(Run.id == bindparam("run_id"))
+    return stmt.where(Project.name == bindparam("project")) if by_project else stmt
 
 
 def run_alerts(
@@ -416,10 +452,9 @@ def run_alerts(
     allowed_project: str | None,
 ) -> AlertList:
     """A run's alerts; RunNotFound if the run is not visible."""
-    stmt = select(Run.id).join(Project).where(Run.id == run_id)
-    if allowed_project is not None:
-        stmt = stmt.where(Project.name == allowed_project)
-    if session.scalar(stmt) is None:
+    visible = session.scalar(_run_visible_statement(allowed_project is not None),
+                             {"run_id": run_id, "project": allowed_project})
+    if visible is None:
         raise RunNotFound(f"run {run_id} not found")
     return list_alerts(
         session,
