@@ -136,7 +136,8 @@ def held_out_predict(fit: Fit, step: float, table: cal.TransientTable) -> Interv
         return fit.predict(step, CONFIDENCE)
     floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
     value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, step, fit.status,
-                                       fit.decay_rate, CONFIDENCE, table)
+                                       fit.decay_rate, CONFIDENCE, table,
+                                       sigma=fit.residual_scale)
     return Interval(max(value, floor), max(lo, floor), max(hi, floor))
 
 

@@ -346,7 +346,8 @@ def bounds(samples: pd.DataFrame, table: Table, confidence: float = 0.9,
             row = samples.iloc[i]
             _, lo[i], hi[i] = cal.transient_band(
                 float(row["cur_level"]), float(row["t_last"]), float(row["h"]),
-                str(row["status"]), _opt(row["decay_rate"]), confidence, transient)
+                str(row["status"]), _opt(row["decay_rate"]), confidence, transient,
+                sigma=math.sqrt(max(float(row["sigma2"]), 0.0)))
     return lo, hi
 
 

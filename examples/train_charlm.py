@@ -68,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     # The optimizer's defaults (AdamC decay 5, sf_beta 0.8), with a warmup sized to this short run
     # and averaging from 1.5x the warmup: with the optimizer's 2x it would start at half of the run
-    # and the forecast would stay too_early until twice that, the end. 1x starts the averaging
-    # too early: its eval-loss hump (0.050) exceeded the sampling noise (0.043); 1.5x: 0.038 vs
-    # 0.040, and a lower final loss (bench/demo_run.py, BENCHMARKS.md "demo_run").
+    # and the forecast would stay too_early until twice that, the end. The eval loss at x humps
+    # after averaging starts (bench/demo_run.py, BENCHMARKS.md "demo_run", the demo's 1,000
+    # steps): 1.5x 0.049 against a sampling noise of 0.042, 1.625x 0.069, 1.75x 0.106, 2x 0.035
+    # (measured 2026-11-26; an earlier measurement of 1.5x, 0.038, did not reproduce).
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, args.steps // 4)
     c_warmup = args.c_warmup if args.c_warmup is not None else (3 * warmup) // 2
     opt = ScheduleFreePlus(model.parameters(), warmup_steps=warmup, c_warmup=c_warmup)

@@ -25,7 +25,7 @@ import bisect
 import functools
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -124,6 +124,10 @@ def multipliers_many(ratios: NDArray[np.float64], confidence: float
 
 
 # --- the transient: too_early and no_asymptote ---------------------------------------------------
+#: A float, or an array of them (:func:`widen_by_noise` takes either).
+_Values = TypeVar("_Values", float, NDArray[np.float64])
+
+
 @dataclass(frozen=True)
 class TransientTable:
     """Quantiles of the decay exponent ``g`` in ``loss(t) = level * (t / t_last) ** -g`` that
@@ -164,20 +168,43 @@ class TransientTable:
 
 
 def transient_band(level: float, t_last: float, t: float, kind: str, decay_rate: float | None,
-                   confidence: float, table: TransientTable | None = None
-                   ) -> tuple[float, float, float]:
+                   confidence: float, table: TransientTable | None = None, *,
+                   sigma: float | None = None) -> tuple[float, float, float]:
     """``(value, lo, hi)`` of the loss at step ``t >= t_last`` extending the current ``level``.
 
     ``value = level * (t / t_last) ** -g_mid``; the interval takes the high exponent for its low
-    end and the low exponent for its high end (a negative one: the loss may also rise). NaN when
-    the inputs cannot give an answer (no level, a step before ``t_last``).
+    end and the low exponent for its high end (a negative one: the loss may also rise), widened
+    by the loss's own noise ``sigma`` (:func:`widen_by_noise`). NaN when the inputs cannot give
+    an answer (no level, a step before ``t_last``).
     """
     tab = table if table is not None else TRANSIENT
     if not (math.isfinite(level) and math.isfinite(t) and t_last > 0 and t >= t_last):
         return math.nan, math.nan, math.nan
     x = math.log(t / t_last)
     g_lo, g_mid, g_hi = tab.exponents(kind, decay_rate, confidence)
-    return level * math.exp(-g_mid * x), level * math.exp(-g_hi * x), level * math.exp(-g_lo * x)
+    value = level * math.exp(-g_mid * x)
+    lo, hi = widen_by_noise(value, level * math.exp(-g_hi * x), level * math.exp(-g_lo * x),
+                            sigma, confidence)
+    return value, float(lo), float(hi)
+
+
+def widen_by_noise(value: _Values, lo: _Values, hi: _Values, sigma: float | None,
+                   confidence: float) -> tuple[_Values, _Values]:
+    """A transient band's ``(lo, hi)`` widened by the loss's noise: each half-width combined in
+    quadrature with ``sigma`` (the fit's residual scale) times the multipliers at extrapolation
+    ratio 1, as an ``ok`` forecast's scale includes it.
+
+    The exponents alone give a band of width 0 at the last fitted step (``(t / t_last) ** -g``
+    is 1 there whatever ``g``): the forecast of a run's final loss once the run got there was a
+    point, while the loss observed there scatters by its noise around the level. The exponent
+    tables were measured at least 1.25x past the last step (``bench.forecast_calibrate``), where
+    this term is small against the band.
+    """
+    if sigma is None or not (math.isfinite(sigma) and sigma > 0.0):
+        return lo, hi
+    z_lo, z_hi = multipliers(1.0, confidence)
+    return (value - np.sqrt((value - lo) ** 2 + (z_lo * sigma) ** 2),
+            value + np.sqrt((hi - value) ** 2 + (z_hi * sigma) ** 2))
 
 
 # BEGIN GENERATED TRANSIENT

@@ -289,7 +289,8 @@ class Fit:
         if self._extends_level and t >= (self.fitted_upto_step or 0.0):
             assert self.level is not None and self.fitted_upto_step is not None
             value, lo, hi = _cal.transient_band(self.level, self.fitted_upto_step, t,
-                                                self.status, self.decay_rate, confidence)
+                                                self.status, self.decay_rate, confidence,
+                                                sigma=self.residual_scale)
             return self._clip(value), self._clip(lo), self._clip(hi)
         value = self._value(t)
         if not math.isfinite(value):
@@ -332,9 +333,10 @@ class Fit:
             future = todo & (t >= self.fitted_upto_step)
             g_lo, g_mid, g_hi = _cal.TRANSIENT.exponents(self.status, self.decay_rate, conf)
             x = np.log(t[future] / self.fitted_upto_step)
-            value[future] = self.level * np.exp(-g_mid * x)
-            lo[future] = self.level * np.exp(-g_hi * x)
-            hi[future] = self.level * np.exp(-g_lo * x)
+            value[future] = mid = self.level * np.exp(-g_mid * x)
+            lo[future], hi[future] = _cal.widen_by_noise(
+                mid, self.level * np.exp(-g_hi * x), self.level * np.exp(-g_lo * x),
+                self.residual_scale, conf)
             todo &= ~future
         tm = t[todo]
         v = self._values(tm)

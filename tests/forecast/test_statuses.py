@@ -35,8 +35,13 @@ def test_before_averaging_starts_is_too_early_with_a_wide_interval() -> None:
     assert fit.fitted_upto_step is not None
     x = math.log(2000 / fit.fitted_upto_step)
     assert p.value == pytest.approx(fit.level * math.exp(-g_mid * x))
-    assert p.lo == pytest.approx(fit.level * math.exp(-g_hi * x))
-    assert p.hi == pytest.approx(fit.level * math.exp(-g_lo * x))
+    # Each half-width: the exponents' band and the loss's noise (at ratio 1), in quadrature.
+    z_lo, z_hi = cal.multipliers(1.0, 0.9)
+    sigma = fit.residual_scale or 0.0
+    assert p.lo == pytest.approx(p.value - math.hypot(
+        p.value - fit.level * math.exp(-g_hi * x), z_lo * sigma))
+    assert p.hi == pytest.approx(p.value + math.hypot(
+        fit.level * math.exp(-g_lo * x) - p.value, z_hi * sigma))
     assert p.lo < 0.75 * fit.level and p.hi >= 0.95 * fit.level  # wide: it does not know
     # The fitted plateau itself would have said "no change": the answer is not the model's.
     assert abs(fit._value(2000) - fit.level) < 0.05 < fit.level - p.value
@@ -46,6 +51,33 @@ def test_before_averaging_starts_is_too_early_with_a_wide_interval() -> None:
     # The same pace answers targets: half-way down to the forecast is reached before 2000.
     est = fit.steps_to(0.5 * (fit.level + p.value))
     assert est.reachable and 399 < (est.step or 0) < 2000
+
+
+def test_a_transient_forecast_at_the_last_step_is_not_a_point() -> None:
+    """The exponents' band has width 0 at the last fitted step: a run that got to its final
+    step was forecast there as a point (the demo's last line: 1.511 [1.511, 1.511] while the
+    eval loss read 1.506). The loss's own noise widens it, by the multipliers at ratio 1."""
+    from curvecast.service.forecast import calibration as cal
+
+    t = np.arange(0.0, 400.0)
+    y = _noisy(2.0 + 1.5 * np.exp(-t / 30.0), 0.05)
+    fit = fit_curve(t, y, config={"c_warmup": 500, "total_steps": 400})
+    assert fit.status == "too_early" and fit.fitted_upto_step is not None
+    sigma = fit.residual_scale
+    assert sigma is not None and sigma > 0.02
+    z_lo, z_hi = cal.multipliers(1.0, 0.9)
+    p = fit.predict(fit.fitted_upto_step)
+    assert p.lo == pytest.approx(p.value + z_lo * sigma)
+    assert p.hi == pytest.approx(p.value + z_hi * sigma)
+    values, los, his = fit.predict_many([fit.fitted_upto_step, 2 * fit.fitted_upto_step])
+    assert (values[0], los[0], his[0]) == pytest.approx((p.value, p.lo, p.hi))
+    far = fit.predict(2 * fit.fitted_upto_step)
+    assert (values[1], los[1], his[1]) == pytest.approx((far.value, far.lo, far.hi))
+    # Far out the exponents' band dominates: the noise adds little to it.
+    g_lo, _, g_hi = cal.TRANSIENT.exponents("too_early", None, 0.9)
+    assert fit.level is not None
+    bare = fit.level * (2 ** -g_lo) - fit.level * (2 ** -g_hi)
+    assert bare < far.hi - far.lo < bare + 0.5 * (z_hi - z_lo) * sigma
 
 
 def test_shortly_after_averaging_starts_is_too_early() -> None:
