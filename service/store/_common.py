@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import uuid
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import Connection, Insert, Table
+from sqlalchemy import Connection, Insert, Select, Table, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from curvecast.service.db import WRITE_OPTION
+from curvecast.service.models import Project, Run, Series
 
 
 def utcnow() -> datetime:
@@ -50,6 +53,47 @@ def insert_ignore(session: Session, table: Table, **values: Any) -> Insert:
     """``INSERT ... ON CONFLICT DO NOTHING`` in the session's dialect."""
     dialect_insert = postgresql.insert if is_postgres(session) else sqlite.insert
     return dialect_insert(table).values(**values).on_conflict_do_nothing()
+
+
+def run_created_at(session: Session, run_id: uuid.UUID, allowed_project: str | None
+                   ) -> datetime | None:
+    """The run's creation time; None when there is no such run, or ``allowed_project`` (if
+    given) does not own it. The check every read of a run's data starts with."""
+    created: datetime | None = session.scalar(
+        _run_created_statement(allowed_project is not None),
+        {"run_id": run_id, "project": allowed_project})
+    return created
+
+
+def run_series(session: Session, run_id: uuid.UUID, keys: Sequence[str] | None = None
+               ) -> list[tuple[str, int]]:
+    """The (key, series id) pairs of a run, in key order (``keys`` only, if given)."""
+    rows = session.execute(_run_series_statement(bool(keys)),
+                           {"run_id": run_id, "keys": list(keys or ())})
+    return [(str(k), int(i)) for k, i in rows]
+
+
+# The two statements above run at every page poll, read and alert round. Built once per shape:
+# building a SELECT and its cache key cost more CPU than SQLite's execution of it (see
+# ``store.forecasts``).
+
+@cache
+def _run_created_statement(by_project: bool) -> Select[Any]:
+    """Parameters: ``run_id``, ``project``."""
+    stmt = select(Run.created_at).where(Run.id == bindparam("run_id"))
+    if by_project:
+        stmt = stmt.join(Project).where(Project.name == bindparam("project"))
+    return stmt
+
+
+@cache
+def _run_series_statement(by_keys: bool) -> Select[str, int]:
+    """Parameters: ``run_id``, ``keys``."""
+    stmt = (select(Series.key, Series.id).where(Series.run_id == bindparam("run_id"))
+            .order_by(Series.key))
+    if by_keys:
+        stmt = stmt.where(Series.key.in_(bindparam("keys", expanding=True)))
+    return stmt
 
 
 def series_points(

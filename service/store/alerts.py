@@ -44,11 +44,12 @@ from curvecast.service.models import (
     Project,
     Run,
 )
-from curvecast.service.models import Series as SeriesRow
 from curvecast.service.schemas.alerts import AlertList, AlertOut, AlertRow, AlertWrite, EvalJob
 from curvecast.service.store._common import (
     as_utc,
     is_postgres,
+    run_created_at,
+    run_series,
     series_points_many,
     write_connection,
 )
@@ -83,9 +84,6 @@ def _silenced_until() -> Any:
 # The statements an alert round sends for every run, built once (as a refit's are: see
 # ``store.forecasts``); their values are bound parameters.
 
-#: Every metric key of a run and its series id.
-_RUN_SERIES_IDS = select(SeriesRow.key, SeriesRow.id).where(
-    SeriesRow.run_id == bindparam("run_id"))
 #: A project's rule overrides.
 _RULE_OVERRIDES = select(AlertRuleOverride.rule, AlertRuleOverride.config).where(
     AlertRuleOverride.project_id == bindparam("project_id"))
@@ -211,8 +209,7 @@ def claim_eval_jobs(
 
 def run_series_ids(session: Session, *, run_id: uuid.UUID) -> dict[str, int]:
     """Every metric key of a run and its series id."""
-    rows = session.execute(_RUN_SERIES_IDS, {"run_id": run_id}).all()
-    return {str(k): int(i) for k, i in rows}
+    return dict(run_series(session, run_id))
 
 
 def read_points_many(
@@ -436,13 +433,6 @@ def _list_alerts_statement(by_project: bool, by_run: bool, by_state: bool) -> Se
     return stmt.order_by(Alert.id.desc()).limit(bindparam("limit", type_=Integer))
 
 
-@cache
-def _run_visible_statement(by_project: bool) -> Select[Any]:
-    """The run's id if it exists (in ``project``). Parameters: ``run_id``, ``project``."""
-    stmt = select(Run.id).join(Project).where(Run.id == bindparam("run_id"))
-    return stmt.where(Project.name == bindparam("project")) if by_project else stmt
-
-
 def run_alerts(
     session: Session,
     *,
@@ -452,9 +442,7 @@ def run_alerts(
     allowed_project: str | None,
 ) -> AlertList:
     """A run's alerts; RunNotFound if the run is not visible."""
-    visible = session.scalar(_run_visible_statement(allowed_project is not None),
-                             {"run_id": run_id, "project": allowed_project})
-    if visible is None:
+    if run_created_at(session, run_id, allowed_project) is None:
         raise RunNotFound(f"run {run_id} not found")
     return list_alerts(
         session,

@@ -38,14 +38,21 @@ from operator import itemgetter
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Dialect, Select, bindparam, select, text
+from sqlalchemy import Dialect, select, text
 from sqlalchemy.orm import Session
 
 from curvecast.contract import MAX_STEP
 from curvecast.service.errors import InvalidInput, ReadTooLarge, RunNotFound
-from curvecast.service.models import MetricPoint, Project, Run, Series
+from curvecast.service.models import MetricPoint, Run
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
-from curvecast.service.store._common import is_postgres, series_points, utcnow, write_connection
+from curvecast.service.store._common import (
+    is_postgres,
+    run_created_at,
+    run_series,
+    series_points,
+    utcnow,
+    write_connection,
+)
 from curvecast.service.store._held_points import HOLD_LIMIT, held_points, stored_count
 from curvecast.service.store._pgcopy import (
     Float8Array,
@@ -404,43 +411,10 @@ def _check_run(session: Session, run_id: uuid.UUID, allowed_project: str | None
     Raises:
         RunNotFound: no such run, or ``allowed_project`` does not own it.
     """
-    created = session.scalar(_run_created_statement(allowed_project is not None),
-                             {"run_id": run_id, "project": allowed_project})
+    created = run_created_at(session, run_id, allowed_project)
     if created is None:
         raise RunNotFound(f"run {run_id} not found")
     return run_id, created
-
-
-# Every read of a run's points sends these first. Built once per shape: building a SELECT and
-# its cache key cost more CPU than SQLite's execution of it (see ``store.forecasts``).
-
-@cache
-def _run_created_statement(by_project: bool) -> Select[Any]:
-    """A run's creation time (none: no such run, or not in ``project``). Parameters:
-    ``run_id``, ``project``."""
-    stmt = select(Run.created_at).where(Run.id == bindparam("run_id"))
-    if by_project:
-        stmt = stmt.join(Project).where(Project.name == bindparam("project"))
-    return stmt
-
-
-@cache
-def _run_series_statement(by_keys: bool) -> Select[str, int]:
-    """A run's series (key, id) in key order, only those in ``keys`` if ``by_keys``.
-    Parameters: ``run_id``, ``keys``."""
-    stmt = (select(Series.key, Series.id).where(Series.run_id == bindparam("run_id"))
-            .order_by(Series.key))
-    if by_keys:
-        stmt = stmt.where(Series.key.in_(bindparam("keys", expanding=True)))
-    return stmt
-
-
-def _run_series(session: Session, run_id: uuid.UUID, keys: Sequence[str] | None
-                ) -> list[tuple[str, int]]:
-    """The (key, series id) pairs of a run, in key order (``keys`` only, if given)."""
-    rows = session.execute(_run_series_statement(bool(keys)),
-                           {"run_id": run_id, "keys": list(keys or ())})
-    return [(str(k), int(i)) for k, i in rows]
 
 
 def _floats(values: Sequence[Any]) -> list[float]:
@@ -656,7 +630,7 @@ def read_series(
             would exceed ``max_raw_points``; nothing more than that is ever read.
     """
     run = _check_run(session, run_id, allowed_project)
-    found = dict(_run_series(session, run_id, keys))
+    found = dict(run_series(session, run_id, keys))
     lo = 0 if start is None else start
     hi = MAX_STEP if end is None else end
     order = list(keys or sorted(found))
@@ -689,7 +663,7 @@ def export_series(
     """The (key, series id) pairs of a run an export covers, in key order (``keys`` only, if
     given). Raises RunNotFound for a run the caller may not see."""
     _check_run(session, run_id, allowed_project)
-    return _run_series(session, run_id, keys)
+    return run_series(session, run_id, keys)
 
 
 def export_page(
