@@ -180,12 +180,23 @@ def transient_band(level: float, t_last: float, t: float, kind: str, decay_rate:
     tab = table if table is not None else TRANSIENT
     if not (math.isfinite(level) and math.isfinite(t) and t_last > 0 and t >= t_last):
         return math.nan, math.nan, math.nan
-    x = math.log(t / t_last)
-    g_lo, g_mid, g_hi = tab.exponents(kind, decay_rate, confidence)
-    value = level * math.exp(-g_mid * x)
-    lo, hi = widen_by_noise(value, level * math.exp(-g_hi * x), level * math.exp(-g_lo * x),
+    value, lo, hi = extend_level(level, math.log(t / t_last),
+                                 tab.exponents(kind, decay_rate, confidence), sigma, confidence)
+    return float(value), float(lo), float(hi)
+
+
+def extend_level(level: float, x: _Values, exponents: tuple[float, float, float],
+                 sigma: float | None, confidence: float) -> tuple[_Values, _Values, _Values]:
+    """``(value, lo, hi)`` of ``level * exp(-g * x)`` at ``x = log(t / t_last)`` (a float or
+    an array), for the exponents ``(g_low, g_mid, g_high)`` of
+    :meth:`TransientTable.exponents`: the median exponent gives the value, the high one the
+    low end, the low one the high end; the ends widened by the noise ``sigma``
+    (:func:`widen_by_noise`)."""
+    g_lo, g_mid, g_hi = exponents
+    value = level * np.exp(-g_mid * x)
+    lo, hi = widen_by_noise(value, level * np.exp(-g_hi * x), level * np.exp(-g_lo * x),
                             sigma, confidence)
-    return value, float(lo), float(hi)
+    return value, lo, hi
 
 
 def widen_by_noise(value: _Values, lo: _Values, hi: _Values, sigma: float | None,

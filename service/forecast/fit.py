@@ -331,11 +331,9 @@ class Fit:
         if self._extends_level:
             assert self.level is not None and self.fitted_upto_step is not None
             future = todo & (t >= self.fitted_upto_step)
-            g_lo, g_mid, g_hi = _cal.TRANSIENT.exponents(self.status, self.decay_rate, conf)
-            x = np.log(t[future] / self.fitted_upto_step)
-            value[future] = mid = self.level * np.exp(-g_mid * x)
-            lo[future], hi[future] = _cal.widen_by_noise(
-                mid, self.level * np.exp(-g_hi * x), self.level * np.exp(-g_lo * x),
+            value[future], lo[future], hi[future] = _cal.extend_level(
+                self.level, np.log(t[future] / self.fitted_upto_step),
+                _cal.TRANSIENT.exponents(self.status, self.decay_rate, conf),
                 self.residual_scale, conf)
             todo &= ~future
         tm = t[todo]
