@@ -481,11 +481,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ctx = mp.get_context("spawn")
             with ctx.Pool(len(jobs)) as pool:
                 pending = pool.map_async(generator_process, jobs)
+
+                def service() -> list[psutil.Process]:
+                    return _tree(server.proc.pid) + (
+                        _tree(worker.pid) if worker is not None else [])
+
                 sampler = CpuSampler({
-                    SERVICE: lambda: _tree(server.proc.pid) + (
-                        _tree(worker.pid) if worker is not None else []),
-                    WORKER: lambda: [p for p in _tree(server.proc.pid) + (
-                        _tree(worker.pid) if worker is not None else []) if _is_worker(p)],
+                    SERVICE: service,
+                    WORKER: lambda: [p for p in service() if _is_worker(p)],
                     **({} if args.sqlite else {POSTGRES: postgres_processes}),
                     "load generator": lambda: [psutil.Process(c.pid)
                                                for c in mp.active_children()],

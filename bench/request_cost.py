@@ -225,16 +225,16 @@ def summarise(out: dict[str, Any]) -> str:
     floor = totals[("this", out["kinds"][0])][0]
     rows = []
     for kind in out["kinds"]:
-        b, t = totals.get(("baseline", kind)), totals[("this", kind)]
-        if b is None:  # the baseline has no such route
-            row: list[object] = [kind, "-", f"{t[0]:.2f}", "-"] + (["-", f"{t[1]:.2f}"] if pg
-                                                                     else [])
-            row.append(f"{t[0] / floor:.1f}x")
-            rows.append(row)
-            continue
-        row = [kind, f"{b[0]:.2f}", f"{t[0]:.2f}", f"**{t[0] / b[0]:.2f}**"]
+        t = totals[("this", kind)]
+        b = totals.get(("baseline", kind))  # None: the baseline has no such route
+
+        def base(i: int, b: list[float] | None = b) -> str:
+            return "-" if b is None else f"{b[i]:.2f}"
+
+        row: list[object] = [kind, base(0), f"{t[0]:.2f}",
+                             "-" if b is None else f"**{t[0] / b[0]:.2f}**"]
         if pg:
-            row += [f"{b[1]:.2f}", f"{t[1]:.2f}"]
+            row += [base(1), f"{t[1]:.2f}"]
         row.append(f"{t[0] / floor:.1f}x")
         rows.append(row)
     headers = ["request", "service ms/request, baseline", "service ms/request, this",
