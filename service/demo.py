@@ -168,6 +168,21 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+def _target_text(target: float, answer: dict[str, Any] | None, *, finished: bool) -> str:
+    """The progress line's words for ``GET .../forecast/target``'s answer: reached (where),
+    unreachable (why), not reached by a finished run, or an ETA at the current pace."""
+    tgt = (answer or {}).get("target") or {}
+    eta = (answer or {}).get("eta") or {}
+    if tgt.get("reached") and tgt.get("step") is not None:
+        return f"{target:g} reached at step {int(tgt['step'])}"
+    if tgt and not tgt.get("reachable", True):
+        return f"{target:g} unreachable ({tgt.get('reason') or 'below the forecast floor'})"
+    if finished:
+        # The service gives a finished run no "current pace" ETA: say so, not "?".
+        return f"{target:g} not reached by the end of the run"
+    return f"ETA to {target:g}: {_duration(eta.get('seconds'))}"
+
+
 class _Progress:
     """Polls the REST API and draws one status line (a new line every 10 s off a terminal)."""
 
@@ -230,12 +245,7 @@ class _Progress:
                         target -= 0.05
             if target is not None:
                 ans = self.client.get(f"{base}/forecast/target", loss=target)
-                tgt = (ans or {}).get("target") or {}
-                eta = (ans or {}).get("eta") or {}
-                if tgt.get("reached"):
-                    text += f" | {target:g} reached at step {int(tgt['step'])}"
-                else:
-                    text += f" | ETA to {target:g}: {_duration(eta.get('seconds'))}"
+                text += " | " + _target_text(target, ans, finished=run.get("ended_at") is not None)
         elif forecast:
             text += f" | forecast: {forecast['status']}"
         return text

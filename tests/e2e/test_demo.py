@@ -117,3 +117,32 @@ def test_two_demos_next_to_a_foreign_server_each_use_their_own(tmp_path: Path) -
     assert foreign.port not in ports and ports[0] != ports[1]
     for (home, _), run_id in zip(demos, run_ids, strict=True):
         assert _runs(home / "curvecast.db") == {run_id: ("finished", 12)}
+
+
+def test_progress_line_names_the_target_state_not_a_question_mark() -> None:
+    """The progress line's target words, from answers shaped by the service's own schema: a
+    finished run that did not reach the target says so (the service gives it no ETA)."""
+    from datetime import UTC, datetime
+
+    from curvecast.service.demo import _target_text
+    from curvecast.service.schemas.forecast import EtaOut, TargetAnswer, TargetOut
+
+    def answer(target: TargetOut | None, eta: EtaOut | None = None) -> dict[str, object]:
+        return TargetAnswer(status="ok", key="eval_loss", target=target, eta=eta).model_dump(
+            mode="json"
+        )
+
+    ahead = TargetOut(loss=1.5, step=900.0, lo=800.0, hi=1000.0, reachable=True)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    eta = EtaOut(steps_per_second=10.0, seconds=75.0, at=now)
+    assert _target_text(1.5, answer(ahead, eta), finished=False) == "ETA to 1.5: 1m15s"
+    assert _target_text(1.5, answer(ahead), finished=True) == (
+        "1.5 not reached by the end of the run"
+    )
+    passed = TargetOut(loss=1.5, step=412.0, lo=None, hi=None, reachable=True, reached=True)
+    assert _target_text(1.5, answer(passed), finished=True) == "1.5 reached at step 412"
+    below = TargetOut(loss=0.1, step=None, lo=None, hi=None, reachable=False,
+                      reason="below f*'s interval")
+    assert _target_text(0.1, answer(below), finished=False) == (
+        "0.1 unreachable (below f*'s interval)"
+    )
