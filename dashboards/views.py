@@ -16,8 +16,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
-import plotly.io as pio
 
 from curvecast.contract import (
     EVAL_LOSS_KEYS,
@@ -39,6 +37,7 @@ from curvecast.dashboards.data import (
     series_by_key,
 )
 from curvecast.dashboards.figures.base import parse_band
+from curvecast.dashboards.figures.spec import FigureSpec
 
 #: The run page's charts, in page order.
 RUN_CHARTS = ("loss", "step_size", "gradient", "norms", "averaging", "evolution")
@@ -52,7 +51,7 @@ _TELEMETRY_OF = {
     "averaging": ("c", "sf_beta"),
 }
 #: The builder of each telemetry chart.
-_TELEMETRY_FIGURES: dict[str, Callable[..., go.Figure]] = {
+_TELEMETRY_FIGURES: dict[str, Callable[..., FigureSpec]] = {
     "step_size": figures.step_size_figure,
     "gradient": figures.gradient_figure,
     "norms": figures.norms_figure,
@@ -164,9 +163,9 @@ class RunPage:
 
 
 def run_figures(page: RunPage, charts: Iterable[str] = RUN_CHARTS,
-                x_range: Sequence[float] | None = None) -> dict[str, go.Figure]:
+                x_range: Sequence[float] | None = None) -> dict[str, FigureSpec]:
     """Build the run page's figures (only ``charts``)."""
-    out: dict[str, go.Figure] = {}
+    out: dict[str, FigureSpec] = {}
     prefix = page.prefix
     config = page.config
     alerts = page.alert_items
@@ -280,17 +279,13 @@ def run_kpis(page: RunPage) -> list[Kpi]:
     return kpis
 
 
-def figure_json(fig: go.Figure) -> str:
-    """A figure as JSON for ``Plotly.newPlot`` (numpy arrays travel as typed arrays)."""
-    return str(pio.to_json(fig, validate=False, engine="json"))
-
-
-def charts_payload(figs: Mapping[str, go.Figure], **extra: Any) -> str:
+def charts_payload(figs: Mapping[str, FigureSpec], **extra: Any) -> str:
     """The JSON body of a figures answer: ``{"charts": {id: figure}, **extra}``.
 
-    Figures are serialised by Plotly (typed arrays); the rest with the standard encoder.
+    Figures are encoded as Plotly would (typed arrays: :meth:`FigureSpec.to_json`); the rest
+    with the standard encoder.
     """
-    charts = ",".join(f"{json.dumps(name)}:{figure_json(fig)}" for name, fig in figs.items())
+    charts = ",".join(f"{json.dumps(name)}:{fig.to_json()}" for name, fig in figs.items())
     rest = "".join(f",{json.dumps(k)}:{json.dumps(v, allow_nan=False)}" for k, v in extra.items())
     return "{" + f'"charts":{{{charts}}}' + rest + "}"
 

@@ -1,4 +1,5 @@
-"""Pure figure builders: data shaped like the REST API's answers in, a Plotly figure out.
+"""Pure figure builders: data shaped like the REST API's answers in, a Plotly figure out (as
+plain dictionaries, :class:`FigureSpec`; ``.figure()`` gives the Plotly object).
 
 No HTTP, no database: the web pages, the tests and the benchmark call these with dictionaries
 (or the parsed dataclasses of :mod:`curvecast.dashboards.data`). One module per kind of chart:
@@ -26,6 +27,7 @@ from curvecast.dashboards.figures.compare import (
     ranking_figure,
 )
 from curvecast.dashboards.figures.loss import evolution_figure, loss_figure
+from curvecast.dashboards.figures.spec import FigureSpec
 from curvecast.dashboards.figures.telemetry import (
     Line,
     averaging_figure,
@@ -37,6 +39,7 @@ from curvecast.dashboards.figures.telemetry import (
 
 __all__ = [
     "CompareEntry",
+    "FigureSpec",
     "Line",
     "Ranking",
     "averaging_figure",

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 
 from curvecast.contract import RunConfig
 from curvecast.dashboards import fmt, palette
@@ -21,13 +20,14 @@ from curvecast.dashboards.data import (
     SeriesData,
     plottable,
 )
+from curvecast.dashboards.figures.spec import FigureSpec
 
 GL_MIN_POINTS = 1000
 #: Alert markers per chart at most (the newest); the alert list on the page has all of them.
 MAX_ALERT_MARKS = 60
 #: Points of the fitted curve drawn per chart.
 CURVE_POINTS = 400
-#: Validate figures as they are built (tests switch this on; see FigureBuilder.figure).
+#: Validate figures as they are built (tests switch this on; see FigureBuilder.spec).
 VALIDATE = False
 
 #: A small explicit template: plotly.py's named templates are deep-copied into every figure,
@@ -100,9 +100,9 @@ def base_layout(chart: str, title: str, height: int, keys: Sequence[str], *, x_t
 
 
 class FigureBuilder:
-    """Collects traces, shapes and annotations as plain dictionaries and validates them into a
-    :class:`plotly.graph_objects.Figure` once, at the end (adding them one by one to a Figure
-    validates and copies the whole figure each time)."""
+    """Collects traces, shapes and annotations as plain dictionaries and hands them back as one
+    :class:`FigureSpec` at the end (adding them one by one to a Plotly Figure validates and
+    copies the whole figure each time; the pages never need the Figure at all)."""
 
     def __init__(self, layout: dict[str, Any]) -> None:
         self.data: list[dict[str, Any]] = []
@@ -158,14 +158,17 @@ class FigureBuilder:
                                  "showarrow": False, "text": text,
                                  "font": {"size": 13, "color": palette.GREY}})
 
-    def figure(self) -> go.Figure:
-        """The validated figure."""
+    def spec(self) -> FigureSpec:
+        """The figure (validated in full by Plotly when :data:`VALIDATE` is on)."""
         layout = dict(self.layout)
         layout["shapes"] = list(layout.get("shapes", [])) + self.shapes
         layout["annotations"] = list(layout.get("annotations", [])) + self.annotations
-        # Validation costs more than the rest of a page's figures together; the tests validate
-        # every builder's output in full (tests/dashboards/test_figures.py).
-        return go.Figure({"data": self.data, "layout": layout}, _validate=VALIDATE)
+        spec = FigureSpec(self.data, layout)
+        # Validation costs more than the rest of a page's figures together; the tests switch it
+        # on to check every builder's output in full (tests/dashboards/test_figures.py).
+        if VALIDATE:
+            spec.figure(validate=True)
+        return spec
 
 
 def log_menu(layout: dict[str, Any], axes: Sequence[str], *,

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 
 from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS
 from curvecast.dashboards import fmt, palette
@@ -25,6 +24,7 @@ from curvecast.dashboards.figures.base import (
     log_range_of,
     trace_type,
 )
+from curvecast.dashboards.figures.spec import FigureSpec
 
 #: Characters of a run's name on the ranking chart's axis (the table has it in full).
 RANK_LABEL_CHARS = 36
@@ -115,7 +115,7 @@ def loss_title(keys: Sequence[str]) -> str:
 
 
 def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
-                   *, x_range: Sequence[float] | None = None) -> go.Figure:
+                   *, x_range: Sequence[float] | None = None) -> FigureSpec:
     """Several runs' losses overlaid, each with its forecast (and band) to a common horizon."""
     keys = sorted({e.series.key for e in entries})
     fig = FigureBuilder(base_layout(
@@ -187,10 +187,10 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
         log_menu(layout, ["yaxis"], linear_range=focus,
                  log_range=log_range_of(focus, focus_arrays, focus_extra)),
         log_menu(layout, ["xaxis"], x_axis=True)]
-    return fig.figure()
+    return fig.spec()
 
 
-def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> go.Figure:
+def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureSpec:
     """Each run's forecast loss at the common horizon with its interval, best at the top."""
     ordered = [i for i in ranking.order if entries[i].at_horizon is not None]
     where = f"step {fmt.short_step(ranking.horizon)}" if ranking.horizon else "the horizon"
@@ -223,4 +223,4 @@ def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> go.Figu
     })
     if not ordered:
         fig.note("no forecasts yet")
-    return fig.figure()
+    return fig.spec()

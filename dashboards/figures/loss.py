@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 
 from curvecast.contract import RunConfig
 from curvecast.dashboards import fmt, palette
@@ -29,6 +28,7 @@ from curvecast.dashboards.figures.base import (
     parse_forecast,
     shade_burn_in,
 )
+from curvecast.dashboards.figures.spec import FigureSpec
 
 
 def loss_figure(
@@ -43,7 +43,7 @@ def loss_figure(
     alerts: Sequence[Mapping[str, Any] | AlertData] = (),
     x_range: Sequence[float] | None = None,
     title: str = "Loss and where it is going",
-) -> go.Figure:
+) -> FigureSpec:
     """Training and evaluation loss with the fitted curve, the forecast band out to the
     horizon, the f* asymptote, the burn-in shaded and alert markers.
 
@@ -154,12 +154,12 @@ def loss_figure(
         log_menu(layout, ["yaxis"], linear_range=focus,
                  log_range=log_range_of(focus, arrays, focus_extra)),
         log_menu(layout, ["xaxis"], x_axis=True)]
-    return fig.figure()
+    return fig.spec()
 
 
 
 def evolution_figure(history: Mapping[str, Any], *, observed: float | None = None,
-                     horizon_planned: bool = True) -> go.Figure:
+                     horizon_planned: bool = True) -> FigureSpec:
     """The forecast of the final loss (with interval) against the step at which it was made,
     so people see it settle. ``history`` is ``GET .../forecast/history``."""
     horizon = history.get("horizon")
@@ -198,5 +198,5 @@ def evolution_figure(history: Mapping[str, Any], *, observed: float | None = Non
         if focus is not None:
             fig.layout["yaxis"]["range"] = focus
     fig.layout["updatemenus"] = [log_menu(fig.layout, ["yaxis"])]
-    return fig.figure()
+    return fig.spec()
 

@@ -2,10 +2,10 @@
 so that it shows at first paint, before plotly.js (4.8 MB of JavaScript on a first visit) has
 loaded; the interactive chart replaces it in the same box.
 
-It draws what a Plotly figure of this package holds — line traces and ``tonexty`` bands on the
-primary axes, the axis ranges the figure chose (``layout.xaxis.range`` / ``yaxis.range``, else
-the data's), the title — with ticks and labels, and nothing interactive. Every string is
-escaped; numbers are formatted, never interpolated raw.
+It draws what a figure of this package holds (a :class:`FigureSpec`): line traces and
+``tonexty`` bands on the primary axes, the axis ranges the figure chose (``layout.xaxis.range``
+/ ``yaxis.range``, else the data's), the title; with ticks and labels, and nothing interactive.
+Every string is escaped; numbers are formatted, never interpolated raw.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from html import escape
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
+
+from curvecast.dashboards.figures.spec import FigureSpec
 
 __all__ = ["static_svg"]
 
@@ -43,13 +44,15 @@ def _label(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _arrays(trace: Any) -> tuple[np.ndarray, np.ndarray]:
+def _arrays(trace: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     def floats(values: Any) -> np.ndarray:
         if values is None:
             return np.zeros(0)
+        if isinstance(values, np.ndarray) and values.dtype.kind in "fiu":
+            return values.astype(float)
         return np.array([np.nan if v is None else float(v) for v in values], dtype=float)
 
-    return floats(trace.x), floats(trace.y)
+    return floats(trace.get("x")), floats(trace.get("y"))
 
 
 def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,9 +62,10 @@ def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x[keep], y[keep]
 
 
-def _range(axis: Any, values: Sequence[np.ndarray], clip_percentile: bool) -> tuple[float, float]:
-    given = getattr(axis, "range", None)
-    if given is not None and len(given) == 2 and getattr(axis, "type", None) != "log":
+def _range(axis: dict[str, Any], values: Sequence[np.ndarray], clip_percentile: bool
+           ) -> tuple[float, float]:
+    given = axis.get("range")
+    if given is not None and len(given) == 2 and axis.get("type") != "log":
         return float(given[0]), float(given[1])
     finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.zeros(0)
     if finite.size == 0:
@@ -88,18 +92,19 @@ def _path(px: np.ndarray, py: np.ndarray) -> str:
     return " ".join(parts)
 
 
-def static_svg(fig: go.Figure, *, width: int = 1100, height: int = 420,
+def static_svg(fig: FigureSpec, *, width: int = 1100, height: int = 420,
                caption: str = "static preview; the interactive chart is loading") -> str:
     """The figure's primary-axis traces as one ``<svg>`` element (a string), with axes, ticks,
     title and ``caption``."""
-    traces = [t for t in fig.data if getattr(t, "yaxis", None) in (None, "y")
-              and getattr(t, "x", None) is not None and getattr(t, "y", None) is not None]
+    traces = [t for t in fig.data if t.get("yaxis") in (None, "y")
+              and t.get("x") is not None and t.get("y") is not None]
     arrays = [_thin(*_arrays(t)) for t in traces]
     layout = fig.layout
-    x0, x1 = _range(layout.xaxis, [a[0] for a in arrays], clip_percentile=False)
+    x0, x1 = _range(layout.get("xaxis") or {}, [a[0] for a in arrays], clip_percentile=False)
     lines = [a[1] for t, a in zip(traces, arrays, strict=True)
-             if (t.line is None or (t.line.width or 1) > 0)]
-    y0, y1 = _range(layout.yaxis, lines or [a[1] for a in arrays], clip_percentile=True)
+             if ((t.get("line") or {}).get("width") or 1) > 0]
+    y0, y1 = _range(layout.get("yaxis") or {}, lines or [a[1] for a in arrays],
+                    clip_percentile=True)
     left, right = _MARGIN["l"], width - _MARGIN["r"]
     top, bottom = _MARGIN["t"], height - _MARGIN["b"]
 
@@ -131,24 +136,27 @@ def static_svg(fig: go.Figure, *, width: int = 1100, height: int = 420,
     previous: tuple[np.ndarray, np.ndarray] | None = None
     for trace, (x, y) in zip(traces, arrays, strict=True):
         px, py = sx(x), sy(y)
-        colour = escape(str((trace.line.color if trace.line else None) or "#1f77b4"))
-        if getattr(trace, "fill", None) == "tonexty" and previous is not None:
+        line = trace.get("line") or {}
+        colour = escape(str(line.get("color") or "#1f77b4"))
+        if trace.get("fill") == "tonexty" and previous is not None:
             ok = np.isfinite(px) & np.isfinite(py)
             bx, by = previous
             ok_b = np.isfinite(bx) & np.isfinite(by)
             ring = _path(np.concatenate([px[ok], bx[ok_b][::-1]]),
                          np.concatenate([py[ok], by[ok_b][::-1]]))
-            fill = escape(str(trace.fillcolor or "rgba(31,119,180,0.2)"))
+            fill = escape(str(trace.get("fillcolor") or "rgba(31,119,180,0.2)"))
             if ring:
                 out.append(f'<path d="{ring} Z" fill="{fill}" stroke="none"/>')
-        width_px = trace.line.width if trace.line and trace.line.width is not None else 1.5
+        width_px = line["width"] if line.get("width") is not None else 1.5
         if width_px > 0:
             d = _path(px, py)
             if d:
                 out.append(f'<path d="{d}" fill="none" stroke="{colour}" '
                            f'stroke-width="{float(width_px):.1f}"/>')
         previous = (px, py)
-    title = layout.title.text if layout.title and layout.title.text else ""
+    title = layout.get("title") or ""
+    if isinstance(title, dict):
+        title = title.get("text") or ""
     title = " ".join(re.sub(r"<[^>]+>", " ", str(title)).split())  # Plotly's markup, dropped
     out.append(f'<text x="{left}" y="22" font-size="14" fill="#222">{escape(title)}</text>')
     out.append(f'<text x="{right}" y="22" text-anchor="end" font-size="11" '

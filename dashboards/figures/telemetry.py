@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 
 from curvecast.contract import TELEMETRY_PREFIX, RunConfig
 from curvecast.dashboards import fmt, palette
@@ -23,6 +22,7 @@ from curvecast.dashboards.figures.base import (
     log_menu,
     shade_burn_in,
 )
+from curvecast.dashboards.figures.spec import FigureSpec
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def telemetry_figure(
     guide: tuple[float, str] | None = None,
     x_range: Sequence[float] | None = None,
     height: int = 340,
-) -> go.Figure:
+) -> FigureSpec:
     """A step chart of a few telemetry series on one or two y-axes (generic builder).
 
     Args:
@@ -101,7 +101,7 @@ def telemetry_figure(
     if log_y:
         menu["active"] = 1
     layout["updatemenus"] = [menu]
-    return fig.figure()
+    return fig.spec()
 
 
 def _get(series: Mapping[str, SeriesLike], key: str) -> SeriesData:
@@ -109,7 +109,7 @@ def _get(series: Mapping[str, SeriesLike], key: str) -> SeriesData:
 
 
 def step_size_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PREFIX,
-                     **kwargs: Any) -> go.Figure:
+                     **kwargs: Any) -> FigureSpec:
     """Polyak step size η (left) and the effective step α = warmup · lr · η (right)."""
     return telemetry_figure(
         "step_size", "Step size: Polyak η and effective α",
@@ -121,7 +121,7 @@ def step_size_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETR
 
 
 def gradient_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PREFIX,
-                    **kwargs: Any) -> go.Figure:
+                    **kwargs: Any) -> FigureSpec:
     """Gradient L1 norm with the Polyak denominator EMA (√(π/2)·‖g‖₁, bias-corrected)."""
     return telemetry_figure(
         "gradient", "Gradient L1 norm and the Polyak denominator",
@@ -133,7 +133,7 @@ def gradient_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY
 
 
 def norms_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PREFIX,
-                 config: Mapping[str, Any] | None = None, **kwargs: Any) -> go.Figure:
+                 config: Mapping[str, Any] | None = None, **kwargs: Any) -> FigureSpec:
     """Weight norms of x, y and z; with AdamC's λ (``weight_decay``) and both ‖g‖₂ and ‖z‖₂
     logged, also the ratio ‖g‖₂/‖z‖₂ against its steady state √(2λ)."""
     lines = [
@@ -162,7 +162,7 @@ def norms_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PR
 
 
 def averaging_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PREFIX,
-                     **kwargs: Any) -> go.Figure:
+                     **kwargs: Any) -> FigureSpec:
     """Averaging weight c (1 during burn-in, then ~1/t: log scale) and SF β (right)."""
     fig = telemetry_figure(
         "averaging", "Averaging weight c and SF β",
@@ -172,8 +172,8 @@ def averaging_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETR
         log_y=True, **kwargs,
     )
     # c spans decades while β stays near 1: the buttons switch c's axis only.
-    menu = fig.layout.updatemenus[0]
-    menu.buttons[0].args = [{"yaxis.type": "linear", "yaxis.autorange": True}]
-    menu.buttons[1].args = [{"yaxis.type": "log", "yaxis.autorange": True}]
+    linear, log = fig.layout["updatemenus"][0]["buttons"]
+    linear["args"] = [{"yaxis.type": "linear", "yaxis.autorange": True}]
+    log["args"] = [{"yaxis.type": "log", "yaxis.autorange": True}]
     return fig
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
 
 from curvecast.contract import RunConfig, telemetry_prefix
@@ -82,7 +83,7 @@ def test_loss_figure_has_data_fit_forecast_band_fstar_and_burn_in() -> None:
         train=downsampled("loss"), evaluation=raw("eval_loss", [1000, 5000, 10_000],
                                                   [3.0, 2.7, 2.55]),
         forecast=FORECAST, band=BAND, config=CONFIG, horizon=20_000,
-    )
+    ).figure()
     roles = by_role(fig)
     assert {"min", "max", "last", "fit", "band_lo", "band_hi", "forecast", "f_star",
             "prediction"} <= set(roles)
@@ -114,9 +115,9 @@ def test_layout_keeps_buttons_legend_and_title_out_of_the_plot_and_the_toolbar()
     buttons in the row under it just above the plot, the legend under the x axis."""
     series = telemetry()
     figs = [figures.loss_figure(train=downsampled("loss"), forecast=FORECAST, band=BAND,
-                                config=CONFIG, horizon=20_000),
-            figures.gradient_figure(series, config=CONFIG),
-            figures.compare_figure([entry("a", 2.5, 2.45, 2.55)], 20_000)]
+                                config=CONFIG, horizon=20_000).figure(),
+            figures.gradient_figure(series, config=CONFIG).figure(),
+            figures.compare_figure([entry("a", 2.5, 2.45, 2.55)], 20_000).figure()]
     for fig in figs:
         layout = fig.layout
         assert (layout.title.xref, layout.title.x, layout.title.xanchor) == ("container", 0,
@@ -137,7 +138,7 @@ def test_log_y_range_stays_near_the_losses() -> None:
     1e-60 stretched the autoscaled axis over sixty decades)."""
     forecast = dict(FORECAST, f_star={"value": 2.0, "lo": 1e-60, "hi": 2.05})
     fig = figures.loss_figure(train=downsampled("loss"), forecast=forecast, band=BAND,
-                              config=CONFIG, horizon=20_000)
+                              config=CONFIG, horizon=20_000).figure()
     log = fig.layout.updatemenus[0].buttons[1].args[0]
     assert log["yaxis.type"] == "log" and "yaxis.autorange" not in log
     lo, hi = (10 ** v for v in log["yaxis.range"])
@@ -152,7 +153,7 @@ def test_log_y_range_stays_near_the_losses() -> None:
 def test_loss_figure_without_a_fit_and_with_non_finite_values() -> None:
     train = raw("loss", [0, 1, 2, 3], [5.0, "NaN", "Infinity", 4.0])
     fig = figures.loss_figure(train=train, forecast={"status": "pending", "a": None, "b": None,
-                                                     "c": None}, config={}, horizon=None)
+                                                     "c": None}, config={}, horizon=None).figure()
     roles = by_role(fig)
     assert set(roles) == {"last"}
     y = list(roles["last"][0].y)
@@ -160,23 +161,24 @@ def test_loss_figure_without_a_fit_and_with_non_finite_values() -> None:
 
 
 def test_loss_figure_with_no_data_says_so() -> None:
-    fig = figures.loss_figure(train=None, config={}, horizon=None)
+    fig = figures.loss_figure(train=None, config={}, horizon=None).figure()
     assert any("no data yet" in a.text for a in fig.layout.annotations)
     assert [t.meta["role"] for t in fig.data] == ["last"]  # live updates can append to it
 
 
 def test_zoomed_loss_figure_keeps_the_range() -> None:
     fig = figures.loss_figure(train=raw("loss", list(range(500, 600)), [2.5] * 100),
-                              config=CONFIG, horizon=20_000, x_range=[500, 599])
+                              config=CONFIG, horizon=20_000, x_range=[500, 599]).figure()
     assert list(fig.layout.xaxis.range) == [500, 599]
     assert fig.layout.uirevision == "loss"
 
 
 def test_long_series_use_webgl_and_short_ones_svg() -> None:
     long = downsampled("loss", n_buckets=1500)
-    fig = figures.loss_figure(train=long, config={}, horizon=None)
+    fig = figures.loss_figure(train=long, config={}, horizon=None).figure()
     assert {t.type for t in fig.data} == {"scattergl"}
-    fig = figures.loss_figure(train=downsampled("loss", n_buckets=50), config={}, horizon=None)
+    fig = figures.loss_figure(train=downsampled("loss", n_buckets=50), config={},
+                              horizon=None).figure()
     assert {t.type for t in fig.data} == {"scatter"}
 
 
@@ -191,13 +193,13 @@ def telemetry(prefix: str = "opt/") -> dict[str, SeriesData]:
 
 def test_telemetry_figures() -> None:
     series = telemetry()
-    step = figures.step_size_figure(series, config=CONFIG)
+    step = figures.step_size_figure(series, config=CONFIG).figure()
     keys = {t.meta["key"]: t.yaxis for t in step.data}
     assert keys == {"opt/eta": "y", "opt/alpha": "y2"}
     assert step.layout.yaxis2.overlaying == "y"
-    grad = figures.gradient_figure(series, config=CONFIG)
+    grad = figures.gradient_figure(series, config=CONFIG).figure()
     assert {t.meta["key"] for t in grad.data} == {"opt/grad_l1", "opt/denom_ema"}
-    avg = figures.averaging_figure(series, config=CONFIG)
+    avg = figures.averaging_figure(series, config=CONFIG).figure()
     assert avg.layout.yaxis.type == "log"  # c spans decades
     for fig in (step, grad, avg):
         assert fig.layout.yaxis.title.text and fig.layout.title.text
@@ -207,7 +209,7 @@ def test_telemetry_figures() -> None:
 
 def test_norms_show_the_adamc_guide_only_when_it_applies() -> None:
     series = telemetry()
-    fig = figures.norms_figure(series, config=CONFIG)
+    fig = figures.norms_figure(series, config=CONFIG).figure()
     ratio = [t for t in fig.data if (t.meta or {}).get("role") == "ratio"]
     assert len(ratio) == 1 and ratio[0].yaxis == "y2"
     assert ratio[0].y[0] == pytest.approx(4.0 / 1.0)
@@ -217,7 +219,7 @@ def test_norms_show_the_adamc_guide_only_when_it_applies() -> None:
     # No lambda in the config, or no gradient L2 norm logged: no guide, no ratio.
     for config, data in (({}, series),
                          (CONFIG, {k: v for k, v in series.items() if "grad_l2" not in k})):
-        fig = figures.norms_figure(data, config=config)
+        fig = figures.norms_figure(data, config=config).figure()
         assert not [t for t in fig.data if (t.meta or {}).get("role") == "ratio"]
         assert not any("√(2λ)" in (a.text or "") for a in fig.layout.annotations)
 
@@ -229,7 +231,7 @@ def test_telemetry_prefix_of_the_client_hook_is_recognised() -> None:
     page = views.RunPage(run={"id": "r", "config": CONFIG, "last_step": 2000},
                          metrics=list(_as_api(telemetry("opt/"))))
     figs = views.run_figures(page, ["step_size"])
-    assert {t.meta["key"] for t in figs["step_size"].data} == {"opt/eta", "opt/alpha"}
+    assert {t.meta["key"] for t in figs["step_size"].figure().data} == {"opt/eta", "opt/alpha"}
 
 
 def _as_api(series: dict[str, SeriesData]) -> Iterator[dict[str, Any]]:
@@ -245,7 +247,7 @@ def test_alert_markers_are_escaped_and_coloured_by_state() -> None:
         {"id": "3", "rule": "no_step", "state": "pending", "summary": "no step", "step": None},
     ]
     fig = figures.loss_figure(train=downsampled("loss"), config={}, horizon=None,
-                              alerts=alerts)
+                              alerts=alerts).figure()
     marks = [a for a in fig.layout.annotations if a.name == "alert"]
     assert [m.x for m in marks] == [5000, 7000]
     assert [m.bgcolor for m in marks] == [palette.VERMILLION, palette.GREY]
@@ -259,12 +261,12 @@ def test_evolution_figure() -> None:
          "final": {"step": 20_000, "value": v, "lo": v - w, "hi": v + w},
          "f_star": {"value": 2.0, "lo": 1.9, "hi": 2.1}}
         for s, v, w in ((1000, 2.6, 0.3), (2000, 2.5, 0.15), (4000, 2.45, 0.06))]}
-    fig = figures.evolution_figure(history)
+    fig = figures.evolution_figure(history).figure()
     roles = by_role(fig)
     assert list(roles["forecast"][0].x) == [1000, 2000, 4000]
     assert list(roles["band_hi"][0].y) == pytest.approx([2.9, 2.65, 2.51])
     assert "20k" in fig.layout.title.text
-    empty = figures.evolution_figure({"horizon": 20_000, "points": []})
+    empty = figures.evolution_figure({"horizon": 20_000, "points": []}).figure()
     assert any("no forecast yet" in a.text for a in empty.layout.annotations)
 
 
@@ -291,13 +293,13 @@ def test_ranking_names_the_best_run_and_whether_it_is_clear() -> None:
     assert close.best == 1 and not close.clear and "not yet a clear winner" in close.message
     none = figures.rank_forecasts([entry("a", None)], 20_000)
     assert none.best is None and "No run has a forecast yet" in none.message
-    fig = figures.ranking_figure(entries, ranking)
+    fig = figures.ranking_figure(entries, ranking).figure()
     assert list(fig.data[0].y) == ["★ b", "a"]
 
 
 def test_compare_figure_overlays_runs_with_forecasts_to_the_horizon() -> None:
     entries = [entry("<b>bold</b>", 2.5, 2.45, 2.55, 0), entry("b", 2.3, 2.25, 2.35, 1)]
-    fig = figures.compare_figure(entries, 20_000)
+    fig = figures.compare_figure(entries, 20_000).figure()
     lines = [t for t in fig.data if (t.meta or {}).get("role") == "last"]
     assert [t.name for t in lines] == ["&lt;b&gt;bold&lt;/b&gt;", "b"]
     assert [t.line.color for t in lines] == [palette.run_colour(0), palette.run_colour(1)]
@@ -316,6 +318,65 @@ def test_every_builder_output_is_valid_plotly() -> None:
     )
     for fig in views.run_figures(page).values():
         go.Figure(json.loads(fig.to_json()))
+
+
+def test_figure_json_is_what_plotly_sends() -> None:
+    """The pages encode the builders' dictionaries themselves (FigureSpec.to_json); the JSON
+    must be Plotly's own for every chart: typed arrays with the same bytes (float and int64
+    steps), null for a missing or NaN point, lists where Plotly keeps lists, and nothing that
+    could close the page's <script>."""
+    loss = downsampled("loss", n_buckets=1500)  # > GL_MIN_POINTS: scattergl traces too
+    loss["values"][5] = None
+    loss["steps"] = np.asarray(loss["steps"], dtype=np.int64).tolist()
+    history = {"horizon": 20_000, "points": [
+        {"fitted_upto_step": s, "n_points": s, "status": "ok", "key": "loss",
+         "created_at": "2026-01-01T00:00:00Z",
+         "final": {"step": 20_000, "value": 2.4, "lo": 2.3, "hi": 2.5},
+         "f_star": {"value": 2.0, "lo": 1.9, "hi": 2.1}} for s in range(1000, 10_000, 500)]}
+    page = views.RunPage(
+        run={"id": "r", "name": "a/b <c>", "config": CONFIG, "last_step": 10_000,
+             "status": "running"},
+        metrics=[loss, raw("eval_loss", [5000, 10_000], [2.7, float("nan")]),
+                 *_as_api(telemetry())],
+        forecast=FORECAST, band=BAND, history=history,
+        alerts=[{"id": "1", "rule": "r", "state": "firing", "summary": "</script><b>x</b>",
+                 "step": 10}],
+    )
+    entries = [entry("</script>", 2.5, 2.45, 2.55, 0), entry("b", 2.3, 2.25, 2.35, 1)]
+    specs = {**views.run_figures(page),
+             "compare": figures.compare_figure(entries, 20_000),
+             "ranking": figures.ranking_figure(entries, figures.rank_forecasts(entries, 20_000))}
+    for name, spec in specs.items():
+        ours = spec.to_json()
+        plotlys = pio.to_json(spec.figure(validate=False), validate=False, engine="json")
+        assert json.loads(ours) == json.loads(plotlys), name
+        assert "</" not in ours and "<b" not in ours, name
+    loss_json = json.loads(specs["loss"].to_json())
+    typed = [t["y"] for t in loss_json["data"] if isinstance(t.get("y"), dict)]
+    assert typed and all(set(y) == {"dtype", "bdata"} for y in typed)  # typed arrays, not lists
+
+
+def test_figure_json_of_every_kind_of_value_is_plotlys() -> None:
+    """Values the builders may hold, each encoded as Plotly encodes it: int64 narrowed to the
+    smallest type (or a list when too big), floats of 32 and 64 bits, 2-D arrays, empty and
+    bool arrays, arrays under keys Plotly keeps as lists, NumPy scalars, non-finite floats."""
+    spec = figures.FigureSpec(
+        data=[
+            {"type": "scatter", "x": np.arange(5, dtype=np.int64),
+             "y": np.array([1.0, np.nan, np.inf, 2.0, 3.0])},
+            {"type": "scatter", "x": np.array([0, 40_000], dtype=np.int64),
+             "y": np.array([1, 2**40], dtype=np.int64), "customdata": np.ones((2, 3))},
+            {"type": "scatter", "x": np.array([1, 300], dtype=np.uint64),
+             "y": np.array([0.5, 1.5], dtype=np.float32), "text": np.array([True, False]),
+             "selectedpoints": np.array([], dtype=float)},
+            {"type": "scatter", "x": [1, 2, 3], "y": [float("nan"), np.float64(2.5), -np.inf]},
+        ],
+        layout={"xaxis": {"range": np.array([0.0, 10.0])}, "yaxis": {"range": [np.int64(1), 2]},
+                "title": {"text": "a/b"}, "meta": {"value": np.float32(0.25)},
+                "template": {}},  # none: Plotly would add its default one
+    )
+    plotlys = pio.to_json(spec.figure(validate=False), validate=False, engine="json")
+    assert json.loads(spec.to_json()) == json.loads(plotlys)
 
 
 def test_run_payload_is_json_with_kpis_and_cursor() -> None:
@@ -453,7 +514,7 @@ def test_headline_and_chart_tell_the_statuses_truth() -> None:
     kpis = {k.id: k for k in views.run_kpis(page)}
     assert kpis["f_star"].value == "—" and "at most 2.5" in kpis["f_star"].detail
     assert "no asymptote" in kpis["fit"].value and kpis["forecast"].value == "2.42"
-    roles = by_role(views.run_figures(page, ["loss"])["loss"])
+    roles = by_role(views.run_figures(page, ["loss"])["loss"].figure())
     assert "f_star" not in roles and "forecast" in roles
     flat = dict(FORECAST, status="flat", a=0.0, b=None, c=2.5,
                 f_star={"value": 2.5, "lo": 2.4, "hi": 2.6},

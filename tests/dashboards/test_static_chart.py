@@ -6,23 +6,27 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import numpy as np
-import plotly.graph_objects as go
 
+from curvecast.dashboards.figures.spec import FigureSpec
 from curvecast.dashboards.figures.static_svg import static_svg
 
 
-def _figure(n: int = 50_000, title: str = "Loss") -> go.Figure:
+def _figure(n: int = 50_000, title: str = "Loss") -> FigureSpec:
+    """A loss line (a NumPy array, as the builders give) and a filled band (lists)."""
     steps = np.arange(n)
     loss = 3.0 / np.sqrt(steps / 100 + 1) + 1.0
-    fig = go.Figure()
-    fig.add_trace(go.Scattergl(x=steps, y=loss, mode="lines", name="training loss",
-                               line={"color": "#1f77b4", "width": 1.6}))
-    band_x = np.linspace(n, 2 * n, 20)
-    fig.add_trace(go.Scatter(x=band_x, y=np.full(20, 1.05), mode="lines", line={"width": 0}))
-    fig.add_trace(go.Scatter(x=band_x, y=np.full(20, 1.2), mode="lines", line={"width": 0},
-                             fill="tonexty", fillcolor="rgba(255,127,14,0.2)"))
-    fig.update_layout(title={"text": title}, yaxis={"range": [0.9, 4.2]})
-    return fig
+    band_x = np.linspace(n, 2 * n, 20).tolist()
+    return FigureSpec(
+        data=[
+            {"type": "scattergl", "x": steps, "y": loss, "mode": "lines",
+             "name": "training loss", "line": {"color": "#1f77b4", "width": 1.6}},
+            {"type": "scatter", "x": band_x, "y": [1.05] * 20, "mode": "lines",
+             "line": {"width": 0}},
+            {"type": "scatter", "x": band_x, "y": [1.2] * 20, "mode": "lines",
+             "line": {"width": 0}, "fill": "tonexty", "fillcolor": "rgba(255,127,14,0.2)"},
+        ],
+        layout={"title": {"text": title}, "yaxis": {"range": [0.9, 4.2]}},
+    )
 
 
 def test_valid_svg_with_axes_lines_and_a_filled_band() -> None:
