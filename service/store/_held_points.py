@@ -64,11 +64,17 @@ class HeldPoints:
         self.hits = 0
         self.misses = 0
 
-    def update(self, session: Session, run: Hashable, sid: int) -> Points | None:
+    def update(self, session: Session, run: Hashable, sid: int
+               ) -> tuple[Points | None, int | None]:
         """The points held of series ``sid`` of ``run`` (what tells the run apart from a
         deleted one of the same id: its id and creation time) and the steps stored after them,
         or None when nothing is held or the count disagrees (read the series whole, then
-        :meth:`keep` it). What was held is released either way: :meth:`keep` what is used."""
+        :meth:`keep` it). What was held is released either way: :meth:`keep` what is used.
+
+        Returns:
+            The points (or None), and the series' count where this read it (None where
+            nothing was held): a caller that needs the count after a miss need not ask again.
+        """
         engine = session.get_bind()
         with self._lock:
             held = self._by_engine.setdefault(engine, OrderedDict()).pop((run, sid), None)
@@ -76,13 +82,14 @@ class HeldPoints:
                 self._held[engine] = self._held.get(engine, 0) - held[0].size
         if held is None or not held[0].size:
             self.misses += 1
-            return None
+            return None, None
         new_steps, new_values = series_points(session, series_id=sid, lo=int(held[0][-1]) + 1)
-        if held[0].size + new_steps.size != stored_count(session, sid):
+        count = stored_count(session, sid)
+        if held[0].size + new_steps.size != count:
             self.misses += 1
-            return None
+            return None, count
         self.hits += 1
-        return np.concatenate((held[0], new_steps)), np.concatenate((held[1], new_values))
+        return (np.concatenate((held[0], new_steps)), np.concatenate((held[1], new_values))), count
 
     def keep(self, session: Session, run: Hashable, sid: int, points: Points) -> None:
         """Hold ``points`` (every point of the series, NaN included, by step) for the next

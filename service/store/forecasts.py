@@ -276,7 +276,7 @@ def _read_points(session: Session, sid: int, raw_limit: int, min_blocks: int, *,
     With ``held`` (the run's id and creation time: see ``_held_points``) the raw points stay
     held in this process, so the next read asks only for the steps after them.
     """
-    raw = held_points.update(session, held, sid) if held is not None else None
+    raw = held_points.update(session, held, sid)[0] if held is not None else None
     if raw is None or raw[0][-1] - raw[0][0] + 1 > raw_limit:
         bounds = _bounds(session, sid)
         if bounds is None:

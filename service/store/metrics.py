@@ -490,9 +490,12 @@ def _raw_buckets(session: Session, run: Hashable, sid: int, lo: int, hi: int, n_
     # temporary b-tree, then a lookup per bucket for its last value) cost the service 1.3x as
     # much CPU. A series of at most HOLD_LIMIT points stays held in the process, so the next
     # read asks only for the steps after it (SQLite hands rows over at ~0.3 us each).
-    points = held_points.update(session, run, sid)
-    if points is None and stored_count(session, sid) <= HOLD_LIMIT:
-        points = series_points(session, series_id=sid)
+    points, count = held_points.update(session, run, sid)
+    if points is None:
+        if count is None:  # nothing was held, so the count was not read
+            count = stored_count(session, sid)
+        if count <= HOLD_LIMIT:
+            points = series_points(session, series_id=sid)
     if points is None:
         steps, values = series_points(session, series_id=sid, lo=lo, hi=hi)
     else:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.contract import RunConfig
@@ -199,7 +200,20 @@ def test_raw_bucket_reads_from_held_points_answer_as_fresh_reads(
     _log(factory, run_id, [5_000])
     assert _buckets(factory, run_id) == fresh()
     _log(factory, run_id, [4_000, 4_001])  # late: inside what is held (up to 5,000)
-    late = _buckets(factory, run_id)
+    counts: list[str] = []
+
+    def count_reads(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "FROM metric_rollups WHERE series_id" in statement and "sum(n)" in statement:
+            counts.append(statement)
+
+    engine = factory.kw["bind"]
+    event.listen(engine, "before_cursor_execute", count_reads)
+    try:
+        late = _buckets(factory, run_id)
+    finally:
+        event.remove(engine, "before_cursor_execute", count_reads)
+    # The miss read the series' count once, to find the held points stale, and used it.
+    assert len(counts) == (1 if database_url.startswith("sqlite") else 0)
     assert late == fresh() and late["total_points"] == 3_503
     sqlite = database_url.startswith("sqlite")
     assert (cache.hits, cache.misses) == ((3, 2) if sqlite else (0, 0)), "SQLite holds"
