@@ -119,9 +119,12 @@ def main() -> int:
             evals = series(conn, run_hex, "eval_loss")
     # The demo's own verdict on its forecast from 20% of the run (#14: its 90% interval must
     # hold the final eval loss), as its closing summary prints it.
-    verdict = re.search(r"forecast made at step (\d+) \((\d+)% of the run, status (\w+)\): "
-                        r"(\S+) \[(\S+), (\S+)\]\n\s+error ([+-][\d.]+)%; the loss reached is "
-                        r"(inside|outside)", proc.stdout)
+    quoted = list(re.finditer(r"forecast made at step (\d+) \((\d+)% of the run, status "
+                              r"(\w+)\): (\S+) \[(\S+), (\S+)\]\n\s+error ([+-][\d.]+)%; "
+                              r"the loss reached is (inside|outside)", proc.stdout))
+    verdict = quoted[0] if quoted else None
+    # The summary's second quote, when there is one, is the first forecast with status ok.
+    first_ok = next((m for m in quoted if m[3] == "ok"), None)
     config = json.loads(config_text)
     c_warmup = int(config.get("c_warmup") or 0)
     training_seconds = train[-1][2] - train[0][2]
@@ -151,6 +154,10 @@ def main() -> int:
            f"**{verdict[4]} [{verdict[5]}, {verdict[6]}]** against {evals[-1][1]:.3f} reached "
            f"(error {verdict[7]}%): {'met' if verdict[8] == 'inside' else 'missed'}.\n\n"
            if verdict else "The demo's summary quoted no forecast from 20% of the run.\n\n")
+        + (f"The first forecast with status `ok` (f* identified) was made at step {first_ok[1]} "
+           f"({first_ok[2]}% of the run): **{first_ok[4]} [{first_ok[5]}, {first_ok[6]}]** "
+           f"(error {first_ok[7]}%, the loss reached {first_ok[8]} its 90% interval).\n\n"
+           if first_ok else "No forecast reached status `ok` before the run ended.\n\n")
         + markdown_table(
             ["steps", "training s", "whole command s", "c_warmup", "eval loss first -> last",
              "largest rise after c_warmup @ step", "sampling noise (rise / it)",
