@@ -3,14 +3,13 @@ reading its series under the run's telemetry prefix."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from curvecast.contract import TELEMETRY_PREFIX, RunConfig
+from curvecast.contract import TELEMETRY_PREFIX
 from curvecast.dashboards import fmt, palette
 from curvecast.dashboards.data import AlertData, SeriesData, SeriesLike, as_series
 from curvecast.dashboards.figures.base import (
@@ -48,7 +47,6 @@ def telemetry_figure(
     config: Mapping[str, Any] | None = None,
     alerts: Sequence[Mapping[str, Any] | AlertData] = (),
     log_y: bool = False,
-    guide: tuple[float, str] | None = None,
     x_range: Sequence[float] | None = None,
     height: int = 340,
 ) -> FigureSpec:
@@ -63,8 +61,6 @@ def telemetry_figure(
         config: the run's config (burn-in shading).
         alerts: alert markers.
         log_y: start with the left y axis log-scaled.
-        guide: a horizontal reference line (value, label) on the right axis when there is
-            one, e.g. √(2λ).
         x_range: the visible step range after a zoom.
         height: pixels.
     """
@@ -85,10 +81,6 @@ def telemetry_figure(
         if line.role is not None:  # derived: live updates must not append raw points to it
             for trace in fig.data[before:]:
                 trace["meta"] = {"role": line.role}
-    if guide is not None:
-        value, label = guide
-        fig.hline(value, {"color": palette.PURPLE, "width": 1.3, "dash": "dash"}, label,
-                  yref="y2" if has_right else "y")
     if log_y:
         layout["yaxis"]["type"] = "log"
     shade_burn_in(fig, config or {})
@@ -134,17 +126,22 @@ def gradient_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY
 
 def norms_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PREFIX,
                  config: Mapping[str, Any] | None = None, **kwargs: Any) -> FigureSpec:
-    """Weight norms of x, y and z; with AdamC's λ (``weight_decay``) and both ‖g‖₂ and ‖z‖₂
-    logged, also the ratio ‖g‖₂/‖z‖₂ against its steady state √(2λ)."""
+    """Weight norms of x, y and z; with both ‖g‖₂ and ‖z‖₂ logged, also the ratio ‖g‖₂/‖z‖₂
+    (right axis), whose rise is the drift the paper describes.
+
+    No steady-state line: the paper's AdamC balance, √(2λ), is a level for the Adam direction
+    ``u`` over ‖z‖, not for the raw gradient, and the raw ratio sits 274–509x below it on real
+    runs (docs/alerts.md, "The AdamC steady state"); drawn here it read as a level the run
+    never reaches.
+    """
     lines = [
         Line(_get(series, prefix + "x_l2"), "‖x‖₂", palette.BLUE),
         Line(_get(series, prefix + "y_l2"), "‖y‖₂", palette.ORANGE, dash="dot"),
         Line(_get(series, prefix + "z_l2"), "‖z‖₂", palette.GREEN),
     ]
-    guide = None
-    lam = RunConfig.read(config).weight_decay
     grad, z = _get(series, prefix + "grad_l2"), _get(series, prefix + "z_l2")
-    if lam and len(grad) and len(z):  # λ = 0: no weight decay, no steady state to show
+    has_ratio = bool(len(grad) and len(z))
+    if has_ratio:
         common, gi, zi = np.intersect1d(grad.steps, z.steps, return_indices=True)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = grad.values[gi] / z.values[zi]
@@ -152,11 +149,9 @@ def norms_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PR
                              len(common))
         lines.append(Line(derived, "‖g‖₂/‖z‖₂ (right)", palette.PURPLE, right=True,
                           band=False, role="ratio"))
-        target = math.sqrt(2 * lam)
-        guide = (target, f"√(2λ) = {target:.3g}: AdamC steady state (λ = {lam:g})")
     return telemetry_figure(
         "norms", "Weight norms: x (averaged), y, z",
-        lines, y_title="L2 norm", y2_title="‖g‖₂/‖z‖₂" if guide else None, guide=guide,
+        lines, y_title="L2 norm", y2_title="‖g‖₂/‖z‖₂" if has_ratio else None,
         config=config, **kwargs,
     )
 
