@@ -8,7 +8,8 @@ Usage::
 
 ``FILE`` is a CSV whose header names a ``step`` and a ``loss`` column (other columns are ignored),
 JSON ``{"step": [...], "loss": [...]}``, or the service's own export ``metrics.csv``
-(``key,step,value,wall_time``; see :mod:`curvecast.service.forecast.files`). From an export the
+(``key,step,value,wall_time``; see :mod:`curvecast.service.forecast.files`), any of them
+gzip-compressed. From an export the
 series is ``--key``, else the one the server would fit (:func:`curvecast.contract.fit_key`: an
 evaluation loss with enough points, else ``loss``). Only points with ``step <= cut`` are fitted,
 where the cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in the file
@@ -64,7 +65,8 @@ __all__ = ["ForecastInputError", "add_forecast_parser", "forecast_result", "load
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE",
                         help='CSV with "step" and "loss" columns, JSON {"step": [], "loss": []}, '
-                        "or the service's metrics.csv export (key,step,value,wall_time)")
+                        "or the service's metrics.csv export (key,step,value,wall_time); "
+                        "any of them gzip-compressed")
     parser.add_argument("--key", metavar="KEY",
                         help="the series to fit from a metrics.csv export (default: the one the "
                         "server fits: an evaluation loss, else loss)")
@@ -184,7 +186,8 @@ def _formula(a: float, b: float | None, c: float) -> str:
     return f"f(t) = {a:.4g} / sqrt({inner}) {tail}"
 
 
-def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str) -> str:
+def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
+             configured: bool = True) -> str:
     pct = f"{confidence:.0%}"
     lines = [f"status: {out['status']}" + (f" ({fit.message})" if fit.message else ""),
              f"series: {key}"]
@@ -226,6 +229,13 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str) -> str:
     if fit.off_model:
         lines.append("warning: the run is off the a/sqrt(t+b)+c model (see the status): treat "
                      "the forecast with care")
+        if not configured:
+            # Without its c_warmup, a ScheduleFree+ run's fall once averaging starts looks like
+            # a decay leaving the model (on our runs' exports at 30%: off_model without the
+            # config, too_early with it).
+            lines.append("hint: no --config or --burn-in given; for a ScheduleFree+ run pass "
+                         "its config (the \"config\" of GET /api/v1/runs/{id}: c_warmup, "
+                         "warmup_steps), so the fit starts after its burn-in")
     return "\n".join(lines)
 
 
@@ -255,7 +265,10 @@ def run_forecast(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, allow_nan=False))
     else:
-        print(_summary(out, fit, args.confidence, key))
+        # A logged learning rate means another optimizer (watch() logs it for those only).
+        configured = (args.config is not None or args.burn_in is not None
+                      or lr_series is not None)
+        print(_summary(out, fit, args.confidence, key, configured=configured))
     return 0
 
 

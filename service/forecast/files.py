@@ -7,6 +7,8 @@ Three layouts are read:
 * the service's own export, ``GET /api/v1/runs/{id}/metrics.csv``: long format, one point per row,
   ``key,step,value[,wall_time]``, any number of series.
 
+Any of them may be gzip-compressed (read by content, whatever the file's name).
+
 :func:`load_curves` returns every series a file holds by name (``loss`` for the first two);
 :func:`pick_curve` chooses the one to fit exactly as the server does
 (:func:`curvecast.contract.fit_key`), unless the caller names one.
@@ -15,6 +17,7 @@ Three layouts are read:
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from collections.abc import Iterator, Mapping
@@ -26,6 +29,8 @@ __all__ = ["Curve", "ForecastInputError", "load_curves", "load_series", "pick_cu
 
 #: A series as read: steps and values, NaN where a cell was empty or ``nan``.
 Curve = tuple[list[float], list[float]]
+#: The first bytes of a gzip file: any of the layouts may come compressed.
+_GZIP_MAGIC = b"\x1f\x8b"
 
 class ForecastInputError(ValueError):
     """A file or argument the forecast command cannot use; the message says why."""
@@ -58,7 +63,12 @@ def load_curves(path: str | Path) -> dict[str, Curve]:
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8-sig")
+        raw = p.read_bytes()
+        if raw[:2] == _GZIP_MAGIC:  # e.g. bench/data/sfplus_corpus/*.csv.gz
+            raw = gzip.decompress(raw)
+        text = raw.decode("utf-8-sig")
+    except (gzip.BadGzipFile, EOFError):
+        raise ForecastInputError(f"{p}: a damaged gzip file") from None
     except FileNotFoundError:
         raise ForecastInputError(f"{p}: no such file") from None
     except IsADirectoryError:

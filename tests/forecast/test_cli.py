@@ -249,3 +249,36 @@ def test_the_export_s_logged_learning_rate_marks_a_decay(
     assert main([str(decayed)]) == 0
     text = capsys.readouterr().out
     assert text.startswith("status: off_model (the logged learning rate decays")
+
+
+def test_gzip_files_are_read_and_a_damaged_one_is_a_clear_error(
+    csv_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+
+    plain = run_json(capsys, str(csv_file))
+    packed = tmp_path / "run.csv.gz"
+    packed.write_bytes(gzip.compress(csv_file.read_bytes()))
+    assert run_json(capsys, str(packed)) == plain
+    damaged = tmp_path / "damaged.csv.gz"
+    damaged.write_bytes(gzip.compress(csv_file.read_bytes())[:40])
+    assert main([str(damaged)]) == 2
+    assert "a damaged gzip file" in capsys.readouterr().err
+
+
+def test_an_sfplus_export_without_its_config_says_how_to_fix_off_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """One of our ScheduleFree+ runs (bench/data/sfplus_corpus), cut at 30%: without its
+    c_warmup the fall once averaging starts reads as off_model, and the summary says which
+    option fixes it; with its config the forecast is too_early, with no hint."""
+    corpus = ROOT / "bench" / "data" / "sfplus_corpus"
+    export = str(corpus / "d-s-5k.csv.gz")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(json.loads((corpus / "d-s-5k.json").read_text())["config"]))
+    assert main([export, "--upto", "0.3"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("status: off_model") and "hint: no --config" in text
+    assert main([export, "--upto", "0.3", "--config", str(config)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("status: too_early") and "hint:" not in text
