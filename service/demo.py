@@ -187,7 +187,11 @@ def _target_text(target: float, answer: dict[str, Any] | None, *, finished: bool
     if finished:
         # The service gives a finished run no "current pace" ETA: say so, not "?".
         return f"{target:g} not reached by the end of the run"
-    return f"ETA to {target:g}: {_duration(eta.get('seconds'))}"
+    seconds = eta.get("seconds")
+    if seconds is not None and seconds <= 0:
+        # The fitted curve is below the target already; the smoothed data are not.
+        return f"{target:g} due now by the fit"
+    return f"ETA to {target:g}: {_duration(seconds)}"
 
 
 class _Progress:

@@ -327,7 +327,9 @@
         if (t.status && t.status !== "ok") nodes.push(" [fit status: " + t.status.replace(/_/g, " ") + "]");
         var eta = t.eta;
         if (eta && eta.seconds !== null && eta.seconds !== undefined) {
-          nodes.push(eta.seconds <= 0 ? "; already reached." :
+          // 0 s: the fitted curve is below the target already, the smoothed data not yet (a
+          // target the data reached is answered above): due now, not "reached".
+          nodes.push(eta.seconds <= 0 ? "; due now by the fitted curve (the data are not there yet)." :
             "; at the current pace in " + fmtDuration(eta.seconds) +
             (eta.at ? " (around " + new Date(eta.at).toLocaleString() + ")" : "") + ".");
         } else {

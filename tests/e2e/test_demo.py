@@ -136,6 +136,8 @@ def test_progress_line_names_the_target_state_not_a_question_mark() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     eta = EtaOut(steps_per_second=10.0, seconds=75.0, at=now)
     assert _target_text(1.5, answer(ahead, eta), finished=False) == "ETA to 1.5: 1m15s"
+    due = EtaOut(steps_per_second=10.0, seconds=0.0, at=now)  # the fit is there, the data not
+    assert _target_text(1.5, answer(ahead, due), finished=False) == "1.5 due now by the fit"
     assert _target_text(1.5, answer(ahead), finished=True) == (
         "1.5 not reached by the end of the run"
     )
