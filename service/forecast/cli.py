@@ -15,7 +15,8 @@ evaluation loss with enough points, else ``loss``). Only points with ``step <= c
 where the cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in the file
 (default: every point).
 
-``--config`` takes the run's config (a JSON object, or the path of a file holding one), read
+``--config`` takes the run's config (a JSON object, or the path of a file holding one; a run as
+``GET /api/v1/runs/{id}`` answers it gives its ``"config"``), read
 through :class:`curvecast.contract.RunConfig` exactly as the server reads a stored run's: its
 averaging start is the fit's burn-in (unless ``--burn-in`` says otherwise) and ``--horizon``
 defaults to its ``total_steps``, else the last step in the file. So the command and
@@ -38,6 +39,7 @@ stderr names the problem).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -87,7 +89,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         "chosen from the data)")
     parser.add_argument("--config", metavar="JSON",
                         help="the run's config: a JSON object or a file holding one "
-                        '(e.g. \'{"total_steps": 20000, "c_warmup": 500}\')')
+                        '(e.g. \'{"total_steps": 20000, "c_warmup": 500}\'), or a run as GET '
+                        "/api/v1/runs/{id} answers (its \"config\" is read)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -119,6 +122,11 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ForecastInputError(f"--upto-step must be 0 or more, got {args.upto_step:g}")
 
 
+#: The keys a run config is read by (a JSON object with none of them at its top level and a
+#: "config" object inside is a run, not a config).
+_CONFIG_KEYS = frozenset(field.name for field in dataclasses.fields(RunConfig)) | {"warmup"}
+
+
 def _read_config(text: str | None) -> RunConfig:
     """The ``--config`` value (a JSON object, or the path of a file holding one), typed.
 
@@ -139,6 +147,12 @@ def _read_config(text: str | None) -> RunConfig:
         raise ForecastInputError(f"--config: invalid JSON ({exc.msg})") from None
     if not isinstance(raw, dict):
         raise ForecastInputError("--config: must be a JSON object")
+    inner = raw.get("config")
+    if isinstance(inner, dict) and not _CONFIG_KEYS & raw.keys():
+        # A run as the REST API returns it (GET /api/v1/runs/{id}, saved to a file), or our
+        # corpus's run files: the config is its "config". Read as a config itself, it would
+        # give no c_warmup, silently.
+        raw = inner
     return RunConfig.read(raw)
 
 
@@ -234,8 +248,9 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
             # a decay leaving the model (on our runs' exports at 30%: off_model without the
             # config, too_early with it).
             lines.append("hint: no --config or --burn-in given; for a ScheduleFree+ run pass "
-                         "its config (the \"config\" of GET /api/v1/runs/{id}: c_warmup, "
-                         "warmup_steps), so the fit starts after its burn-in")
+                         "--config with the run's config (c_warmup, warmup_steps), e.g. the "
+                         "file GET /api/v1/runs/{id} answers, so the fit starts after its "
+                         "burn-in")
     return "\n".join(lines)
 
 

@@ -274,11 +274,15 @@ def test_an_sfplus_export_without_its_config_says_how_to_fix_off_model(
     option fixes it; with its config the forecast is too_early, with no hint."""
     corpus = ROOT / "bench" / "data" / "sfplus_corpus"
     export = str(corpus / "d-s-5k.csv.gz")
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(json.loads((corpus / "d-s-5k.json").read_text())["config"]))
+    config = json.loads((corpus / "d-s-5k.json").read_text())["config"]
     assert main([export, "--upto", "0.3"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("status: off_model") and "hint: no --config" in text
-    assert main([export, "--upto", "0.3", "--config", str(config)]) == 0
-    text = capsys.readouterr().out
-    assert text.startswith("status: too_early") and "hint:" not in text
+    # The config itself, or a run as GET /api/v1/runs/{id} answers (its "config" inside).
+    run = {"id": "r", "project": "p", "name": "n", "status": "finished", "config": config}
+    for given in (config, run):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(given))
+        assert main([export, "--upto", "0.3", "--config", str(path)]) == 0
+        text = capsys.readouterr().out
+        assert text.startswith("status: too_early") and "hint:" not in text
