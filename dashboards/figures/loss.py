@@ -161,7 +161,8 @@ def loss_figure(
 def evolution_figure(history: Mapping[str, Any], *, observed: float | None = None,
                      horizon_planned: bool = True) -> FigureSpec:
     """The forecast of the final loss (with interval) against the step at which it was made,
-    so people see it settle. ``history`` is ``GET .../forecast/history``."""
+    so people see it settle. ``history`` is ``GET .../forecast/history``; ``observed``, the
+    loss the run reached at the horizon, is drawn across (how good each forecast was)."""
     horizon = history.get("horizon")
     points = [p for p in history.get("points", []) if p.get("final") and
               p["final"].get("value") is not None and p.get("fitted_upto_step") is not None]
@@ -194,7 +195,7 @@ def evolution_figure(history: Mapping[str, Any], *, observed: float | None = Non
         fig.note("no forecast yet: the first fit comes seconds after the first points")
     else:
         finite = np.concatenate([value, lo, hi])
-        focus = focus_range([finite], [])
+        focus = focus_range([finite], [observed] if observed is not None else [])
         if focus is not None:
             fig.layout["yaxis"]["range"] = focus
     fig.layout["updatemenus"] = [log_menu(fig.layout, ["yaxis"])]
