@@ -381,7 +381,8 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
     rows = []
     for index in ranking.order:
         entry = entries[index]
-        pred = entry.at_horizon
+        ended = entry.ended_before(horizon_step)
+        pred = None if ended else entry.at_horizon
         train_last, eval_last = lasts[index]
         rows.append({
             "run_id": str(entry.run.get("id")),
@@ -391,7 +392,8 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
             "last_train_loss": fmt.loss(train_last[1]) if train_last else "—",
             "last_eval_loss": fmt.loss(eval_last[1]) if eval_last else "—",
             "forecast": fmt.loss(pred.value) if pred else "—",
-            "interval": fmt.interval(pred.lo, pred.hi) if pred else "",
+            "interval": fmt.interval(pred.lo, pred.hi) if pred else (
+                f"ended at step {fmt.step(entry.run.get('last_step'))}" if ended else ""),
             "f_star": fmt.loss(entry.forecast.f_star.value)
             if entry.forecast and entry.forecast.f_star else "—",
             "best": index == ranking.best,

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS
+from curvecast.contract import EVAL_LOSS_KEYS, FINAL_RUN_STATUSES, TRAIN_LOSS_KEYS
 from curvecast.dashboards import fmt, palette
 from curvecast.dashboards.data import FloatArray, ForecastData, Prediction, SeriesData, plottable
 from curvecast.dashboards.figures.base import (
@@ -50,6 +50,13 @@ class CompareEntry:
         """The run's name, escaped for Plotly."""
         return fmt.esc(self.name)
 
+    def ended_before(self, horizon: int | None) -> bool:
+        """Whether the run ended (finished, failed, crashed) before ``horizon``: it will never
+        have a loss there, so it is not forecast past its end."""
+        last = self.run.get("last_step")
+        return (horizon is not None and self.run.get("status") in FINAL_RUN_STATUSES
+                and isinstance(last, int | float) and last < horizon)
+
 
 @dataclass(frozen=True)
 class Ranking:
@@ -67,14 +74,19 @@ class Ranking:
 
 
 def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Ranking:
-    """Order runs by their forecast loss at ``horizon`` (lower is better)."""
-    ranked = sorted((i for i, e in enumerate(entries) if e.at_horizon is not None),
+    """Order runs by their forecast loss at ``horizon`` (lower is better). A run that ended
+    before it is not ranked there: the message gives its last loss and step instead."""
+    ended = [i for i, e in enumerate(entries) if e.ended_before(horizon)]
+    ranked = sorted((i for i, e in enumerate(entries)
+                     if e.at_horizon is not None and i not in ended),
                     key=lambda i: _pred(entries[i]).value)
-    without = [i for i, e in enumerate(entries) if e.at_horizon is None]
+    without = [i for i, e in enumerate(entries) if e.at_horizon is None and i not in ended]
+    ended_note = _ended_note([entries[i] for i in ended], horizon)
     if not ranked:
-        return Ranking(horizon, without, None, False,
-                       "No run has a forecast yet: the first fit comes seconds after a run's "
-                       "first points.")
+        message = ("No run has a forecast yet: the first fit comes seconds after a run's first "
+                   "points." if not ended else "No run can be compared at step "
+                   f"{fmt.step(horizon)}: choose an earlier horizon.")
+        return Ranking(horizon, without + ended, None, False, message + ended_note)
     best = ranked[0]
     best_pred = _pred(entries[best])
     where = f"step {fmt.step(horizon)}" if horizon else "the horizon"
@@ -96,7 +108,21 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
                     else " — the intervals overlap: not yet a clear winner.")
     if without:
         message += f" {len(without)} run(s) have no forecast yet."
-    return Ranking(horizon, ranked + without, best, clear, message)
+    return Ranking(horizon, ranked + without + ended, best, clear, message + ended_note)
+
+
+def _ended_note(ended: Sequence[CompareEntry], horizon: int | None) -> str:
+    """Names the runs that ended before ``horizon``, each with its last loss and step."""
+    if not ended:
+        return ""
+    parts = []
+    for entry in ended:
+        last = entry.series.last
+        where = (f"{entry.series.key} {fmt.loss(last[1])} at step {fmt.step(last[0])}"
+                 if last else f"at step {fmt.step(entry.run.get('last_step'))}")
+        parts.append(f"{entry.name} ({where})")
+    return (f" Ended before step {fmt.step(horizon)}, so not forecast past their end: "
+            + ", ".join(parts) + ".")
 
 
 def _pred(entry: CompareEntry) -> Prediction:
@@ -145,7 +171,7 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
         skip = 0.05 * (last[0] if last else 0)
         focus_arrays.append(s.values[s.steps >= skip])
         fit = entry.forecast
-        if fit is None or horizon is None:
+        if fit is None or horizon is None or entry.ended_before(horizon):
             continue
         upto = fit.fitted_upto_step if fit.fitted_upto_step is not None else (
             last[0] if last else None)
@@ -192,7 +218,8 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
 
 def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureSpec:
     """Each run's forecast loss at the common horizon with its interval, best at the top."""
-    ordered = [i for i in ranking.order if entries[i].at_horizon is not None]
+    ordered = [i for i in ranking.order if entries[i].at_horizon is not None
+               and not entries[i].ended_before(ranking.horizon)]
     where = f"step {fmt.short_step(ranking.horizon)}" if ranking.horizon else "the horizon"
     layout = base_layout("ranking", f"Forecast loss at {where} (lower is better)",
                      130 + 40 * max(1, len(ordered)), [], x_title="forecast loss")

@@ -457,6 +457,43 @@ def test_compare_rows_name_train_and_eval_losses() -> None:
     assert figures.compare.loss_title(["loss"]) == "training loss"
 
 
+def test_a_run_that_ended_before_the_horizon_is_not_forecast_past_its_end() -> None:
+    """Comparing at step 20,000 a run that finished at 10,000 (it will never have a loss
+    there) with one still running: the ended run keeps its line, gets no forecast curve, band
+    or diamond, is not ranked, and the verdict names its last loss and step instead."""
+    at = {"step": 20_000, "value": 2.1, "lo": 2.05, "hi": 2.15}
+
+    def run(name: str, status: str) -> views.CompareRun:
+        return views.CompareRun(
+            run={"id": name, "name": name, "status": status, "last_step": 10_000},
+            metrics=[downsampled("loss"), raw("eval_loss", [5000, 10_000], [2.7, 2.55])],
+            forecast=dict(FORECAST, key="eval_loss"), band=BAND, at_horizon=at)
+
+    runs = [run("done", "finished"), run("live", "running")]
+    body = json.loads(views.compare_payload(runs, 20_000))
+    verdict = body["verdict"]
+    assert verdict["best"] == "live"
+    assert ("Ended before step 20,000, so not forecast past their end: done (eval_loss 2.55 "
+            "at step 10,000).") in verdict["message"]
+    assert "live will be best" in verdict["message"]
+    rows = {r["run_id"]: r for r in body["rows"]}
+    assert rows["done"]["forecast"] == "—" and rows["done"]["interval"] == "ended at step 10,000"
+    assert rows["live"]["forecast"] == fmt.loss(2.1)
+    entries = views.compare_entries(runs)
+    compare = figures.compare_figure(entries, 20_000).figure()
+    derived = {(t.meta["run"], t.meta["role"]) for t in compare.data
+               if t.meta.get("role") in ("forecast", "prediction", "band_hi")}
+    assert derived == {(1, "forecast"), (1, "prediction"), (1, "band_hi")}
+    ranking = figures.rank_forecasts(entries, 20_000)
+    (dots,) = figures.ranking_figure(entries, ranking).figure().data
+    assert list(dots.y) == ["★ live"]
+    # At a horizon both reached, both are compared as before.
+    assert figures.rank_forecasts(entries, 10_000).order == [0, 1]
+    # Every run ended before the horizon: nothing ranked, the verdict says what to do.
+    alone = figures.rank_forecasts(entries[:1], 20_000)
+    assert alone.best is None and "choose an earlier horizon" in alone.message
+
+
 def test_burn_in_and_horizon_come_from_the_config() -> None:
     def burn_in(config: dict[str, Any]) -> int | None:
         return RunConfig.read(config).averaging_start
