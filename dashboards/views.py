@@ -252,6 +252,9 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         elif status == "no_asymptote":
             detail += ("; no asymptote yet: the current loss extended at the pace runs like "
                        "this one kept")
+        reached = page.observed_at(pred.step)
+        if reached is not None:  # the run got there: the forecast beside what it was
+            detail += f"; reached {fmt.loss(reached)} there"
         tone = "good" if status == "ok" and not fit.off_model else "warn"
         kpis.append(Kpi("forecast", f"Forecast at {where}", fmt.loss(pred.value), detail, tone))
     else:

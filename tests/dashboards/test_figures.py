@@ -404,6 +404,19 @@ def test_evolution_shows_the_loss_reached_at_the_horizon_once_reached() -> None:
     assert observed_lines([5000, 9000]) == []  # the run has not got there yet
 
 
+def test_the_forecast_card_says_what_the_run_reached_at_the_horizon() -> None:
+    def card(eval_steps: list[int]) -> str:
+        page = views.RunPage(
+            run={"id": "r", "config": {"total_steps": 20_000}, "last_step": eval_steps[-1]},
+            metrics=[downsampled("loss"), raw("eval_loss", eval_steps,
+                                              [2.9 - 2e-5 * s for s in eval_steps])],
+            forecast=dict(FORECAST, key="eval_loss"))
+        return next(k.detail for k in views.run_kpis(page) if k.id == "forecast")
+
+    assert card([5000, 20_000]).endswith("; reached 2.5 there")  # the prediction is at 20,000
+    assert "reached" not in card([5000, 10_000])
+
+
 def test_run_payload_is_json_with_kpis_and_cursor() -> None:
     page = views.RunPage(
         run={"id": "r", "name": "n", "config": CONFIG, "last_step": 10_000, "status": "running"},
