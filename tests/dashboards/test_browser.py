@@ -257,6 +257,40 @@ def test_forecast_box_answers_through_the_rest_api(
     tab.no_errors()
 
 
+def test_a_target_the_fit_passed_but_the_data_did_not_reads_due_now(
+    tab: Tab, live: str, client: httpx.Client, streaming_run: tuple[uuid.UUID, str],
+) -> None:
+    """A loss between the fitted curve at the last step and the data above it: REST answers
+    not reached, with an ETA of 0 s; the page says it is due now, not "already reached"."""
+    run_id, _ = streaming_run
+    base = f"{live}/api/v1/runs/{run_id}"
+    last = httpx.get(base).json()["last_step"]
+    # The fit of every eval point there is: no refit can move the curve during the test.
+    evals = httpx.get(f"{base}/metrics", params={"keys": "eval_loss"}).json()["series"][0]
+    wait_for_fit(client, run_id, upto=int(evals["steps"][-1]))
+    fitted = httpx.get(f"{base}/forecast", params={"horizon": last}).json()["prediction"]
+    due = None
+    for k in range(1, 101):  # the first loss above the curve that the data have not reached
+        loss = round(fitted["value"] + 0.001 * k, 4)
+        answer = httpx.get(f"{base}/forecast/target", params={"loss": loss}).json()
+        if answer["target"]["reached"]:
+            break
+        if (answer["eta"] or {}).get("seconds") == 0:
+            due = loss
+            break
+    assert due is not None, "the run's data end above its fitted curve (seeded data)"
+    page = tab.page
+    page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(("loss",))
+    page.fill("#ask-loss-input", str(due))
+    page.click("#ask-loss button")
+    page.wait_for_function(
+        "() => document.getElementById('ask-loss-answer').textContent.includes('step')")
+    text = page.locator("#ask-loss-answer").inner_text()
+    assert "due now by the fitted curve" in text and "already reached" not in text
+    tab.no_errors()
+
+
 def test_names_render_as_text_everywhere(
     tab: Tab, live: str, client: httpx.Client, artifacts_dir: Path,
 ) -> None:
