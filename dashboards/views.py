@@ -384,7 +384,7 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
     rows = []
     for index in ranking.order:
         entry = entries[index]
-        ended = entry.ended_before(horizon_step)
+        ended = index in ranking.ended
         pred = None if ended else entry.at_horizon
         train_last, eval_last = lasts[index]
         rows.append({

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,8 +62,9 @@ class CompareEntry:
 class Ranking:
     """Which run the forecasts say will be best at the horizon.
 
-    ``order`` lists entries' indices, best first (runs without a forecast last);
-    ``clear`` is true when the best run's interval does not overlap the runner-up's.
+    ``order`` lists entries' indices, best first (runs without a forecast, then runs in
+    ``ended``, last); ``clear`` is true when the best run's interval does not overlap the
+    runner-up's; ``ended``: the runs that ended before the horizon (not ranked there).
     """
 
     horizon: int | None
@@ -71,6 +72,7 @@ class Ranking:
     best: int | None
     clear: bool
     message: str
+    ended: list[int] = field(default_factory=list)
 
 
 def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Ranking:
@@ -86,7 +88,7 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
         message = ("No run has a forecast yet: the first fit comes seconds after a run's first "
                    "points." if not ended else "No run can be compared at step "
                    f"{fmt.step(horizon)}: choose an earlier horizon.")
-        return Ranking(horizon, without + ended, None, False, message + ended_note)
+        return Ranking(horizon, without + ended, None, False, message + ended_note, ended)
     best = ranked[0]
     best_pred = _pred(entries[best])
     where = f"step {fmt.step(horizon)}" if horizon else "the horizon"
@@ -108,7 +110,8 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
                     else " — the intervals overlap: not yet a clear winner.")
     if without:
         message += f" {len(without)} run(s) have no forecast yet."
-    return Ranking(horizon, ranked + without + ended, best, clear, message + ended_note)
+    return Ranking(horizon, ranked + without + ended, best, clear, message + ended_note,
+                   ended)
 
 
 def _ended_note(ended: Sequence[CompareEntry], horizon: int | None) -> str:
@@ -218,8 +221,8 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
 
 def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureSpec:
     """Each run's forecast loss at the common horizon with its interval, best at the top."""
-    ordered = [i for i in ranking.order if entries[i].at_horizon is not None
-               and not entries[i].ended_before(ranking.horizon)]
+    ordered = [i for i in ranking.order
+               if entries[i].at_horizon is not None and i not in ranking.ended]
     where = f"step {fmt.short_step(ranking.horizon)}" if ranking.horizon else "the horizon"
     layout = base_layout("ranking", f"Forecast loss at {where} (lower is better)",
                      130 + 40 * max(1, len(ordered)), [], x_title="forecast loss")

@@ -498,6 +498,7 @@ def test_a_run_that_ended_before_the_horizon_is_not_forecast_past_its_end() -> N
                if t.meta.get("role") in ("forecast", "prediction", "band_hi")}
     assert derived == {(1, "forecast"), (1, "prediction"), (1, "band_hi")}
     ranking = figures.rank_forecasts(entries, 20_000)
+    assert ranking.ended == [0] and ranking.order == [1, 0]
     (dots,) = figures.ranking_figure(entries, ranking).figure().data
     assert list(dots.y) == ["★ live"]
     # At a horizon both reached, both are compared as before.
