@@ -23,6 +23,7 @@ import argparse
 import errno
 import json
 import math
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +34,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,82 +197,130 @@ def _target_text(target: float, answer: dict[str, Any] | None, *, finished: bool
 
 
 class _Progress:
-    """Polls the REST API and draws one status line (a new line every 10 s off a terminal)."""
+    """Polls the REST API and shows the run's state in two parts: progress (step, time, the
+    losses) and forecast (the final loss with its interval, f*, the target). On a terminal they
+    are two rows redrawn in place (:class:`_Rows`); elsewhere (a log file, CI) one line joining
+    both every 10 s."""
 
     def __init__(self, client: _Api, run_id: str, steps: int, target: float | None):
         self.client, self.run_id, self.steps, self.target = client, run_id, steps, target
-        self.tty = sys.stdout.isatty()
+        self.rows = _Rows(sys.stdout) if sys.stdout.isatty() else None
         self.last_print = 0.0
         self.started = time.monotonic()
 
-    def line(self) -> str | None:
+    def parts(self) -> tuple[str, str] | None:
+        """(progress, forecast), or None when the service did not answer."""
         base = f"/api/v1/runs/{self.run_id}"
         run = self.client.get(base)
         if run is None:
             return None
         step = run.get("last_step") or 0
         recent = self.client.get(f"{base}/metrics", keys="loss", start=max(0, step - 49))
-        losses = [
-            v
-            for v in (recent or {"series": [{"values": []}]})["series"][0]["values"]
-            if isinstance(v, float)
-        ]
+        losses = [v for v in _series(recent)[1] if isinstance(v, float)]
         loss = sum(losses) / len(losses) if losses else None
-        width = 24
+        width = 20  # the bar: the whole progress row fits 100 columns
         done = min(width, int(width * step / max(1, self.steps)))
         elapsed = time.monotonic() - self.started
         # Remaining training time at the average pace so far (the first steps include start-up,
         # so it errs long).
         left = elapsed * (self.steps - step) / step if step else None
-        text = (
+        progress = (
             f"step {step:>5}/{self.steps} [{'#' * done}{'.' * (width - done)}] "
             f"{_duration(elapsed)} elapsed, ~{_duration(left)} left | train loss {_fmt(loss)}"
         )
         forecast = self.client.get(f"{base}/forecast", horizon=self.steps)
-        if forecast and (forecast.get("prediction") or {}).get("value") is not None:
-            # Like with like: the forecast is of the fitted series (the eval loss once it has
-            # enough points), so its latest value is shown beside it, named.
-            key = forecast.get("key") or "loss"
-            now = loss
-            if key != "loss":
-                fitted = self.client.get(f"{base}/metrics", keys=key)
-                values = [v for v in ((fitted or {"series": [{"values": []}]})["series"][0]
-                                      ["values"]) if isinstance(v, float)]
-                now = values[-1] if values else None
-                text += f" | {key} {_fmt(now)}"
-            p, fs = forecast["prediction"], forecast.get("f_star") or {}
-            # [lo, hi], not ±: a too_early or no_asymptote interval is lopsided.
-            text += f" → final {key} {_fmt(p['value'])} [{_fmt(p['lo'])}, {_fmt(p['hi'])}]"
-            if forecast.get("status") != "ok":
-                text += f" ({forecast.get('status')})"
-            if fs.get("value") is not None:
-                text += f" | f* {_fmt(fs.get('value'))}"
-            elif fs.get("hi") is not None:
-                text += f" | f* ≤ {_fmt(fs.get('hi'))}"
-            target = self.target
-            if target is None and p["value"] is not None:
-                target = math.ceil(p["value"] * 20) / 20  # a round loss the run should reach ...
-                if now is not None and target >= now:
-                    target = math.floor(now * 20) / 20  # ... and has not reached yet
-                    if target >= now:
-                        target -= 0.05
-            if target is not None:
-                ans = self.client.get(f"{base}/forecast/target", loss=target)
-                text += " | " + _target_text(target, ans, finished=run.get("ended_at") is not None)
-        elif forecast:
-            text += f" | forecast: {forecast['status']}"
-        return text
+        if not forecast or (forecast.get("prediction") or {}).get("value") is None:
+            return progress, f"forecast: {forecast['status'] if forecast else 'pending'}"
+        # Like with like: the forecast is of the fitted series (the eval loss once it has
+        # enough points), so its latest value is shown beside it, named.
+        key = forecast.get("key") or "loss"
+        now, reached = loss, None
+        if key != "loss":
+            steps, values = _series(self.client.get(f"{base}/metrics", keys=key))
+            last = next((i for i in range(len(values) - 1, -1, -1)
+                         if isinstance(values[i], float)), None)
+            now = values[last] if last is not None else None
+            progress += f" | {key} {_fmt(now)}"
+            if last is not None and steps[last] >= self.steps:
+                reached = now  # the run got to the horizon: its loss there is known
+        text = _forecast_text(forecast, key, reached)
+        target = self.target
+        p = forecast["prediction"]
+        if target is None:
+            target = math.ceil(p["value"] * 20) / 20  # a round loss the run should reach ...
+            if now is not None and target >= now:
+                target = math.floor(now * 20) / 20  # ... and has not reached yet
+                if target >= now:
+                    target -= 0.05
+        ans = self.client.get(f"{base}/forecast/target", loss=target)
+        text += " | " + _target_text(target, ans, finished=run.get("ended_at") is not None)
+        return progress, text
 
     def draw(self, final: bool = False) -> None:
-        text = self.line()
-        if text is None:
+        parts = self.parts()
+        if parts is None:
             return
-        if self.tty:
-            sys.stdout.write("\r" + text[:160].ljust(160) + ("\n" if final else ""))
-            sys.stdout.flush()
+        if self.rows is not None:
+            self.rows.draw(parts, final=final)
         elif final or time.monotonic() - self.last_print >= 10:
-            print(text, flush=True)
+            print(" ".join(parts) if parts[1].startswith("→") else " | ".join(parts), flush=True)
             self.last_print = time.monotonic()
+
+
+def _series(answer: dict[str, Any] | None) -> tuple[list[int], list[Any]]:
+    """Steps and values of the first series of a ``GET .../metrics`` answer (empty: none)."""
+    series = (answer or {}).get("series") or [{}]
+    return list(series[0].get("steps") or []), list(series[0].get("values") or [])
+
+
+def _forecast_text(forecast: dict[str, Any], key: str, reached: float | None) -> str:
+    """The forecast part: ``→ final <key> value [lo, hi] (status) | f*``. Once the run has
+    reached the horizon (``reached``: its loss there), that loss is the final one and the fit
+    is named as what it is, so the line never shows two different "final" numbers."""
+    p, fs = forecast["prediction"], forecast.get("f_star") or {}
+    # [lo, hi], not ±: a too_early or no_asymptote interval is lopsided.
+    fit = f"{_fmt(p['value'])} [{_fmt(p['lo'])}, {_fmt(p['hi'])}]"
+    if reached is None:
+        text = f"→ final {key} {fit}"
+    else:
+        text = f"→ final {key} {_fmt(reached)} reached; fit {fit}"
+    if forecast.get("status") != "ok":
+        text += f" ({forecast.get('status')})"
+    if fs.get("value") is not None:
+        text += f" | f* {_fmt(fs.get('value'))}"
+    elif fs.get("hi") is not None:
+        text += f" | f* ≤ {_fmt(fs.get('hi'))}"
+    return text
+
+
+class _Rows:
+    """Rows of text redrawn in place on a terminal.
+
+    Each row is cut to the terminal's width: a row that wrapped would leave its first screen
+    line behind at every redraw (a 160-character line on a 120-column terminal printed a new,
+    cut-off line every second). The width is read at every draw, so a resized window works.
+    """
+
+    def __init__(self, out: Any, width: Callable[[], int] | None = None) -> None:
+        self.out = out
+        self.width = width or (lambda: shutil.get_terminal_size((100, 24)).columns)
+        self.drawn = 0  # rows on screen from the last draw
+
+    def draw(self, rows: Sequence[str], final: bool = False) -> None:
+        """Replace the rows drawn last with ``rows``; ``final`` leaves the cursor below them."""
+        # Up to the first row drawn last (the cursor sits at the end of the last one), then
+        # each row cleared and rewritten.
+        text = "\r" + "\x1b[1A" * max(0, self.drawn - 1)
+        cols = max(10, self.width())
+        text += "\n".join("\x1b[2K" + _cut(row, cols - 1) for row in rows)
+        self.out.write(text + ("\n" if final else ""))
+        self.out.flush()
+        self.drawn = 0 if final else len(rows)
+
+
+def _cut(row: str, width: int) -> str:
+    """``row`` in at most ``width`` characters (an ellipsis where it was cut)."""
+    return row if len(row) <= width else row[: width - 1] + "…"
 
 
 def _summary(client: _Api, run_id: str, steps: int) -> str:

@@ -148,3 +148,84 @@ def test_progress_line_names_the_target_state_not_a_question_mark() -> None:
     assert _target_text(0.1, answer(below), finished=False) == (
         "0.1 unreachable (below f*'s interval)"
     )
+
+
+class _Screen:
+    """The part of a terminal the progress rows use: characters written at the cursor, lines
+    that wrap at the width, carriage return, newline, cursor up (ESC [1A) and clear line
+    (ESC [2K). What a person sees is ``lines``."""
+
+    def __init__(self, width: int) -> None:
+        self.width, self.lines, self.row, self.col = width, [""], 0, 0
+
+    def write(self, text: str) -> None:
+        i = 0
+        while i < len(text):
+            if text.startswith("\x1b[1A", i):
+                self.row, i = max(0, self.row - 1), i + 4
+                continue
+            if text.startswith("\x1b[2K", i):
+                self.lines[self.row], i = "", i + 4
+                continue
+            ch, i = text[i], i + 1
+            if ch == "\r":
+                self.col = 0
+            elif ch == "\n":
+                self._down()
+            else:
+                if self.col == self.width:  # auto-wrap: the next character starts a new line
+                    self._down()
+                line = self.lines[self.row].ljust(self.col)
+                self.lines[self.row] = line[: self.col] + ch + line[self.col + 1:]
+                self.col += 1
+
+    def _down(self) -> None:
+        self.row, self.col = self.row + 1, 0
+        if self.row == len(self.lines):
+            self.lines.append("")
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_rows_are_redrawn_in_place_on_a_narrow_terminal() -> None:
+    """The reported bug: the progress line was 160 characters long; on a narrower terminal it
+    wrapped, and every redraw left its first screen line behind (a new cut-off line every
+    second). The rows are cut to the width, and a redraw replaces the two rows in place."""
+    from curvecast.service.demo import _Rows
+
+    screen = _Screen(width=60)
+    rows = _Rows(screen, width=lambda: 60)
+    progress = "step {:>5}/2000 [####....] 1m29s elapsed, ~15s left | train loss 1.214 | eval 1.39"
+    forecast = "→ final eval_loss 1.336 [1.303, 1.383] | f* 1.051 | ETA to 1.35: 7s"
+    for step in (100, 200, 300):
+        rows.draw([progress.format(step), forecast])
+    assert len(screen.lines) == 2, screen.lines
+    assert screen.lines[0].startswith("step   300/2000") and screen.lines[0].endswith("…")
+    assert all(len(line) < 60 for line in screen.lines)
+    assert screen.lines[1].startswith("→ final eval_loss 1.336")
+    rows.draw(["step  2000/2000 done", "→ final eval_loss 1.359 reached"], final=True)
+    print_after = "final eval loss (at the averaged weights x): 1.359"
+    screen.write(print_after + "\n")
+    assert screen.lines[:3] == ["step  2000/2000 done", "→ final eval_loss 1.359 reached",
+                                print_after]
+
+
+def test_forecast_part_names_the_loss_reached_once_the_run_got_there() -> None:
+    """At the end of a run the line showed "→ final eval_loss 1.353" beside the summary's
+    "final eval loss 1.359": the fit's value called final. Once the fitted series has a point
+    at the horizon, that is the final loss and the fit is named as the fit."""
+    from curvecast.service.demo import _forecast_text
+
+    forecast = {"status": "ok", "prediction": {"value": 1.353, "lo": 1.333, "hi": 1.381},
+                "f_star": {"value": 1.111, "lo": 1.03, "hi": 1.2}}
+    assert _forecast_text(forecast, "eval_loss", None) == (
+        "→ final eval_loss 1.353 [1.333, 1.381] | f* 1.111"
+    )
+    assert _forecast_text(forecast, "eval_loss", 1.359) == (
+        "→ final eval_loss 1.359 reached; fit 1.353 [1.333, 1.381] | f* 1.111"
+    )
+    early = {**forecast, "status": "too_early", "f_star": {"value": None, "hi": 2.41}}
+    assert _forecast_text(early, "eval_loss", None) == (
+        "→ final eval_loss 1.353 [1.333, 1.381] (too_early) | f* ≤ 2.410"
+    )
