@@ -135,7 +135,7 @@ def held_out_predict(fit: Fit, step: float, table: cal.TransientTable) -> Interv
     if fit.status not in TRANSIENT or fit.level is None or fit.fitted_upto_step is None:
         return fit.predict(step, CONFIDENCE)
     floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
-    value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, step, fit.status,
+    value, lo, hi = cal.transient_band(fit.level, fit.level_anchor, step, fit.status,
                                        fit.decay_rate, CONFIDENCE, table,
                                        sigma=fit.residual_scale)
     return Interval(max(value, floor), max(lo, floor), max(hi, floor))

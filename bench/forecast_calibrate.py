@@ -150,7 +150,7 @@ def fit_prefix(curve: Curve, k: float, **kwargs: object) -> Fit:
 # --- samples ----------------------------------------------------------------------------------
 SAMPLE_COLUMNS = ("curve", "family", "group", "k", "final", "ratio", "y", "y_hat", "se2",
                   "sigma2", "drop", "status", "n_points", "n_eff", "level", "h", "t_last",
-                  "cur_level", "decay_rate")
+                  "cur_level", "decay_rate", "level_step")
 #: The statuses whose answers extend the current loss (the transient table calibrates them).
 TRANSIENT = (TOO_EARLY, NO_ASYMPTOTE)
 #: A transient comparison counts only this far beyond the cut (closer, the exponent is noise).
@@ -189,7 +189,7 @@ def _fit_samples(rows: list[tuple[object, ...]], name: str, family: str, group: 
         se2, s2, drop = fit.scale_components(h)
         rows.append((name, family, group, k, final, fit.ratio(h), float(losses[j]),
                      fit.predict(h).value, se2, s2, drop, fit.status, fit.n_points, fit.n_eff,
-                     fit._value(tk), h, tk, fit.level, fit.decay_rate))
+                     fit._value(tk), h, tk, fit.level, fit.decay_rate, fit.level_anchor))
 
 
 def collect_samples(curves: Iterable[Curve], cuts: Sequence[float] = CAL_CUTS,
@@ -226,11 +226,12 @@ def collect_run_samples(runs: Iterable[BenchRun], cuts: Sequence[float] = CAL_CU
 
 # --- the transient table ------------------------------------------------------------------------
 def transient_exponents(samples: pd.DataFrame) -> pd.DataFrame:
-    """``status``, ``g`` (the exponent the loss showed from the cut's level to the horizon) and
+    """``status``, ``g`` (the exponent the loss showed from the cut's level, at the step it
+    stands for, to the horizon) and
     ``decay_rate`` of every transient comparison at least ``TRANSIENT_MIN_HORIZON`` past its
     cut."""
     s = samples[samples["status"].isin(TRANSIENT)]
-    x = np.log(s["h"].to_numpy(float) / s["t_last"].to_numpy(float))
+    x = np.log(s["h"].to_numpy(float) / s["level_step"].to_numpy(float))
     with np.errstate(divide="ignore", invalid="ignore"):
         g = -np.log(s["y"].to_numpy(float) / s["cur_level"].to_numpy(float)) / x
     keep = (x >= math.log(TRANSIENT_MIN_HORIZON)) & np.isfinite(g)
@@ -345,7 +346,7 @@ def bounds(samples: pd.DataFrame, table: Table, confidence: float = 0.9,
         for i in np.flatnonzero(samples["status"].isin(TRANSIENT).to_numpy()):
             row = samples.iloc[i]
             _, lo[i], hi[i] = cal.transient_band(
-                float(row["cur_level"]), float(row["t_last"]), float(row["h"]),
+                float(row["cur_level"]), float(row["level_step"]), float(row["h"]),
                 str(row["status"]), _opt(row["decay_rate"]), confidence, transient,
                 sigma=math.sqrt(max(float(row["sigma2"]), 0.0)))
     return lo, hi

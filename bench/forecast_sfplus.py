@@ -18,7 +18,12 @@ paper's: default arguments, the points from 5% of the run to the cut):
 
 * ``shipped``: ``fit_curve(config=...)`` with the statuses of docs/forecast.md: ``too_early`` and
   ``no_asymptote`` fits extend the current loss at the pace runs like them kept
-  (``calibration.transient_band``), the others evaluate ``a/sqrt(t+b)+c``;
+  (``calibration.transient_band``) from the step the level stands for (``Fit.level_anchor``),
+  the others evaluate ``a/sqrt(t+b)+c``;
+* ``level extended from the last step`` (the previous answer): the same, the level extended
+  from the last fitted step, with a transient table measured that way;
+* ``level anchored after no_asymptote only``: from the level's step after ``no_asymptote`` fits,
+  from the last fitted step after ``too_early`` ones (a plateau or a rise);
 * ``model value, widened`` (the previous approach): every status evaluates the fitted curve; a
   ``too_early`` or ``no_asymptote`` interval is widened up to the current loss (``too_early``
   down to the floor);
@@ -72,7 +77,7 @@ from bench.forecast_calibrate import (
 from curvecast.contract import RunConfig
 from curvecast.service.forecast import calibration as cal
 from curvecast.service.forecast import solver
-from curvecast.service.forecast.fit import OK, TOO_EARLY, Fit
+from curvecast.service.forecast.fit import NO_ASYMPTOTE, OK, TOO_EARLY, Fit
 from curvecast.service.forecast.solver import fit_curve
 
 CUTS = (0.2, 0.3, 0.5)
@@ -103,8 +108,38 @@ def shipped(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
     if fit.status not in TRANSIENT or fit.level is None or fit.fitted_upto_step is None:
         return _from_fit(fit, run.total)
     table = ctx["transient"][run.name]
-    value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, run.total, fit.status,
+    value, lo, hi = cal.transient_band(fit.level, fit.level_anchor, run.total, fit.status,
                                        fit.decay_rate, CONFIDENCE, table)
+    floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
+    return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
+
+
+def level_from_last_step(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
+    """The answer before the level was anchored at the step it stands for: a ``too_early`` or
+    ``no_asymptote`` fit extends the current level (the median of the latest points) from the
+    last fitted step, with a transient table measured that way (leave one run out)."""
+    et, ev, _, _ = run.upto(k)
+    fit = fit_curve(et, ev, config=run.config)
+    if fit.status not in TRANSIENT or fit.level is None or fit.fitted_upto_step is None:
+        return _from_fit(fit, run.total)
+    value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, run.total, fit.status,
+                                       fit.decay_rate, CONFIDENCE,
+                                       ctx["transient_last"][run.name])
+    floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
+    return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
+
+
+def level_anchored_no_asymptote_only(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
+    """The level extended from the step it stands for after a ``no_asymptote`` fit only; a
+    ``too_early`` one (in the transient: a plateau or a rise) from the last fitted step."""
+    et, ev, _, _ = run.upto(k)
+    fit = fit_curve(et, ev, config=run.config)
+    if fit.status not in TRANSIENT or fit.level is None or fit.fitted_upto_step is None:
+        return _from_fit(fit, run.total)
+    anchor = fit.level_anchor if fit.status == NO_ASYMPTOTE else fit.fitted_upto_step
+    value, lo, hi = cal.transient_band(fit.level, anchor, run.total, fit.status,
+                                       fit.decay_rate, CONFIDENCE,
+                                       ctx["transient_mixed"][run.name])
     floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
     return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
 
@@ -141,7 +176,7 @@ def extend_every_status(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecas
     fit = fit_curve(et, ev, config=run.config)
     if fit.status == TOO_EARLY or fit.level is None or fit.fitted_upto_step is None:
         return shipped(run, k, ctx)
-    value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, run.total,
+    value, lo, hi = cal.transient_band(fit.level, fit.level_anchor, run.total,
                                        "no_asymptote", fit.decay_rate, CONFIDENCE,
                                        ctx["transient"][run.name])
     return Forecast(value, lo, hi, fit.status)
@@ -289,6 +324,8 @@ def plain(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
 
 CANDIDATES: dict[str, Callable[[BenchRun, float, dict[str, Any]], Forecast]] = {
     "shipped": shipped,
+    "level extended from the last step (previous)": level_from_last_step,
+    "level anchored after no_asymptote only": level_anchored_no_asymptote_only,
     "model value, widened (previous)": model_widened,
     "model value, not widened": model_not_widened,
     "transient table from our runs only": ours_only_table,
@@ -308,12 +345,19 @@ def transient_tables(runs: Sequence[BenchRun]) -> dict[str, dict[str, cal.Transi
     """Each run's leave-one-run-out transient tables: ``"pooled"``, from the public curves'
     comparisons and those of every other run of ours (``bench.forecast_calibrate``'s samples and
     table, as shipped); ``"ours"``, from the other runs of ours alone; ``"moved"``, pooled, with
-    our runs fitted as the "config burn-in moved by the data" candidate fits them."""
+    our runs fitted as the "config burn-in moved by the data" candidate fits them; ``"last"``,
+    pooled, with the level placed at the last fitted step (the previous answer)."""
     public = collect_samples([c for c in load_corpus() if c.anytime])
     ours = collect_run_samples(runs)
     with data_moves_config_burn_in():
         ours_moved = collect_run_samples(runs)
-    tables: dict[str, dict[str, cal.TransientTable]] = {"pooled": {}, "ours": {}, "moved": {}}
+    tables: dict[str, dict[str, cal.TransientTable]] = {"pooled": {}, "ours": {}, "moved": {},
+                                                         "last": {}, "mixed": {}}
+    mixed = pd.concat([public, ours], ignore_index=True)
+    early = mixed["status"] == TOO_EARLY
+    mixed.loc[early, "level_step"] = mixed.loc[early, "t_last"]
+    at_last = pd.concat([public, ours], ignore_index=True)
+    at_last["level_step"] = at_last["t_last"]
     for r in runs:
         if r.anytime:
             name = f"{OURS}/{r.name}"
@@ -324,6 +368,8 @@ def transient_tables(runs: Sequence[BenchRun]) -> dict[str, dict[str, cal.Transi
             tables["ours"][r.name] = fit_transient_table(others)
             tables["moved"][r.name] = fit_transient_table(pd.concat([public, moved],
                                                                     ignore_index=True))
+            tables["last"][r.name] = fit_transient_table(at_last[at_last["curve"] != name])
+            tables["mixed"][r.name] = fit_transient_table(mixed[mixed["curve"] != name])
     return tables
 
 
@@ -333,7 +379,8 @@ def backtest(runs: Sequence[BenchRun]) -> pd.DataFrame:
     tables = transient_tables(runs)
     ctx: dict[str, Any] = {"q_full": {}, "c_ratio": {k: {} for k in CUTS},
                            "transient": tables["pooled"], "transient_ours": tables["ours"],
-                           "transient_moved": tables["moved"]}
+                           "transient_moved": tables["moved"], "transient_last": tables["last"],
+                           "transient_mixed": tables["mixed"]}
     for r in runs:  # full-length fits: what the EB priors learn from (other runs only)
         if r.anytime:
             full = fit_curve(r.eval_steps, r.eval_values, config=r.config, check_off_model=False)
@@ -567,7 +614,7 @@ def public_check() -> str:
                 truth, total = float(c.losses[-1]), float(c.steps[-1])
                 fit = fit_curve(t, y)
                 late = fit_curve(t, y, burn_in=max(float(t[0]), 0.4 * float(t[-1])))
-                every = (cal.transient_band(fit.level, fit.fitted_upto_step, total,
+                every = (cal.transient_band(fit.level, fit.level_anchor, total,
                                             "no_asymptote", fit.decay_rate, CONFIDENCE)[0]
                          if fit.level is not None and fit.fitted_upto_step else math.nan)
                 for i, v in enumerate((fit.predict(total).value, late.predict(total).value,

@@ -175,6 +175,9 @@ class Fit:
         level: the current loss (robust level of the latest fitted points); f* is at most it
             when it is not identified, and a ``too_early`` or ``no_asymptote`` forecast extends
             it (:func:`~.calibration.transient_band`).
+        level_step: the step ``level`` stands for (the median step of those points), from
+            which such a forecast extends it; ``None`` (fits stored before it): the last fitted
+            step.
         decay_rate: how fast the loss falls now: ``-d log(loss) / d log(step)`` over the latest
             part of the fitted window (a log-log slope; ``None`` when the data cannot say). A
             ``no_asymptote`` forecast extends it, slowed as runs like this one slowed.
@@ -208,6 +211,7 @@ class Fit:
     useful_from_step: float | None = None
     reached: tuple[tuple[float, float], ...] | None = None
     decay_rate: float | None = None
+    level_step: float | None = None
 
     # -- convenience ------------------------------------------------------------------------
     @property
@@ -285,10 +289,18 @@ class Fit:
         return (self.status in (TOO_EARLY, NO_ASYMPTOTE) and self.level is not None
                 and self.fitted_upto_step is not None and self.fitted_upto_step > 0)
 
+    @property
+    def level_anchor(self) -> float:
+        """The step a ``too_early`` or ``no_asymptote`` forecast extends the level from."""
+        assert self.fitted_upto_step is not None
+        step = self.level_step
+        return step if step is not None and 0.0 < step <= self.fitted_upto_step else \
+            self.fitted_upto_step
+
     def _band(self, t: float, confidence: float) -> tuple[float, float, float]:
         if self._extends_level and t >= (self.fitted_upto_step or 0.0):
             assert self.level is not None and self.fitted_upto_step is not None
-            value, lo, hi = _cal.transient_band(self.level, self.fitted_upto_step, t,
+            value, lo, hi = _cal.transient_band(self.level, self.level_anchor, t,
                                                 self.status, self.decay_rate, confidence,
                                                 sigma=self.residual_scale)
             return self._clip(value), self._clip(lo), self._clip(hi)
@@ -332,7 +344,7 @@ class Fit:
             assert self.level is not None and self.fitted_upto_step is not None
             future = todo & (t >= self.fitted_upto_step)
             value[future], lo[future], hi[future] = _cal.extend_level(
-                self.level, np.log(t[future] / self.fitted_upto_step),
+                self.level, np.log(t[future] / self.level_anchor),
                 _cal.TRANSIENT.exponents(self.status, self.decay_rate, conf),
                 self.residual_scale, conf)
             todo &= ~future
@@ -463,7 +475,7 @@ class Fit:
                 return self.fitted_upto_step  # about where the run is now
             if not 0.0 < target or not g > 0:
                 return None
-            return float(self.fitted_upto_step * (self.level / target) ** (1.0 / g))
+            return float(self.level_anchor * (self.level / target) ** (1.0 / g))
         if self.a is None or self.c is None or self.b is None or self.a == 0.0:
             return None
         if target <= self.c:
@@ -499,6 +511,7 @@ class Fit:
             "useful_from_step": finite_or_none(self.useful_from_step),
             "reached": None if self.reached is None else [list(p) for p in self.reached],
             "decay_rate": finite_or_none(self.decay_rate),
+            "level_step": finite_or_none(self.level_step),
         }
         return out
 
@@ -549,6 +562,7 @@ class Fit:
             useful_from_step=opt("useful_from_step"),
             reached=_read_pairs(data.get("reached")),
             decay_rate=opt("decay_rate"),
+            level_step=opt("level_step"),
         )
 
 

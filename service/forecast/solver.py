@@ -381,12 +381,17 @@ def _loss_floor(y: FloatArray, config: RunConfig) -> float | None:
     return 0.0 if y.size and float(np.min(y)) >= 0 else None
 
 
-def _level(y: FloatArray) -> float | None:
-    """The current loss: the median of the latest points (robust to a last spike)."""
+def _level(t: FloatArray, y: FloatArray) -> tuple[float | None, float | None]:
+    """The current loss and the step it stands for: the median of the latest points (robust to
+    a last spike) and the median of their steps.
+
+    On a falling curve the median value is that of the window's middle point, not of its last:
+    extended from the last step, it carried half a window of lag (a run's forecast at its own
+    last step sat above the loss it had reached, with an interval that missed it)."""
     if y.size == 0:
-        return None
+        return None, None
     n = max(_LEVEL_MIN_POINTS, int(round(_LEVEL_FRACTION * y.size)))
-    return float(np.median(y[-n:]))
+    return float(np.median(y[-n:])), float(np.median(t[-n:]))
 
 
 def _decay_rate(t: FloatArray, y: FloatArray, counts: Any) -> float | None:
@@ -553,10 +558,12 @@ def _fit_curve(t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
 
     n_eff = _n_eff(raw.residuals)
     sigma = raw.sigma * y_scale
+    level, level_step = _level(t_raw, y_raw)
     base: dict[str, Any] = {
         "n_points": n_raw, "n_fitted": int(t.size), "fitted_from_step": float(t[0]),
         "fitted_upto_step": float(t[-1]), "residual_scale": sigma, "burn_in": finite_or_none(b_in),
-        "burn_in_source": source, "n_eff": n_eff, "confidence": conf, "level": _level(y_raw),
+        "burn_in_source": source, "n_eff": n_eff, "confidence": conf,
+        "level": level, "level_step": level_step,
         "decay_rate": _decay_rate(t, y * y_scale + y_mid, counts),
     }
 

@@ -33,7 +33,10 @@ def test_before_averaging_starts_is_too_early_with_a_wide_interval() -> None:
     g_lo, g_mid, g_hi = cal.TRANSIENT.exponents("too_early", None, 0.9)
     assert 0.0 < g_mid < g_hi  # runs in the transient fell afterwards, some a lot
     assert fit.fitted_upto_step is not None
-    x = math.log(2000 / fit.fitted_upto_step)
+    # Extended from the step the level stands for: the median step of its points (the latest
+    # 10% of those fitted), not the last step.
+    assert 375 < fit.level_anchor < 390 < fit.fitted_upto_step
+    x = math.log(2000 / fit.level_anchor)
     assert p.value == pytest.approx(fit.level * math.exp(-g_mid * x))
     # Each half-width: the exponents' band and the loss's noise (at ratio 1), in quadrature.
     z_lo, z_hi = cal.multipliers(1.0, 0.9)
@@ -54,9 +57,9 @@ def test_before_averaging_starts_is_too_early_with_a_wide_interval() -> None:
 
 
 def test_a_transient_forecast_at_the_last_step_is_not_a_point() -> None:
-    """The exponents' band has width 0 at the last fitted step: a run that got to its final
-    step was forecast there as a point (the demo's last line: 1.511 [1.511, 1.511] while the
-    eval loss read 1.506). The loss's own noise widens it, by the multipliers at ratio 1."""
+    """The exponents' band has width 0 at the step the level stands for: a run that got to its
+    final step was forecast there as a point (the demo's last line: 1.511 [1.511, 1.511] while
+    the eval loss read 1.506). The loss's own noise widens it, by the multipliers at ratio 1."""
     from curvecast.service.forecast import calibration as cal
 
     t = np.arange(0.0, 400.0)
@@ -67,17 +70,54 @@ def test_a_transient_forecast_at_the_last_step_is_not_a_point() -> None:
     assert sigma is not None and sigma > 0.02
     z_lo, z_hi = cal.multipliers(1.0, 0.9)
     p = fit.predict(fit.fitted_upto_step)
-    assert p.lo == pytest.approx(p.value + z_lo * sigma)
-    assert p.hi == pytest.approx(p.value + z_hi * sigma)
+    # The exponents' band from the level's step (a few steps back) to the last step: narrow;
+    # each half-width combined with the noise's in quadrature.
+    g_lo, g_mid, g_hi = cal.TRANSIENT.exponents("too_early", None, 0.9)
+    assert fit.level is not None
+    x = math.log(fit.fitted_upto_step / fit.level_anchor)
+    assert 0 < x < 0.1
+    value = fit.level * math.exp(-g_mid * x)
+    assert p.value == pytest.approx(value)
+    assert p.lo == pytest.approx(value - math.hypot(value - fit.level * math.exp(-g_hi * x),
+                                                    z_lo * sigma))
+    assert p.hi == pytest.approx(value + math.hypot(fit.level * math.exp(-g_lo * x) - value,
+                                                    z_hi * sigma))
+    assert p.lo <= p.value + z_lo * sigma and p.hi >= p.value + z_hi * sigma
     values, los, his = fit.predict_many([fit.fitted_upto_step, 2 * fit.fitted_upto_step])
     assert (values[0], los[0], his[0]) == pytest.approx((p.value, p.lo, p.hi))
     far = fit.predict(2 * fit.fitted_upto_step)
     assert (values[1], los[1], his[1]) == pytest.approx((far.value, far.lo, far.hi))
     # Far out the exponents' band dominates: the noise adds little to it.
-    g_lo, _, g_hi = cal.TRANSIENT.exponents("too_early", None, 0.9)
-    assert fit.level is not None
-    bare = fit.level * (2 ** -g_lo) - fit.level * (2 ** -g_hi)
+    r = 2 * fit.fitted_upto_step / fit.level_anchor
+    bare = fit.level * (r ** -g_lo) - fit.level * (r ** -g_hi)
     assert bare < far.hi - far.lo < bare + 0.5 * (z_hi - z_lo) * sigma
+
+
+#: The eval loss of a real 600-step ``curvecast demo`` run (every 20 steps) and its config.
+_DEMO_600_STEPS = np.arange(20.0, 601.0, 20.0)
+_DEMO_600_LOSS = np.array([
+    3.4065, 2.8849, 2.6257, 2.5075, 2.4639, 2.431, 2.3863, 2.3478, 2.2718, 2.2867, 2.2616,
+    2.2511, 2.3127, 2.292, 2.2476, 2.1955, 2.1437, 2.1016, 2.0682, 2.0363, 1.9975, 1.9602,
+    1.9307, 1.8997, 1.8761, 1.8503, 1.8259, 1.8036, 1.7789, 1.7565,
+])
+_DEMO_600_CONFIG = {"total_steps": 600, "warmup_steps": 150, "c_warmup": 225}
+
+
+@pytest.mark.parametrize("upto", [400, 500, 600])
+def test_a_falling_run_is_forecast_at_its_last_step_around_the_loss_it_reached(upto: int) -> None:
+    """The reported bug: at the end of a 600-step demo run the forecast at step 600 read 1.779
+    [1.769, 1.794] while the eval loss there was 1.757. The level (the median of the latest
+    points) is the value of the window's middle point; extended from the last step, a falling
+    curve's forecast lagged by half a window, and its narrow interval missed the data at 400,
+    500 and 600 steps. Extended from the step it stands for, it holds them."""
+    m = _DEMO_600_STEPS <= upto
+    fit = fit_curve(_DEMO_600_STEPS[m], _DEMO_600_LOSS[m], config=_DEMO_600_CONFIG)
+    assert fit.status in ("too_early", "no_asymptote") and fit.level is not None
+    assert fit.level_anchor == upto - 20  # the middle of the latest three points
+    reached = float(_DEMO_600_LOSS[m][-1])
+    p = fit.predict(upto)
+    assert p.lo <= reached <= p.hi
+    assert p.value < fit.level  # the loss kept falling from the level's step to the last
 
 
 def test_shortly_after_averaging_starts_is_too_early() -> None:
@@ -110,7 +150,7 @@ def test_straight_line_has_no_asymptote() -> None:
     p = fit.predict(5000)
     g_lo, g_mid, g_hi = cal.TRANSIENT.exponents("no_asymptote", fit.decay_rate, 0.9)
     assert fit.fitted_upto_step is not None
-    assert p.value == pytest.approx(fit.level * (5000 / fit.fitted_upto_step) ** -g_mid)
+    assert p.value == pytest.approx(fit.level * (5000 / fit.level_anchor) ** -g_mid)
     assert 0.0 <= p.lo < p.value < p.hi
     assert 0.5 < p.value < fit.level  # the line itself would be below 0 by then
     assert "not identifiable" in fit.message
