@@ -417,6 +417,25 @@ def test_the_forecast_card_says_what_the_run_reached_at_the_horizon() -> None:
     assert "reached" not in card([5000, 10_000])
 
 
+@pytest.mark.parametrize("status", ["crashed", "failed", "finished"])
+def test_the_forecast_card_of_a_run_that_ended_early_says_it_will_not_get_there(
+        status: str) -> None:
+    """A run that ended before the forecast's step (crashed, failed, or finished early) keeps
+    its forecast (it may be resumed), named as where it was heading: the compare page leaves
+    such a run out of the ranking, and the card showed the number as if the run were going on."""
+    def card(run_status: str) -> str:
+        page = views.RunPage(
+            run={"id": "r", "config": {"total_steps": 20_000}, "last_step": 8_000,
+                 "status": run_status},
+            metrics=[downsampled("loss"), raw("eval_loss", [4000, 8000], [2.7, 2.6])],
+            forecast=dict(FORECAST, key="eval_loss"))
+        return next(k.detail for k in views.run_kpis(page) if k.id == "forecast")
+
+    assert card(status).endswith(
+        f"; the run {status} at step 8,000: where it was heading, had it gone on")
+    assert "heading" not in card("running")
+
+
 def test_run_payload_is_json_with_kpis_and_cursor() -> None:
     page = views.RunPage(
         run={"id": "r", "name": "n", "config": CONFIG, "last_step": 10_000, "status": "running"},
