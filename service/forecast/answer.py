@@ -87,6 +87,16 @@ def _prediction(fit: Fit, step: int | None, confidence: float) -> PredictionOut 
     )
 
 
+def _before_the_fit(fit: Fit, step: int | None) -> str:
+    """Why a step before the fitted range has no forecast ("" for any other step)."""
+    start = fit.fitted_from_step
+    if step is None or start is None or not fit.has_forecast or step >= start:
+        return ""
+    return (f"step {step} is before the fitted range (steps {start:g} to "
+            f"{fit.fitted_upto_step:g}): the model describes the loss from there on, not before; "
+            "the loss logged there is in GET .../metrics")
+
+
 def _f_star(fit: Fit, confidence: float) -> IntervalOut:
     s = fit.f_star(confidence)
     return IntervalOut(
@@ -152,7 +162,7 @@ def forecast_answer(
         confidence=confidence,
         off_model=fit.off_model,
         useful_from_step=finite_or_none(fit.useful_from_step),
-        message=fit.message,
+        message=" ".join(m for m in (fit.message, _before_the_fit(fit, horizon)) if m),
     )
 
 

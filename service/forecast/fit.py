@@ -316,8 +316,9 @@ class Fit:
         """The loss expected at ``step`` with a calibrated two-sided interval.
 
         Args:
-            step: the training step to forecast (any step; before the fitted range the model is
-                simply evaluated).
+            step: the training step to forecast: from the first fitted step on (before it the
+                model describes nothing: the burn-in's plateau or hump, or the start of the
+                run, which the fitted curve extended backwards misses by far; NaN there).
             confidence: interval coverage in (0, 1); default ``self.confidence``.
 
         Returns:
@@ -325,9 +326,13 @@ class Fit:
         """
         conf = valid_confidence(confidence, self.confidence)
         t = as_float(step)
-        if not self.has_forecast or not math.isfinite(t):
+        if not self.has_forecast or not math.isfinite(t) or not self._in_range(t):
             return Interval(math.nan, math.nan, math.nan)
         return Interval(*self._band(t, conf))
+
+    def _in_range(self, t: float) -> bool:
+        """Whether ``t`` is at or after the first fitted step (where the model holds)."""
+        return self.fitted_from_step is None or t >= self.fitted_from_step
 
     def predict_many(self, steps: ArrayLike, confidence: float | None = None
                      ) -> tuple[FloatArray, FloatArray, FloatArray]:
@@ -340,6 +345,8 @@ class Fit:
         if not self.has_forecast or self.a is None or self.c is None:
             return value, lo, hi
         todo = np.isfinite(t)
+        if self.fitted_from_step is not None:
+            todo &= t >= self.fitted_from_step
         if self._extends_level:
             assert self.level is not None and self.fitted_upto_step is not None
             future = todo & (t >= self.fitted_upto_step)

@@ -62,6 +62,33 @@ def test_default_horizon_is_the_contracts() -> None:
     assert chosen.prediction is not None and chosen.prediction.step == 5
 
 
+def test_a_step_before_the_fitted_range_has_no_forecast_and_says_why() -> None:
+    """The reported bug: on the demo run (burn-in to step 750, fitted from 760) "loss at step
+    700?" answered 2.20 [1.98, 2.52], the fitted curve extended backwards, while the eval loss
+    logged there was 1.85; at 500 the curve is undefined (t + b < 0) and the answer was null
+    without a reason. Before the fitted range there is no forecast, and the message says why
+    and where the data are."""
+    t = np.arange(760.0, 2001.0, 20.0)
+    y = 8.94 / np.sqrt(t - 632.9) + 1.11 + np.random.default_rng(2).normal(0, 0.004, t.size)
+    fit = fit_curve(t, y)
+    assert fit.fitted_from_step == 760
+    for step in (500, 700, 759):
+        p = fit.predict(step)
+        assert math.isnan(p.value) and math.isnan(p.lo) and math.isnan(p.hi)
+        out = forecast_answer(fit, config=RunConfig(total_steps=2000), last_step=2000,
+                              horizon=step)
+        assert out.prediction is not None and out.prediction.value is None
+        assert out.message.endswith(
+            f"step {step} is before the fitted range (steps 760 to 2000): the model describes "
+            "the loss from there on, not before; the loss logged there is in GET .../metrics")
+    values, _, _ = fit.predict_many([700, 760, 1000])
+    assert math.isnan(values[0]) and np.isfinite(values[1:]).all()
+    assert values[1:] == pytest.approx([fit.predict(760).value, fit.predict(1000).value])
+    inside = forecast_answer(fit, config=RunConfig(total_steps=2000), last_step=2000, horizon=760)
+    assert inside.prediction is not None and inside.prediction.value is not None
+    assert "before the fitted range" not in inside.message
+
+
 def test_no_fit_is_pending_everywhere() -> None:
     out = forecast_answer(None, config=RunConfig(total_steps=10), last_step=5, key="loss")
     assert out.status == PENDING and out.prediction is None and out.f_star is None
