@@ -286,3 +286,15 @@ def test_an_sfplus_export_without_its_config_says_how_to_fix_off_model(
         assert main([export, "--upto", "0.3", "--config", str(path)]) == 0
         text = capsys.readouterr().out
         assert text.startswith("status: too_early") and "hint:" not in text
+
+
+def test_a_horizon_before_the_fitted_range_is_no_forecast_with_the_reason(
+        csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before the first fitted step the model describes nothing: the summary says so instead
+    of "n/a [90%: n/a – n/a]" (or a number from the curve extended backwards)."""
+    out = run_json(capsys, str(csv_file), "--horizon", "50")
+    assert out["prediction"] == {"step": 50, "value": None, "lo": None, "hi": None}
+    assert main([str(csv_file), "--horizon", "50"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("loss at step"))
+    assert line.startswith("loss at step 50: no forecast: it is before the fitted range (from "
+                           "step ") and line.endswith("the loss logged there is in the file")
