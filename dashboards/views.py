@@ -248,11 +248,8 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         detail = f"{fit.confidence:.0%} interval {fmt.interval(pred.lo, pred.hi)}"
         if total is None:
             detail += " (no total_steps: at the last step logged)"
-        if fit.useful_from_step is not None:
-            detail += f"; too early: a useful forecast from step {fmt.step(fit.useful_from_step)}"
-        elif status == "no_asymptote":
-            detail += ("; no asymptote yet: the current loss extended at the pace runs like "
-                       "this one kept")
+        # What the run did at that step comes before the status's explanation: the card shows
+        # two lines of it (the whole text is in its tooltip).
         reached = page.observed_at(pred.step)
         if reached is not None:  # the run got there: the forecast beside what it was
             detail += f"; reached {fmt.loss(reached)} there"
@@ -261,6 +258,11 @@ def run_kpis(page: RunPage) -> list[Kpi]:
             # It will not get there unless resumed: the number is where it was heading.
             detail += (f"; the run {run.get('status')} at step {fmt.step(last_step)}: where it "
                        "was heading, had it gone on")
+        if fit.useful_from_step is not None:
+            detail += f"; too early: a useful forecast from step {fmt.step(fit.useful_from_step)}"
+        elif status == "no_asymptote":
+            detail += ("; no asymptote yet: the current loss extended at the pace runs like "
+                       "this one kept")
         tone = "good" if status == "ok" and not fit.off_model else "warn"
         kpis.append(Kpi("forecast", f"Forecast at {where}", fmt.loss(pred.value), detail, tone))
     else:

@@ -415,6 +415,14 @@ def test_the_forecast_card_says_what_the_run_reached_at_the_horizon() -> None:
 
     assert card([5000, 20_000]).endswith("; reached 2.5 there")  # the prediction is at 20,000
     assert "reached" not in card([5000, 10_000])
+    # Before the status's long explanation: the card shows two lines of its detail (a finished
+    # 600-step run's "reached" was cut off behind "no asymptote yet: ...").
+    page = views.RunPage(
+        run={"id": "r", "config": {"total_steps": 20_000}, "last_step": 20_000},
+        metrics=[downsampled("loss"), raw("eval_loss", [5000, 20_000], [2.8, 2.5])],
+        forecast=dict(FORECAST, key="eval_loss", status="no_asymptote"))
+    detail = next(k.detail for k in views.run_kpis(page) if k.id == "forecast")
+    assert detail.startswith("90% interval [2.38, 2.47]; reached 2.5 there; no asymptote yet")
 
 
 @pytest.mark.parametrize("status", ["crashed", "failed", "finished"])
