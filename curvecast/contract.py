@@ -22,11 +22,12 @@ What lives here:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "ALERT_BURN_IN_C_WARMUPS",
@@ -300,13 +301,21 @@ class RunConfig:
     #: one makes every forecast ``off_model``: a/sqrt(t+b)+c describes anytime runs.
     lr_schedule: str | None = None
 
+    #: Other names :meth:`read` accepts for a key (a key's own name wins over its alias).
+    ALIASES: ClassVar[Mapping[str, str]] = {"warmup": "warmup_steps"}
+
+    @classmethod
+    def keys_read(cls) -> frozenset[str]:
+        """Every top-level key :meth:`read` looks at: the fields and their aliases."""
+        return frozenset(f.name for f in dataclasses.fields(cls)) | frozenset(cls.ALIASES)
+
     @classmethod
     def read(cls, raw: Mapping[str, Any] | None) -> RunConfig:
         """Typed view of a stored config; missing or ill-typed keys read as None."""
         if not raw:
             return cls()
         total = _positive(raw.get("total_steps"))
-        warmup = _positive(raw.get("warmup_steps", raw.get("warmup")))
+        warmup = _positive(raw.get("warmup_steps", raw.get("warmup")))  # ALIASES
         c_warmup = _positive(raw.get("c_warmup"))
         fit_key = raw.get("fit_key")
         bound = raw.get("loss_lower_bound")

@@ -39,7 +39,6 @@ stderr names the problem).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -124,7 +123,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 #: The keys a run config is read by (a JSON object with none of them at its top level and a
 #: "config" object inside is a run, not a config).
-_CONFIG_KEYS = frozenset(field.name for field in dataclasses.fields(RunConfig)) | {"warmup"}
+_CONFIG_KEYS = RunConfig.keys_read()
 
 
 def _read_config(text: str | None) -> RunConfig:

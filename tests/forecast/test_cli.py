@@ -298,3 +298,19 @@ def test_a_horizon_before_the_fitted_range_is_no_forecast_with_the_reason(
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("loss at step"))
     assert line.startswith("loss at step 50: no forecast: it is before the fitted range (from "
                            "step ") and line.endswith("the loss logged there is in the file")
+
+
+def test_a_config_is_told_from_a_run_by_every_key_the_contract_reads() -> None:
+    """``--config`` reads a run's "config" only when none of the keys ``RunConfig.read``
+    consults is at the top: the contract lists them (fields and aliases) in one place."""
+    import dataclasses
+
+    from curvecast.contract import RunConfig
+    from curvecast.service.forecast.cli import _read_config
+
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    assert RunConfig.keys_read() == fields | set(RunConfig.ALIASES)
+    assert set(RunConfig.ALIASES.values()) <= fields
+    for alias, name in RunConfig.ALIASES.items():
+        config = _read_config(json.dumps({alias: 100, "config": {name: 7}}))
+        assert getattr(config, name) == 100  # a config with an alias, not a run
