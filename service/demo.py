@@ -193,7 +193,21 @@ def _target_text(target: float, answer: dict[str, Any] | None, *, finished: bool
     if seconds is not None and seconds <= 0:
         # The fitted curve is below the target already; the smoothed data are not.
         return f"{target:g} due now by the fit"
-    return f"ETA to {target:g}: {_duration(seconds)}"
+    return f"ETA to {target:g}: {_duration(seconds)}{_eta_range(tgt, eta)}"
+
+
+def _eta_range(tgt: dict[str, Any], eta: dict[str, Any]) -> str:
+    """The ETA's interval, from the target step's: `` (40s–3m10s)``, `` (40s or later)`` when
+    the pessimistic end never reaches it; "" without the numbers. Early in a run the interval
+    is wide, and a bare "2m08s" would say more than the forecast knows."""
+    seconds, rate, step = eta.get("seconds"), eta.get("steps_per_second"), tgt.get("step")
+    lo, hi = tgt.get("lo"), tgt.get("hi")
+    if seconds is None or not rate or step is None or lo is None:
+        return ""
+    early = _duration(max(0.0, seconds - (step - lo) / rate))
+    if hi is None:
+        return f" ({early} or later)"
+    return f" ({early}–{_duration(seconds + (hi - step) / rate)})"
 
 
 class _Progress:

@@ -135,7 +135,14 @@ def test_progress_line_names_the_target_state_not_a_question_mark() -> None:
     ahead = TargetOut(loss=1.5, step=900.0, lo=800.0, hi=1000.0, reachable=True)
     now = datetime(2026, 1, 1, tzinfo=UTC)
     eta = EtaOut(steps_per_second=10.0, seconds=75.0, at=now)
-    assert _target_text(1.5, answer(ahead, eta), finished=False) == "ETA to 1.5: 1m15s"
+    # The ETA with its interval: the target's steps 800-1000 at 10 steps/s around step 900.
+    assert _target_text(1.5, answer(ahead, eta), finished=False) == (
+        "ETA to 1.5: 1m15s (1m05s–1m25s)"
+    )
+    open_ended = TargetOut(loss=1.5, step=900.0, lo=800.0, hi=None, reachable=True)
+    assert _target_text(1.5, answer(open_ended, eta), finished=False) == (
+        "ETA to 1.5: 1m15s (1m05s or later)"
+    )
     due = EtaOut(steps_per_second=10.0, seconds=0.0, at=now)  # the fit is there, the data not
     assert _target_text(1.5, answer(ahead, due), finished=False) == "1.5 due now by the fit"
     assert _target_text(1.5, answer(ahead), finished=True) == (
