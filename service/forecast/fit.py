@@ -65,6 +65,10 @@ STATUSES: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT, INSUFFICIENT, N
 _WITH_FORECAST: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT)
 
 _MAX_TARGET_FACTOR: Final = 1e4  # steps_to searches up to this multiple of the fitted range
+#: The current level: the median of the latest ``LEVEL_FRACTION`` of the fitted points, at
+#: least ``LEVEL_MIN_POINTS`` of them (the solver computes it and the step it stands for).
+LEVEL_FRACTION: Final = 0.1
+LEVEL_MIN_POINTS: Final = 3
 
 
 # --- small value types --------------------------------------------------------------------------
@@ -176,8 +180,8 @@ class Fit:
             when it is not identified, and a ``too_early`` or ``no_asymptote`` forecast extends
             it (:func:`~.calibration.transient_band`).
         level_step: the step ``level`` stands for (the median step of those points), from
-            which such a forecast extends it; ``None`` (fits stored before it): the last fitted
-            step.
+            which such a forecast extends it (:meth:`from_dict` estimates it for fits stored
+            before it; ``None``: the last fitted step).
         decay_rate: how fast the loss falls now: ``-d log(loss) / d log(step)`` over the latest
             part of the fitted window (a log-log slope; ``None`` when the data cannot say). A
             ``no_asymptote`` forecast extends it, slowed as runs like this one slowed.
@@ -569,8 +573,22 @@ class Fit:
             useful_from_step=opt("useful_from_step"),
             reached=_read_pairs(data.get("reached")),
             decay_rate=opt("decay_rate"),
-            level_step=opt("level_step"),
+            level_step=(opt("level_step") if "level_step" in data else _estimated_level_step(
+                int(data.get("n_points") or 0), opt("fitted_from_step"),
+                opt("fitted_upto_step"))),
         )
+
+
+def _estimated_level_step(n_points: int, start: float | None, end: float | None
+                          ) -> float | None:
+    """The step the level stands for, for a fit stored before ``level_step`` was: the median
+    step of the latest points, taking the points as evenly spaced over the fitted range (eval
+    losses every k steps, training losses every step). Without it such a fit would extend its
+    level from the last step, with a transient table measured from the level's step."""
+    if n_points < 2 or start is None or end is None or not end > start:
+        return None
+    n = min(n_points, max(LEVEL_MIN_POINTS, int(round(LEVEL_FRACTION * n_points))))
+    return end - 0.5 * (n - 1) * (end - start) / (n_points - 1)
 
 
 _TABLE_POINTS: Final = 240  # steps of the crossing table (geometric from the last fitted step)

@@ -47,6 +47,8 @@ from curvecast.service.forecast.binning import DEFAULT_MAX_BINS, bin_sorted, cle
 from curvecast.service.forecast.fit import (
     FLAT,
     INSUFFICIENT,
+    LEVEL_FRACTION,
+    LEVEL_MIN_POINTS,
     NO_ASYMPTOTE,
     NO_CONVERGENCE,
     OFF_MODEL,
@@ -99,8 +101,6 @@ _OFF_Z: Final = 3.0  # a flat fit's upward trend, in standard errors, that count
 _TRANSIENT_FACTOR: Final = 2.0
 _HUMP_FACTOR: Final = 3.0
 _PLATEAU_FRACTION: Final = 0.5  # a flat fit before half of total_steps is a plateau, too_early
-_LEVEL_FRACTION: Final = 0.1  # the current level: median of the latest 10% of fitted points
-_LEVEL_MIN_POINTS: Final = 3
 _DECAY_WINDOW: Final = 0.6  # the current decay rate: a log-log slope from 60% of the last step
 _REACHED_BINS: Final = 256  # the data's running minimum is kept at this resolution ...
 _REACHED_SMOOTH: Final = 3  # ... of medians of this many consecutive bins
@@ -390,7 +390,7 @@ def _level(t: FloatArray, y: FloatArray) -> tuple[float | None, float | None]:
     last step sat above the loss it had reached, with an interval that missed it)."""
     if y.size == 0:
         return None, None
-    n = max(_LEVEL_MIN_POINTS, int(round(_LEVEL_FRACTION * y.size)))
+    n = max(LEVEL_MIN_POINTS, int(round(LEVEL_FRACTION * y.size)))
     return float(np.median(y[-n:])), float(np.median(t[-n:]))
 
 

@@ -120,6 +120,25 @@ def test_a_falling_run_is_forecast_at_its_last_step_around_the_loss_it_reached(u
     assert p.value < fit.level  # the loss kept falling from the level's step to the last
 
 
+def test_a_fit_stored_before_level_step_estimates_it_from_its_range() -> None:
+    """Fits stored before ``level_step`` existed (a finished run is not refitted) take it as
+    the median step of the latest points spaced evenly over the fitted range: for evenly
+    logged losses, the step the solver records."""
+    dense = np.arange(0.0, 3000.0)
+    for t, y, config in (
+        (_DEMO_600_STEPS, _DEMO_600_LOSS, _DEMO_600_CONFIG),  # eval every 20 steps
+        (dense, _noisy(model(dense, 20.0, 300.0, 1.5), 0.003), {"c_warmup": 500}),  # each step
+    ):
+        fit = fit_curve(t, y, config=config)
+        stored = fit.to_dict()
+        assert stored.pop("level_step") == fit.level_anchor
+        old = Fit.from_dict(stored)
+        # Within a bin of it when the solver fitted bins (its range is then bin centres).
+        assert old.level_step == pytest.approx(fit.level_anchor, rel=2e-3)
+        assert old.predict(10_000).value == pytest.approx(fit.predict(10_000).value, rel=1e-3)
+    assert Fit.from_dict({**stored, "level_step": None}).level_step is None  # stored as unknown
+
+
 def test_shortly_after_averaging_starts_is_too_early() -> None:
     t = np.arange(500.0, 800.0)
     y = _noisy(model(t, 20.0, 300.0, 1.5), 0.003)
