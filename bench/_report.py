@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 import re
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -42,6 +43,14 @@ def command_line() -> str:
         module = ".".join(script.relative_to(repo).with_suffix("").parts)
         return "python -m " + " ".join([module, *map(shlex.quote, sys.argv[1:])])
     return " ".join(map(shlex.quote, sys.argv))
+
+
+def checkout_commit(checkout: Path) -> str:
+    """``<short hash> <subject>`` of a baseline checkout's commit (its path where git cannot
+    tell), to name the baseline a section compares with."""
+    out = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h %s"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    return out[:90] if out else str(checkout)
 
 
 def write_section(name: str, title: str, body: str, path: Path = BENCHMARKS_MD) -> None:

@@ -8,7 +8,8 @@ tensors (24 blocks of Linear + LayerNorm), where a per-tensor cost shows most. E
 a baseline: step, norms, step, baseline norms, the two norms in turns); the median over rounds
 of each, on the thread's CPU clock (CPU) or with a device synchronisation around each call
 (CUDA). Baseline in the same run: the step itself. With
-``--baseline-checkout DIR`` the norms of ``DIR/sfplus/_stats.py`` (an older checkout) are timed
+``--baseline-checkout DIR`` the norms of ``DIR/sfplus/_stats.py`` with its ``functional.py``
+(an older checkout) are timed
 in the same rounds, on the same optimizer state.
 
 Usage: ``python -m bench.optimizer_norms [--device cuda] [--baseline-checkout DIR] [--no-write]``
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from bench._report import markdown_table, write_section
+from bench._report import checkout_commit, markdown_table, write_section
 from curvecast.sfplus import ScheduleFreePlus
 from curvecast.sfplus import _stats as current_stats
 from curvecast.sfplus._state import DELTA
@@ -64,13 +65,20 @@ def models() -> dict[str, Callable[[], tuple[nn.Module, torch.Tensor, torch.Tens
             "CharTransformer ~10M": charlm(512, 3, 8)}
 
 
-def load_stats(checkout: Path) -> ModuleType:
-    """``sfplus/_stats.py`` of an older checkout, as a module of its own."""
-    spec = importlib.util.spec_from_file_location("baseline_stats", checkout / "sfplus/_stats.py")
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["baseline_stats"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def load_stats(checkout: Path) -> ModuleType:
+    """``sfplus/_stats.py`` of an older checkout, as a module of its own, with that checkout's
+    ``sfplus/functional.py`` (its reductions, ``F.sumsq`` and ``F.dot``) in place of ours."""
+    module = _load("baseline_stats", checkout / "sfplus/_stats.py")
+    module.F = _load("baseline_functional", checkout / "sfplus/functional.py")  # type: ignore[attr-defined]
     return module
 
 
@@ -169,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             "state, after 20 training steps (with a baseline checkout: a step before each of "
             "the two norms calls, their order alternating). Baseline: the optimizer's step, "
             "same rounds"
-            + (f"; and the norms of the checkout `{args.baseline_checkout}`"
+            + (f"; and the norms of a checkout of `{checkout_commit(args.baseline_checkout)}`"
                if baseline is not None else "") + ".\n\n" + markdown_table(headers, rows))
     print(text)
     if not args.no_write:

@@ -30,7 +30,7 @@ import httpx
 import psutil
 
 from bench._db import fresh_database
-from bench._report import markdown_table, phase, write_section
+from bench._report import checkout_commit, markdown_table, phase, write_section
 from bench.ingest import hook_bodies
 from bench.load import postgres_cpu_seconds
 from curvecast.service.config import Settings
@@ -214,8 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             this.stop()
     commit = None
     if checkout is not None:
-        commit = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h %s"],
-                                capture_output=True, text=True).stdout.strip()[:90]
+        commit = checkout_commit(checkout)
     return {"backend": backend, "totals": totals, "commit": commit, "rounds": args.rounds,
             "kinds": [*request_kinds("x", keys), INGEST]}
 

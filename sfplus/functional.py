@@ -237,9 +237,13 @@ def dot(a: Tensor, b: Tensor) -> Tensor:
 
 
 def sumsq(t: Tensor) -> Tensor:
-    """``||t||_2^2``, accumulated in at least float32 (like :func:`dot`)."""
-    norm: Tensor = torch.linalg.vector_norm(t, 2, dtype=norm_dtype(t.dtype))
-    return norm.square()
+    """``||t||_2^2``, accumulated in at least float32: :func:`dot` of ``t`` with itself.
+
+    Not ``vector_norm(t).square()``: on the CPU that is 1.4x slower, and less accurate (a
+    relative error of 1.5e-4 against 2.5e-6 for 4M float32 values; 1.4e-6 against 2e-8 for
+    262k), as torch's norm kernel accumulates in float32 where BLAS's dot keeps partial sums.
+    """
+    return dot(t, t)
 
 
 def _all_contiguous(*tensors: Tensor) -> bool:
