@@ -109,7 +109,8 @@ def shipped(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
         return _from_fit(fit, run.total)
     table = ctx["transient"][run.name]
     value, lo, hi = cal.transient_band(fit.level, fit.level_anchor, run.total, fit.status,
-                                       fit.decay_rate, CONFIDENCE, table)
+                                       fit.decay_rate, CONFIDENCE, table,
+                                       sigma=fit.residual_scale)
     floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
     return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
 
@@ -124,7 +125,8 @@ def level_from_last_step(run: BenchRun, k: float, ctx: dict[str, Any]) -> Foreca
         return _from_fit(fit, run.total)
     value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, run.total, fit.status,
                                        fit.decay_rate, CONFIDENCE,
-                                       ctx["transient_last"][run.name])
+                                       ctx["transient_last"][run.name],
+                                       sigma=fit.residual_scale)
     floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
     return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
 
@@ -139,7 +141,8 @@ def level_anchored_no_asymptote_only(run: BenchRun, k: float, ctx: dict[str, Any
     anchor = fit.level_anchor if fit.status == NO_ASYMPTOTE else fit.fitted_upto_step
     value, lo, hi = cal.transient_band(fit.level, anchor, run.total, fit.status,
                                        fit.decay_rate, CONFIDENCE,
-                                       ctx["transient_mixed"][run.name])
+                                       ctx["transient_mixed"][run.name],
+                                       sigma=fit.residual_scale)
     floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
     return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
 
@@ -178,7 +181,8 @@ def extend_every_status(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecas
         return shipped(run, k, ctx)
     value, lo, hi = cal.transient_band(fit.level, fit.level_anchor, run.total,
                                        "no_asymptote", fit.decay_rate, CONFIDENCE,
-                                       ctx["transient"][run.name])
+                                       ctx["transient"][run.name],
+                                       sigma=fit.residual_scale)
     return Forecast(value, lo, hi, fit.status)
 
 
