@@ -92,9 +92,9 @@ def _before_the_fit(fit: Fit, step: int | None) -> str:
     start = fit.fitted_from_step
     if step is None or start is None or not fit.has_forecast or step >= start:
         return ""
-    return (f"step {step} is before the fitted range (steps {start:g} to "
-            f"{fit.fitted_upto_step:g}): the model describes the loss from there on, not before; "
-            "the loss logged there is in GET .../metrics")
+    return (f"step {step} is before the fitted range (steps {start:.0f} to "
+            f"{fit.fitted_upto_step or start:.0f}): the model describes the loss from there on, "
+            "not before; the loss logged there is in GET .../metrics")
 
 
 def _f_star(fit: Fit, confidence: float) -> IntervalOut:
