@@ -364,7 +364,8 @@ def common_horizon(runs: Sequence[Mapping[str, Any]], requested: int | None = No
 def compare_entries(runs: Sequence[CompareRun]) -> list[figures.CompareEntry]:
     """Parse each run's answers for the compare figures."""
     entries = []
-    for item in runs:
+    shared = figures.shared_names([item.run for item in runs])
+    for item, same_name in zip(runs, shared, strict=True):
         fit = ForecastData.from_api(item.forecast)
         series = series_by_key(item.metrics)
         key = (fit.key if fit and fit.key in series else None) or (
@@ -375,6 +376,7 @@ def compare_entries(runs: Sequence[CompareRun]) -> list[figures.CompareEntry]:
             forecast=fit,
             band=parse_band(item.band),
             at_horizon=Prediction.from_api(item.at_horizon) if fit is not None else None,
+            same_name=same_name,
         ))
     return entries
 
@@ -397,7 +399,7 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
         train_last, eval_last = lasts[index]
         rows.append({
             "run_id": str(entry.run.get("id")),
-            "name": str(entry.run.get("name") or ""),
+            "name": entry.name,
             "status": str(entry.run.get("status") or ""),
             "last_step": fmt.step(entry.run.get("last_step")),
             "last_train_loss": fmt.loss(train_last[1]) if train_last else "—",

@@ -25,6 +25,8 @@ from curvecast.dashboards.figures.compare import (
     compare_figure,
     rank_forecasts,
     ranking_figure,
+    run_label,
+    shared_names,
 )
 from curvecast.dashboards.figures.loss import evolution_figure, loss_figure
 from curvecast.dashboards.figures.spec import FigureSpec
@@ -50,6 +52,8 @@ __all__ = [
     "norms_figure",
     "rank_forecasts",
     "ranking_figure",
+    "run_label",
+    "shared_names",
     "step_size_figure",
     "telemetry_figure",
 ]

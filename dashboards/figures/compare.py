@@ -4,6 +4,7 @@ forecasts say will be best there."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,23 @@ from curvecast.dashboards.figures.spec import FigureSpec
 RANK_LABEL_CHARS = 36
 
 
+def run_label(run: Mapping[str, Any], same_name: bool) -> str:
+    """A run's name as typed (or its short id), with its short id when another run on the page
+    has the same name (a script run twice: "lm (82c063bc)" and "lm (ff21cdab)", not "lm" and
+    "lm" in the verdict, the legend and the table)."""
+    short = str(run.get("id", ""))[:8]
+    name = str(run.get("name") or "")
+    if not name:
+        return short
+    return f"{name} ({short})" if same_name else name
+
+
+def shared_names(runs: Sequence[Mapping[str, Any]]) -> list[bool]:
+    """For each run, whether another of ``runs`` has the same name."""
+    counts = Counter(str(run.get("name") or "") for run in runs)
+    return [counts[str(run.get("name") or "")] > 1 for run in runs]
+
+
 @dataclass(frozen=True)
 class CompareEntry:
     """One run on the compare page: its loss series and its forecast to the common horizon."""
@@ -39,11 +57,13 @@ class CompareEntry:
     forecast: ForecastData | None
     band: Sequence[Prediction]
     at_horizon: Prediction | None
+    #: Another run on the page has the same name: the name then carries the short id.
+    same_name: bool = False
 
     @property
     def name(self) -> str:
-        """The run's name as typed (or its short id)."""
-        return str(self.run.get("name") or str(self.run.get("id", ""))[:8])
+        """The run's name on the page (:func:`run_label`)."""
+        return run_label(self.run, self.same_name)
 
     @property
     def label(self) -> str:
@@ -97,6 +117,21 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
                        f"At {where} the forecast for {entries[best].name} is "
                        f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}"
                        ". Add a run to compare it with.")
+    if len(ranked) == 1:
+        # The others ended before the horizon or have no forecast yet: nothing to rank this
+        # one against, so it is not "best".
+        message = (f"At {where} only {entries[best].name} has a forecast: "
+                   f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}"
+                   "; nothing to rank it against.")
+        ends = [int(e) for e in (entries[i].run.get("last_step") for i in ended)
+                if isinstance(e, int | float) and e > 0]
+        if ends:
+            message += (f" To compare them all, forecast to step {fmt.step(min(ends))} or "
+                        "earlier.")
+        if without:
+            message += f" {len(without)} run(s) have no forecast yet."
+        return Ranking(horizon, ranked + without + ended, None, False, message + ended_note,
+                       ended)
     message = (f"At {where} the forecasts say {entries[best].name} will be best: "
                f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}.")
     clear = True

@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, Response
 from markupsafe import Markup
 
 from curvecast.contract import MAX_STEP
-from curvecast.dashboards import palette, views
+from curvecast.dashboards import figures, palette, views
 from curvecast.dashboards.figures.static_svg import static_svg
 from curvecast.service.deps import SessionDep, SettingsDep
 from curvecast.service.errors import ServiceError
@@ -154,7 +154,10 @@ def compare_page(
             {"runs": listed, **({"horizon": horizon} if horizon else {})})
         # The picker: each run in the chart's colour with a link that drops it (the last
         # one stays: a comparison needs a run), and runs of the first run's project first.
-        chosen = [{**run, "colour": palette.run_colour(index),
+        # Two runs of one name carry their short ids, as in the chart and the verdict.
+        shared = figures.shared_names(found)
+        chosen = [{**run, "name": figures.run_label(run, shared[index]),
+                   "colour": palette.run_colour(index),
                    "remove": compare_href([k for k in keys if k != run["id"]], horizon)
                    if len(keys) > 1 else None}
                   for index, run in enumerate(found)]

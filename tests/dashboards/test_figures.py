@@ -497,6 +497,31 @@ def test_compare_rows_name_train_and_eval_losses() -> None:
     assert figures.compare.loss_title(["loss"]) == "training loss"
 
 
+def test_runs_of_one_name_are_told_apart_by_their_short_ids() -> None:
+    """The reported bug: two runs of one script (both "charlm-stdlib") gave the verdict "At
+    step 600 the forecasts say charlm-stdlib will be best ... Ended before step 600:
+    charlm-stdlib", and "charlm-stdlib" twice in the legend and the table. A name shared on the
+    page carries the run's short id everywhere; a unique one stays as typed."""
+    def run(run_id: str, name: str, value: float) -> views.CompareRun:
+        return views.CompareRun(
+            run={"id": run_id, "name": name, "status": "running", "last_step": 10_000},
+            metrics=[downsampled("loss")], forecast=FORECAST, band=BAND,
+            at_horizon={"step": 20_000, "value": value, "lo": value - 0.04,
+                        "hi": value + 0.04})
+
+    runs = [run("82c063bc-1ae3", "lm", 2.42), run("ff21cdab-43f6", "lm", 2.6),
+            run("0a1b2c3d-4e5f", "other", 2.7)]
+    body = json.loads(views.compare_payload(runs, 20_000))
+    assert [r["name"] for r in body["rows"]] == ["lm (82c063bc)", "lm (ff21cdab)", "other"]
+    assert body["verdict"]["message"].startswith(
+        "At step 20,000 the forecasts say lm (82c063bc) will be best")
+    assert "Runner-up lm (ff21cdab)" in body["verdict"]["message"]
+    legend = {t.get("name") for t in body["charts"]["compare"]["data"]}
+    assert {"lm (82c063bc)", "lm (ff21cdab)", "other"} <= legend
+    assert figures.shared_names([r.run for r in runs]) == [True, True, False]
+    assert figures.run_label({"id": "0123456789", "name": ""}, False) == "01234567"
+
+
 def test_a_run_that_ended_before_the_horizon_is_not_forecast_past_its_end() -> None:
     """Comparing at step 20,000 a run that finished at 10,000 (it will never have a loss
     there) with one still running: the ended run keeps its line, gets no forecast curve, band
@@ -512,10 +537,14 @@ def test_a_run_that_ended_before_the_horizon_is_not_forecast_past_its_end() -> N
     runs = [run("done", "finished"), run("live", "running")]
     body = json.loads(views.compare_payload(runs, 20_000))
     verdict = body["verdict"]
-    assert verdict["best"] == "live"
     assert ("Ended before step 20,000, so not forecast past their end: done (eval_loss 2.55 "
             "at step 10,000).") in verdict["message"]
-    assert "live will be best" in verdict["message"]
+    # The one run left is not "best": there is nothing to rank it against (it said "live
+    # will be best"); the verdict says at which step all can be compared.
+    assert verdict["best"] is None
+    assert verdict["message"].startswith(
+        "At step 20,000 only live has a forecast: 2.1 [2.05, 2.15]; nothing to rank it against. "
+        "To compare them all, forecast to step 10,000 or earlier.")
     rows = {r["run_id"]: r for r in body["rows"]}
     assert rows["done"]["forecast"] == "—" and rows["done"]["interval"] == "ended at step 10,000"
     assert rows["live"]["forecast"] == fmt.loss(2.1)
@@ -527,7 +556,7 @@ def test_a_run_that_ended_before_the_horizon_is_not_forecast_past_its_end() -> N
     ranking = figures.rank_forecasts(entries, 20_000)
     assert ranking.ended == [0] and ranking.order == [1, 0]
     (dots,) = figures.ranking_figure(entries, ranking).figure().data
-    assert list(dots.y) == ["★ live"]
+    assert list(dots.y) == ["live"]
     # At a horizon both reached, both are compared as before.
     assert figures.rank_forecasts(entries, 10_000).order == [0, 1]
     # Every run ended before the horizon: nothing ranked, the verdict says what to do.

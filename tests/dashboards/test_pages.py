@@ -188,6 +188,14 @@ def test_compare_endpoint_names_the_best_run(dash: str, project: str,
         assert resp.status_code == 422, bad
     page = client.get("/compare", params={"runs": "nope"})
     assert page.status_code == 422 and "not a run id" in page.text
+    # Two runs of one name: the chips, like the chart and the verdict, carry the short ids.
+    twin = make_run(client, project, name="worse", steps=300, eval_every=None,
+                    curve=(60.0, 300.0, 2.4))
+    html = client.get("/compare", params={"runs": f"{worse},{twin}"}).text
+    assert f"worse ({str(worse)[:8]})" in html and f"worse ({str(twin)[:8]})" in html
+    rows = client.get("/dashboards/api/compare", params={"runs": f"{worse},{twin}"}).json()
+    assert sorted(r["name"] for r in rows["rows"]) == sorted(
+        f"worse ({str(i)[:8]})" for i in (worse, twin))
 
 
 def test_plotly_js_comes_from_the_installed_package(dash: str, client_for: Clients) -> None:
