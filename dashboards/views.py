@@ -453,7 +453,10 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     from curvecast.dashboards.sparkline import sparkline_path
 
     rows = []
-    for item in items:
+    # Runs of one name on the page (a script run again) carry their short ids, as on the
+    # compare page.
+    shared = figures.shared_names([item["run"] for item in items])
+    for item, same_name in zip(items, shared, strict=True):
         run = item["run"]
         fit = ForecastData.from_api(item.get("forecast"))
         pred = fit.prediction if fit else None
@@ -464,7 +467,7 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         status = (item.get("forecast") or {}).get("status")
         rows.append({
             "id": str(run["id"]),
-            "name": str(run.get("name") or ""),
+            "name": figures.run_label(run, same_name),
             "project": str(run.get("project") or ""),
             "status": str(run.get("status") or ""),
             "last_step": fmt.step(run.get("last_step")),
