@@ -623,8 +623,8 @@ def test_runs_rows() -> None:
     (only_eval,) = views.runs_rows([{"run": {"id": "c", "name": "c", "last_step": 10},
                                      "last_loss": 2.9, "loss_key": "val_loss"}])
     assert only_eval["last_loss"] == "2.9" and only_eval["last_loss_key"] == "val_loss"
-    # A script run twice: the rows of one name carry their short ids; a run without a name
-    # shows its short id (it was an empty link).
+    # A script run twice: the rows of one name carry their short ids (a nameless row, which the
+    # service never stores, would show its short id).
     twice = views.runs_rows([{"run": {"id": i, "name": name, "last_step": 10}}
                              for i, name in (("82c063bc-1", "lm"), ("ff21cdab-2", "lm"),
                                              ("0a1b2c3d-3", "x"), ("9f8e7d6c-4", None))])
