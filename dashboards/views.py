@@ -164,10 +164,7 @@ class RunPage:
         the page did not read that series."""
         key = (self.forecast or {}).get("key") or ((self.history or {}).get("key"))
         series = self._series.get(key) if isinstance(key, str) else None
-        if step is None or series is None or not len(series) or series.steps[-1] < step:
-            return None
-        value = float(series.values[int(np.searchsorted(series.steps, step, side="right")) - 1])
-        return value if math.isfinite(value) else None
+        return series.reached_at(step) if series is not None else None
 
     def cursor(self) -> dict[str, float]:
         """The last step drawn per key: live updates ask for points after it."""

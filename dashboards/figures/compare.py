@@ -133,20 +133,28 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
         return Ranking(horizon, ranked + without + ended, None, False, message + ended_note,
                        ended)
     message = (f"At {where} the forecasts say {entries[best].name} will be best: "
-               f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}.")
+               f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}"
+               f"{_reached(entries[best], horizon)}.")
     clear = True
     if len(ranked) > 1:
         second = _pred(entries[ranked[1]])
         clear = (math.isfinite(best_pred.hi) and math.isfinite(second.lo)
                  and best_pred.hi < second.lo)
         message += (f" Runner-up {entries[ranked[1]].name}: {fmt.loss(second.value)} "
-                    f"{fmt.interval(second.lo, second.hi)}")
+                    f"{fmt.interval(second.lo, second.hi)}{_reached(entries[ranked[1]], horizon)}")
         message += (" — the intervals do not overlap." if clear
                     else " — the intervals overlap: not yet a clear winner.")
     if without:
         message += f" {len(without)} run(s) have no forecast yet."
     return Ranking(horizon, ranked + without + ended, best, clear, message + ended_note,
                    ended)
+
+
+def _reached(entry: CompareEntry, horizon: int | None) -> str:
+    """`` (reached X there)`` once the run's series has got to the horizon, so a forecast for a
+    step the run is already past stands beside the loss it had there."""
+    value = entry.series.reached_at(horizon)
+    return "" if value is None else f" (reached {fmt.loss(value)} there)"
 
 
 def _ended_note(ended: Sequence[CompareEntry], horizon: int | None) -> str:

@@ -522,6 +522,29 @@ def test_runs_of_one_name_are_told_apart_by_their_short_ids() -> None:
     assert figures.run_label({"id": "0123456789", "name": ""}, False) == "01234567"
 
 
+def test_the_verdict_gives_the_loss_reached_at_a_horizon_the_runs_got_to() -> None:
+    """Two runs compared at a step both got to: each forecast quoted stands beside the loss the
+    run had there (the eval loss it is fitted to); a run not there yet gets no such note."""
+    def run(run_id: str, last_eval: int, value: float) -> views.CompareRun:
+        return views.CompareRun(
+            run={"id": run_id, "name": run_id, "status": "running", "last_step": last_eval},
+            metrics=[downsampled("loss"),
+                     raw("eval_loss", [5000, 10_000, 12_000][:2 + (last_eval > 10_000)],
+                         [2.7, value, value - 0.05][:2 + (last_eval > 10_000)])],
+            forecast=dict(FORECAST, key="eval_loss"), band=BAND,
+            at_horizon={"step": 10_000, "value": value + 0.01, "lo": value - 0.03,
+                        "hi": value + 0.05})
+
+    body = json.loads(views.compare_payload([run("a", 10_000, 2.3), run("b", 12_000, 2.5)],
+                                            10_000))
+    assert body["verdict"]["message"].startswith(
+        "At step 10,000 the forecasts say a will be best: 2.31 [2.27, 2.35] (reached 2.3 there). "
+        "Runner-up b: 2.51 [2.47, 2.55] (reached 2.5 there)")
+    later = json.loads(views.compare_payload([run("a", 10_000, 2.3), run("b", 12_000, 2.5)],
+                                             15_000))
+    assert "reached" not in later["verdict"]["message"]
+
+
 def test_a_run_that_ended_before_the_horizon_is_not_forecast_past_its_end() -> None:
     """Comparing at step 20,000 a run that finished at 10,000 (it will never have a loss
     there) with one still running: the ended run keeps its line, gets no forecast curve, band
