@@ -232,7 +232,7 @@ class _Progress:
         recent = self.client.get(f"{base}/metrics", keys="loss", start=max(0, step - 49))
         losses = [v for v in _series(recent)[1] if isinstance(v, float)]
         loss = sum(losses) / len(losses) if losses else None
-        width = 20  # the bar: the whole progress row fits 100 columns
+        width = 16  # the bar: the whole progress row fits 100 columns
         done = min(width, int(width * step / max(1, self.steps)))
         elapsed = time.monotonic() - self.started
         # Remaining training time at the average pace so far (the first steps include start-up,
