@@ -339,12 +339,8 @@ def _cut(row: str, width: int) -> str:
 
 def _summary(client: _Api, run_id: str, steps: int) -> str:
     base = f"/api/v1/runs/{run_id}"
-    evals = client.get(f"{base}/metrics", keys="eval_loss")
-    values = [
-        v
-        for v in (evals or {"series": [{"values": []}]})["series"][0]["values"]
-        if isinstance(v, float)
-    ]
+    values = [v for v in _series(client.get(f"{base}/metrics", keys="eval_loss"))[1]
+              if isinstance(v, float)]
     actual = values[-1] if values else None
     history = client.get(f"{base}/forecast/history", horizon=steps) or {"points": []}
     early = next(
