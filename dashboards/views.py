@@ -19,7 +19,6 @@ import numpy as np
 
 from curvecast.contract import (
     EVAL_LOSS_KEYS,
-    FINAL_RUN_STATUSES,
     TRAIN_LOSS_KEY,
     TRAIN_LOSS_KEYS,
     RunConfig,
@@ -250,8 +249,7 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         reached = page.observed_at(pred.step)
         if reached is not None:  # the run got there: the forecast beside what it was
             detail += f"; reached {fmt.loss(reached)} there"
-        elif run.get("status") in FINAL_RUN_STATUSES and last_step is not None \
-                and last_step < pred.step:
+        elif figures.ended_before(run, pred.step):
             # It will not get there unless resumed: the number is where it was heading.
             detail += (f"; the run {run.get('status')} at step {fmt.step(last_step)}: where it "
                        "was heading, had it gone on")

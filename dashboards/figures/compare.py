@@ -42,6 +42,14 @@ def run_label(run: Mapping[str, Any], same_name: bool) -> str:
     return f"{name} ({short})" if same_name else name
 
 
+def ended_before(run: Mapping[str, Any], step: float | None) -> bool:
+    """Whether ``run`` (``RunOut`` as JSON) ended (finished, failed, crashed) before ``step``:
+    it will never have a loss there unless it is resumed."""
+    last = run.get("last_step")
+    return (step is not None and run.get("status") in FINAL_RUN_STATUSES
+            and isinstance(last, int | float) and last < step)
+
+
 def shared_names(runs: Sequence[Mapping[str, Any]]) -> list[bool]:
     """For each run, whether another of ``runs`` has the same name."""
     counts = Counter(str(run.get("name") or "") for run in runs)
@@ -71,11 +79,8 @@ class CompareEntry:
         return fmt.esc(self.name)
 
     def ended_before(self, horizon: int | None) -> bool:
-        """Whether the run ended (finished, failed, crashed) before ``horizon``: it will never
-        have a loss there, so it is not forecast past its end."""
-        last = self.run.get("last_step")
-        return (horizon is not None and self.run.get("status") in FINAL_RUN_STATUSES
-                and isinstance(last, int | float) and last < horizon)
+        """:func:`ended_before` of this entry's run: not forecast past its end."""
+        return ended_before(self.run, horizon)
 
 
 @dataclass(frozen=True)
