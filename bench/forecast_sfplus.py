@@ -101,50 +101,42 @@ def _from_fit(fit: Fit, total: float) -> Forecast:
     return Forecast(p.value, p.lo, p.hi, fit.status, floor_ok)
 
 
-def shipped(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
-    """The product's answer, its transient table rebuilt without this run."""
+def _extended(run: BenchRun, k: float, table: cal.TransientTable,
+              anchor: Callable[[Fit], float]) -> Forecast:
+    """The answer at the run's end of a fit on ``k`` of it: a ``too_early`` or ``no_asymptote``
+    fit extends its level from the step ``anchor`` gives, with the exponents of ``table``
+    (widened by the loss's noise, floored at the loss floor, as the product's); any other
+    evaluates the fitted curve."""
     et, ev, _, _ = run.upto(k)
     fit = fit_curve(et, ev, config=run.config)
     if fit.status not in TRANSIENT or fit.level is None or fit.fitted_upto_step is None:
         return _from_fit(fit, run.total)
-    table = ctx["transient"][run.name]
-    value, lo, hi = cal.transient_band(fit.level, fit.level_anchor, run.total, fit.status,
+    value, lo, hi = cal.transient_band(fit.level, anchor(fit), run.total, fit.status,
                                        fit.decay_rate, CONFIDENCE, table,
                                        sigma=fit.residual_scale)
     floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
     return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
 
 
+def shipped(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
+    """The product's answer, its transient table rebuilt without this run."""
+    return _extended(run, k, ctx["transient"][run.name], lambda fit: fit.level_anchor)
+
+
 def level_from_last_step(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
     """The answer before the level was anchored at the step it stands for: a ``too_early`` or
     ``no_asymptote`` fit extends the current level (the median of the latest points) from the
     last fitted step, with a transient table measured that way (leave one run out)."""
-    et, ev, _, _ = run.upto(k)
-    fit = fit_curve(et, ev, config=run.config)
-    if fit.status not in TRANSIENT or fit.level is None or fit.fitted_upto_step is None:
-        return _from_fit(fit, run.total)
-    value, lo, hi = cal.transient_band(fit.level, fit.fitted_upto_step, run.total, fit.status,
-                                       fit.decay_rate, CONFIDENCE,
-                                       ctx["transient_last"][run.name],
-                                       sigma=fit.residual_scale)
-    floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
-    return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
+    return _extended(run, k, ctx["transient_last"][run.name],
+                     lambda fit: fit.fitted_upto_step or 0.0)
 
 
 def level_anchored_no_asymptote_only(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
     """The level extended from the step it stands for after a ``no_asymptote`` fit only; a
     ``too_early`` one (in the transient: a plateau or a rise) from the last fitted step."""
-    et, ev, _, _ = run.upto(k)
-    fit = fit_curve(et, ev, config=run.config)
-    if fit.status not in TRANSIENT or fit.level is None or fit.fitted_upto_step is None:
-        return _from_fit(fit, run.total)
-    anchor = fit.level_anchor if fit.status == NO_ASYMPTOTE else fit.fitted_upto_step
-    value, lo, hi = cal.transient_band(fit.level, anchor, run.total, fit.status,
-                                       fit.decay_rate, CONFIDENCE,
-                                       ctx["transient_mixed"][run.name],
-                                       sigma=fit.residual_scale)
-    floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
-    return Forecast(max(value, floor), max(lo, floor), max(hi, floor), fit.status)
+    return _extended(run, k, ctx["transient_mixed"][run.name],
+                     lambda fit: fit.level_anchor if fit.status == NO_ASYMPTOTE
+                     else fit.fitted_upto_step or 0.0)
 
 
 @contextmanager
