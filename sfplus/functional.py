@@ -228,12 +228,16 @@ def norm_dtype(dtype: torch.dtype) -> torch.dtype | None:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
 
 
+def _dot_operand(t: Tensor) -> Tensor:
+    """``t`` flat, half precision upcast to float32 (torch.dot would round the result to 8
+    mantissa bits)."""
+    flat = _flat(t)
+    return flat.float() if t.dtype in (torch.float16, torch.bfloat16) else flat
+
+
 def dot(a: Tensor, b: Tensor) -> Tensor:
     """``<a, b>`` over all elements, accumulated in at least float32."""
-    if a.dtype in (torch.float16, torch.bfloat16):
-        # torch.dot would round the result to 8 mantissa bits; upcast instead.
-        return torch.dot(_flat(a).float(), _flat(b).float())
-    return torch.dot(_flat(a), _flat(b))
+    return torch.dot(_dot_operand(a), _dot_operand(b))
 
 
 def sumsq(t: Tensor) -> Tensor:
@@ -243,7 +247,8 @@ def sumsq(t: Tensor) -> Tensor:
     relative error of 1.5e-4 against 2.5e-6 for 4M float32 values; 1.4e-6 against 2e-8 for
     262k), as torch's norm kernel accumulates in float32 where BLAS's dot keeps partial sums.
     """
-    return dot(t, t)
+    flat = _dot_operand(t)  # once: a half-precision or strided tensor is copied to get it
+    return torch.dot(flat, flat)
 
 
 def _all_contiguous(*tensors: Tensor) -> bool:
