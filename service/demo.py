@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import logging
 import math
 import shutil
 import signal
@@ -119,8 +120,12 @@ class _Server:
     """uvicorn serving the app in a background thread of this process, on a socket this
     process bound (so nothing else can be answering on it)."""
 
-    def __init__(self, settings: Settings, sock: socket.socket) -> None:
-        config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
+    def __init__(self, settings: Settings, sock: socket.socket, *, own_logging: bool) -> None:
+        # ``own_logging``: uvicorn's messages go to the root logger's handlers (the demo's,
+        # printed above its progress rows), not to uvicorn's own stderr handler.
+        kwargs: dict[str, Any] = {"log_config": None} if own_logging else {}
+        config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on",
+                                **kwargs)
         self.server = uvicorn.Server(config)
         self.sock = sock
         self.thread = threading.Thread(
@@ -216,9 +221,11 @@ class _Progress:
     are two rows redrawn in place (:class:`_Rows`); elsewhere (a log file, CI) one line joining
     both every 10 s."""
 
-    def __init__(self, client: _Api, run_id: str, steps: int, target: float | None):
+    def __init__(
+        self, client: _Api, run_id: str, steps: int, target: float | None, rows: _Rows | None
+    ) -> None:
         self.client, self.run_id, self.steps, self.target = client, run_id, steps, target
-        self.rows = _Rows(sys.stdout) if sys.stdout.isatty() else None
+        self.rows = rows
         self.last_print = 0.0
         self.started = time.monotonic()
 
@@ -313,23 +320,74 @@ class _Rows:
     Each row is cut to the terminal's width: a row that wrapped would leave its first screen
     line behind at every redraw (a 160-character line on a 120-column terminal printed a new,
     cut-off line every second). The width is read at every draw, so a resized window works.
+    The last draw (``final``) is not cut: nothing redraws it, and its end is the answer.
+    Other output (the service's log messages) goes through :meth:`above`, from any thread:
+    written straight to the terminal, it would land inside the rows and be half overwritten
+    at the next redraw.
     """
 
     def __init__(self, out: Any, width: Callable[[], int] | None = None) -> None:
         self.out = out
         self.width = width or (lambda: shutil.get_terminal_size((100, 24)).columns)
         self.drawn = 0  # rows on screen from the last draw
+        self.rows: Sequence[str] = ()  # what they say (redrawn under a message)
+        self.lock = threading.Lock()  # draws and messages come from different threads
 
     def draw(self, rows: Sequence[str], final: bool = False) -> None:
         """Replace the rows drawn last with ``rows``; ``final`` leaves the cursor below them."""
-        # Up to the first row drawn last (the cursor sits at the end of the last one), then
-        # each row cleared and rewritten.
-        text = "\r" + "\x1b[1A" * max(0, self.drawn - 1)
-        cols = max(10, self.width())
-        text += "\n".join("\x1b[2K" + _cut(row, cols - 1) for row in rows)
-        self.out.write(text + ("\n" if final else ""))
-        self.out.flush()
-        self.drawn = 0 if final else len(rows)
+        with self.lock:
+            if final:  # uncut rows may wrap onto the old ones: those are cleared first
+                self.out.write(self._cleared() + "\n".join(rows) + "\n")
+            else:
+                # Up to the first row drawn last (the cursor sits at the end of the last one),
+                # then each row cleared and rewritten.
+                cols = max(10, self.width())
+                self.out.write("\r" + "\x1b[1A" * max(0, self.drawn - 1)
+                               + "\n".join("\x1b[2K" + _cut(row, cols - 1) for row in rows))
+            self.out.flush()
+            self.drawn = 0 if final else len(rows)
+            self.rows = () if final else rows
+
+    def above(self, text: str) -> None:
+        """Print ``text`` (whole lines) where the rows are, and the rows again below it."""
+        with self.lock:
+            self.out.write(self._cleared() + text.rstrip("\n") + "\n")
+            self.out.flush()
+            self.drawn = 0
+        if self.rows:
+            self.draw(self.rows)
+
+    def _cleared(self) -> str:
+        """The escapes that blank the rows drawn last and put the cursor at the first one's
+        start (text written there that is shorter than a row would leave that row's tail)."""
+        if not self.drawn:
+            return ""
+        up = "\x1b[1A" * (self.drawn - 1)
+        return "\r" + up + "\n".join(["\x1b[2K"] * self.drawn) + up + "\r"
+
+
+def _log_above(rows: _Rows) -> None:
+    """Route log records (and ``warnings``) of this process through ``rows`` from now on."""
+    root = logging.getLogger()
+    root.addHandler(_AboveRows(rows))
+    if root.level > logging.WARNING or root.level == logging.NOTSET:
+        root.setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+
+
+class _AboveRows(logging.Handler):
+    """Log records printed above the progress rows (:meth:`_Rows.above`)."""
+
+    def __init__(self, rows: _Rows) -> None:
+        super().__init__(logging.WARNING)
+        self.rows = rows
+        self.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.rows.above(self.format(record))
+        except Exception:
+            self.handleError(record)
 
 
 def _cut(row: str, width: int) -> str:
@@ -405,7 +463,12 @@ def run_demo(args: argparse.Namespace) -> int:
     database_url = args.database_url or f"sqlite:///{out_dir / 'curvecast.db'}"
     settings = Settings(database_url=database_url, public_url=url, auth_enabled=False,
                         refit_min_interval_s=REFIT_MIN_INTERVAL_S)
-    server = _Server(settings, sock)
+    # On a terminal, two progress rows are redrawn in place, and log messages (the service's
+    # warnings) are printed above them instead of into them.
+    rows = _Rows(sys.stdout) if sys.stdout.isatty() else None
+    server = _Server(settings, sock, own_logging=rows is not None)
+    if rows is not None:
+        _log_above(rows)
     try:
         server.start()
     except RuntimeError as exc:
@@ -442,7 +505,7 @@ def run_demo(args: argparse.Namespace) -> int:
     client = _Api(url)
     with log_path.open("w") as log_file:
         train = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
-        progress = _Progress(client, run_id, args.steps, args.target)
+        progress = _Progress(client, run_id, args.steps, args.target, rows)
         try:
             while train.poll() is None:
                 progress.draw()

@@ -218,6 +218,41 @@ def test_progress_rows_are_redrawn_in_place_on_a_narrow_terminal() -> None:
                                 print_after]
 
 
+def test_log_messages_print_above_the_progress_rows() -> None:
+    """A warning of the service's worker, written straight to the terminal mid-run, landed
+    inside the two rows and was half overwritten by the next redraw, which then left a stale
+    row behind. Messages go through the rows: printed whole above them, the rows redrawn below
+    and kept in place by later draws. The last draw is not cut: its end is the answer."""
+    import logging
+
+    from curvecast.service.demo import _AboveRows, _Rows
+
+    screen = _Screen(width=60)
+    rows = _Rows(screen, width=lambda: 60)
+    log = logging.getLogger("curvecast.test_demo_rows")
+    log.propagate = False
+    log.addHandler(_AboveRows(rows))
+    try:
+        rows.draw(["step   100/2000", "→ final eval_loss 1.5 [1.2, 1.9]"])
+        log.info("not shown: below WARNING")
+        log.warning("refit of run 1 failed: a message long enough to wrap past sixty columns "
+                    "of this terminal")
+        rows.draw(["step   200/2000", "→ final eval_loss 1.4 [1.2, 1.7]"])
+    finally:
+        log.handlers.clear()
+    message = ("WARNING: refit of run 1 failed: a message long enough to wrap past sixty "
+               "columns of this terminal")
+    assert "".join(screen.lines[:2]) == message
+    assert screen.lines[2:] == ["step   200/2000", "→ final eval_loss 1.4 [1.2, 1.7]"]
+    # The last draw, uncut: its first row wraps onto the second row drawn before, which must
+    # not show through (seen at 90 columns: "24final eval_loss 2.324 reached; fit 2.234 …").
+    done = "step  2000/2000 [################] 1m29s elapsed, ~0s left | eval_loss 1.359"
+    end = "→ final eval_loss 1.359 reached; fit 1.351 [1.329, 1.383] | 1.35 not reached by the end"
+    rows.draw([done, end], final=True)
+    assert "".join(screen.lines[2:4]) == done
+    assert "".join(screen.lines[4:]).rstrip() == end
+
+
 def test_forecast_part_names_the_loss_reached_once_the_run_got_there() -> None:
     """At the end of a run the line showed "→ final eval_loss 1.353" beside the summary's
     "final eval loss 1.359": the fit's value called final. Once the fitted series has a point
