@@ -432,15 +432,33 @@ def _sort_value(value: float | None) -> str:
     return "" if value is None or not math.isfinite(value) else repr(float(value))
 
 
+def _forecast_cell(pred: Prediction | None, reached: float | None, status: str | None
+                   ) -> dict[str, str]:
+    """The runs list's "Forecast (final)" cell: the forecast of the loss at the planned end
+    with its interval, or, once the run got there, the loss it reached (the fit beside it)."""
+    if pred is None:
+        return {"forecast": "pending" if status in (None, "pending") else "—",
+                "forecast_detail": "", "forecast_sort": ""}
+    where = fmt.short_step(pred.step)
+    if reached is not None:
+        return {"forecast": fmt.loss(reached),
+                "forecast_detail": f"reached @ {where}; fit {fmt.loss(pred.value)}",
+                "forecast_sort": _sort_value(reached)}
+    return {"forecast": fmt.loss(pred.value),
+            "forecast_detail": f"{fmt.interval(pred.lo, pred.hi)} @ {where}",
+            "forecast_sort": _sort_value(pred.value)}
+
+
 def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows of the runs list.
 
     Args:
         items: per run ``{"run": RunOut dict, "last_loss": float | None, "loss_key": str |
             None, "last_loss_step": int | None, "spark_steps": [...], "spark_values": [...],
-            "forecast": ForecastOut dict | None, "firing": int | None}`` (``last_loss`` is the
-            training loss, else the eval loss ``loss_key`` names; ``firing`` None: no alerts
-            API).
+            "forecast": ForecastOut dict | None, "reached": float | None, "firing": int |
+            None}`` (``last_loss`` is the training loss, else the eval loss ``loss_key`` names;
+            ``reached``: the fitted series' value at the forecast's step once the run got
+            there; ``firing`` None: no alerts API).
 
     Returns:
         Display strings and sort keys per row (the template escapes every string).
@@ -471,11 +489,7 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "last_loss_sort": _sort_value(last_loss),
             # The column is the training loss; a run that logs only an eval loss says so.
             "last_loss_key": "" if loss_key in (None, *TRAIN_LOSS_KEYS) else str(loss_key),
-            "forecast": fmt.loss(pred.value) if pred else ("pending" if status in (None, "pending")
-                                                           else "—"),
-            "forecast_interval": fmt.interval(pred.lo, pred.hi) if pred else "",
-            "forecast_step": fmt.short_step(pred.step) if pred else "",
-            "forecast_sort": _sort_value(pred.value if pred else None),
+            **_forecast_cell(pred, item.get("reached"), status),
             "off_model": bool(fit and fit.off_model),
             "f_star": fmt.loss(star.value) if star else "—",
             "f_star_sort": _sort_value(star.value if star else None),

@@ -171,14 +171,27 @@ def runs_rows(session: Session, principal: Principal, project: str | None,
     summaries, next_token = dashboard_store.run_summaries(
         session, project=project, status=status, limit=RUNS_PER_PAGE, page_token=page_token,
         allowed_project=principal.project)
-    items = [{
-        "run": s.run.model_dump(mode="json"),
-        "last_loss": s.last_loss,
-        "loss_key": s.loss_key,
-        "spark_steps": s.spark_steps,
-        "spark_values": s.spark_values,
-        "forecast": _forecast(s.latest_fit, s.run).model_dump(mode="json")
-        if s.latest_fit is not None else None,
-        "firing": s.firing_alerts,
-    } for s in summaries]
+    items = []
+    for s in summaries:
+        forecast = _forecast(s.latest_fit, s.run) if s.latest_fit is not None else None
+        items.append({
+            "run": s.run.model_dump(mode="json"),
+            "last_loss": s.last_loss,
+            "loss_key": s.loss_key,
+            "spark_steps": s.spark_steps,
+            "spark_values": s.spark_values,
+            "forecast": forecast.model_dump(mode="json") if forecast is not None else None,
+            "reached": _reached(session, s.run, forecast),
+            "firing": s.firing_alerts,
+        })
     return views.runs_rows(items), next_token
+
+
+def _reached(session: Session, run: RunOut, forecast: ForecastOut | None) -> float | None:
+    """The fitted series' value at the forecast's step, once the run got there (a finished
+    run's "forecast" of its end is the loss it reached)."""
+    pred = forecast.prediction if forecast is not None else None
+    if (pred is None or forecast is None or forecast.key is None or run.last_step is None
+            or run.last_step < pred.step):
+        return None
+    return dashboard_store.value_reached(session, run.id, forecast.key, int(pred.step))

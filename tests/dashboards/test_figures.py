@@ -637,12 +637,18 @@ def test_runs_rows() -> None:
         {"run": {"id": "b", "name": "y", "project": "p", "status": "finished",
                  "last_step": None}, "last_loss": None, "forecast": None, "firing": None},
     ])
-    assert rows[0]["forecast"] == "2.42" and rows[0]["forecast_interval"] == "[2.38, 2.47]"
+    assert rows[0]["forecast"] == "2.42" and rows[0]["forecast_detail"] == "[2.38, 2.47] @ 20k"
     assert rows[0]["f_star"] == "2" and rows[0]["firing"] == "2" and rows[0]["spark"]
     assert rows[0]["last_step"] == "1,234" and float(rows[0]["last_loss_sort"]) == 2.5
     assert rows[1]["forecast"] == "pending" and rows[1]["firing"] == "—"
     assert rows[1]["last_loss_sort"] == "" and rows[1]["spark"] == ""
     assert rows[0]["last_loss_key"] == ""  # the training loss: the column's own
+    # A run that got to the forecast's step: the loss it reached there, the fit beside it.
+    (done,) = views.runs_rows([{"run": {"id": "d", "name": "d", "status": "finished",
+                                        "last_step": 20_000},
+                                "forecast": FORECAST, "reached": 2.451}])
+    assert done["forecast"] == "2.451" and done["forecast_detail"] == "reached @ 20k; fit 2.42"
+    assert float(done["forecast_sort"]) == 2.451
     (only_eval,) = views.runs_rows([{"run": {"id": "c", "name": "c", "last_step": 10},
                                      "last_loss": 2.9, "loss_key": "val_loss"}])
     assert only_eval["last_loss"] == "2.9" and only_eval["last_loss_key"] == "val_loss"

@@ -100,6 +100,29 @@ def test_runs_list_shows_progress_loss_forecast_and_trend(dash: str, project: st
     assert client.get("/", params={"status": "bogus"}).status_code == 422
 
 
+def test_runs_list_gives_a_finished_run_the_loss_it_reached(dash: str, project: str,
+                                                          client_for: Clients) -> None:
+    """A run that got to its planned end: its "Forecast (final)" is the loss it reached there,
+    as the run page's card says, with the fit beside it (it showed the fit's value alone)."""
+    from curvecast.dashboards import fmt
+
+    client = client_for(dash)
+    run_id = make_run(client, project, name="done", steps=3001, total=3000)
+    forecast = client.get(f"/api/v1/runs/{run_id}/forecast").json()
+    assert forecast["prediction"]["step"] == 3000
+    key = forecast["key"]
+    metrics = client.get(f"/api/v1/runs/{run_id}/metrics", params={"keys": key}).json()
+    (series,) = metrics["series"]
+    assert series["steps"][-1] == 3000
+    reached = series["values"][-1]
+    body = client.get("/", params={"project": project}).text
+    row = re.search(rf'<tr data-run-id="{run_id}">.*?</tr>', body, re.S)
+    assert row is not None
+    cell = row.group(0)
+    assert f"reached @ 3k; fit {fmt.loss(forecast['prediction']['value'])}" in cell
+    assert f'data-sort="{float(reached)!r}"' in cell and f">{fmt.loss(reached)}</span>" in cell
+
+
 def test_run_summaries_store_query(database_url: str, dash: str, project: str,
                                    client_for: Clients) -> None:
     client = client_for(dash)
