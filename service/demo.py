@@ -395,6 +395,23 @@ def _cut(row: str, width: int) -> str:
     return row if len(row) <= width else row[: width - 1] + "…"
 
 
+def _wait_for_last_fit(client: _Api, run_id: str, timeout: float) -> bool:
+    """Wait until the run's fit covers its last logged step of the fitted series; False after
+    ``timeout`` seconds."""
+    base = f"/api/v1/runs/{run_id}"
+    deadline = time.monotonic() + timeout
+    while True:
+        forecast = client.get(f"{base}/forecast") or {}
+        key, upto = forecast.get("key"), forecast.get("fitted_upto_step")
+        if key and upto is not None:
+            steps, _ = _series(client.get(f"{base}/metrics", keys=key, start=int(upto)))
+            if not steps or steps[-1] <= upto:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.25)
+
+
 def _summary(client: _Api, run_id: str, steps: int) -> str:
     base = f"/api/v1/runs/{run_id}"
     values = [v for v in _series(client.get(f"{base}/metrics", keys="eval_loss"))[1]
@@ -514,8 +531,9 @@ def run_demo(args: argparse.Namespace) -> int:
             interrupted = True
             train.send_signal(signal.SIGINT)
             train.wait(timeout=60)
-        # Let the worker fit the last points before the summary.
-        time.sleep(2.0)
+        # The worker refits an ended run with its last points at once: wait for that fit, so
+        # the last row and the summary quote it (bounded: a failed run may get none).
+        _wait_for_last_fit(client, run_id, timeout=2.0 if interrupted else 15.0)
         progress.draw(final=True)
         if train.returncode != 0 and not interrupted:
             print(f"training failed (exit {train.returncode}); see {log_path}", file=sys.stderr)

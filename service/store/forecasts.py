@@ -182,9 +182,10 @@ def claim_fit_jobs(
     min_interval: timedelta = timedelta(0),
 ) -> list[FitJob]:
     """Lease up to ``limit`` runs that need a refit: at least ``growth`` more points than at the
-    last fit, or any new points and a fit older than ``max_age``; never within
-    ``min_interval`` of the last fit (see :func:`~curvecast.service.store._leases.claim_leases`
-    for how the lease works)."""
+    last fit, or any new points and a fit older than ``max_age`` or a run that has ended (its
+    last fit is the one its pages show from then on: it should hold every point, not wait for
+    ``max_age``); never within ``min_interval`` of the last fit (see
+    :func:`~curvecast.service.store._leases.claim_leases` for how the lease works)."""
     candidates = (
         select(RunWork.run_id, Run.n_points, Run.config)
         .join(Run, Run.id == RunWork.run_id)
@@ -195,6 +196,7 @@ def claim_fit_jobs(
                 RunWork.fit_at.is_(None),
                 Run.n_points >= RunWork.fit_n_points * (1.0 + growth),
                 RunWork.fit_at < now - max_age,
+                Run.ended_at.is_not(None),
             ),
             or_(RunWork.fit_at.is_(None), RunWork.fit_at <= now - min_interval),
         )
