@@ -39,6 +39,7 @@ stderr names the problem).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -51,6 +52,7 @@ from curvecast.service.forecast.answer import forecast_answer, offline_json
 from curvecast.service.forecast.files import (
     Curve,
     ForecastInputError,
+    averaging_start,
     load_curves,
     load_series,
     pick_curve,
@@ -200,10 +202,16 @@ def _formula(a: float, b: float | None, c: float) -> str:
 
 
 def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
-             configured: bool = True) -> str:
+             configured: bool = True, c_warmup_from: tuple[str, int] | None = None) -> str:
+    """The text answer. ``c_warmup_from``: the series the config's ``c_warmup`` was read from
+    (the export's averaging weight) and its value, when no config gave it."""
     pct = f"{confidence:.0%}"
     lines = [f"status: {out['status']}" + (f" ({fit.message})" if fit.message else ""),
              f"series: {key}"]
+    if c_warmup_from is not None:
+        series, c_warmup = c_warmup_from
+        lines.append(f"averaging start (c_warmup): step {c_warmup:,}, read from {series} (the "
+                     "averaging weight is 1 until then)")
     if fit.burn_in is not None:
         lines.append(f"burn-in: step {_fmt_step(fit.burn_in)} ({fit.burn_in_source or 'given'})")
     if out["c"] is None:
@@ -264,6 +272,13 @@ def run_forecast(args: argparse.Namespace) -> int:
         _check_args(args)
         config = _read_config(args.config)
         curves = load_curves(args.file)
+        inferred = None
+        if args.burn_in is None and config.averaging_start is None:
+            # An export of a watched ScheduleFree+ run logs its averaging weight: the fit then
+            # starts where the service's does, with no --config needed.
+            inferred = averaging_start(curves)
+            if inferred is not None:
+                config = dataclasses.replace(config, c_warmup=inferred[1])
         key, (steps, losses) = pick_curve(curves, args.key, config, args.file)
         lr_series = lr_key(curves)  # the service's export holds opt/lr when the hook logged it
         finite_steps = [s for s in steps if math.isfinite(s)]
@@ -286,8 +301,9 @@ def run_forecast(args: argparse.Namespace) -> int:
     else:
         # A logged learning rate means another optimizer (watch() logs it for those only).
         configured = (args.config is not None or args.burn_in is not None
-                      or lr_series is not None)
-        print(_summary(out, fit, args.confidence, key, configured=configured))
+                      or lr_series is not None or inferred is not None)
+        print(_summary(out, fit, args.confidence, key, configured=configured,
+                       c_warmup_from=inferred))
     return 0
 
 

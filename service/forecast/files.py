@@ -23,9 +23,16 @@ import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from curvecast.contract import RunConfig, fit_key
+from curvecast.contract import TELEMETRY_PREFIX, RunConfig, fit_key
 
-__all__ = ["Curve", "ForecastInputError", "load_curves", "load_series", "pick_curve"]
+__all__ = ["Curve", "ForecastInputError", "averaging_start", "load_curves", "load_series",
+           "pick_curve"]
+
+#: The prefixes of ScheduleFree+'s statistics in an export (the hook's, then the older one; not
+#: the bare legacy one: a bare ``c`` or ``warmup`` could be any metric of the script's own).
+_SFPLUS_PREFIXES = (TELEMETRY_PREFIX, "sfplus/")
+#: Where its averaging weight ``c`` is.
+AVERAGING_WEIGHT_KEYS = tuple(prefix + "c" for prefix in _SFPLUS_PREFIXES)
 
 #: A series as read: steps and values, NaN where a cell was empty or ``nan``.
 Curve = tuple[list[float], list[float]]
@@ -97,6 +104,55 @@ def load_series(path: str | Path) -> Curve:
         return curves.get("loss") or next(iter(curves.values()))
     raise ForecastInputError(f"{path}: holds several series ({', '.join(sorted(curves))}): "
                              "say which with --key")
+
+
+def averaging_start(curves: Mapping[str, Curve]) -> tuple[str, int] | None:
+    """ScheduleFree+'s ``c_warmup`` as the export's averaging weight shows it, and the key.
+
+    ``c`` is 1 while ``t <= c_warmup``, 1 once more at the first averaging step (its weight over
+    a sum of itself), and below 1 from the step after: logged at every step, ``c_warmup`` is the
+    last step with ``c == 1``, minus one. Logged every few steps, it lies between that and the
+    first step with ``c < 1`` minus two. There the optimizer's default, twice the warmup (read
+    exactly from the logged warmup factor ``min(1, t / warmup_steps)``), is taken when it falls
+    in that range; else ``t - 1 / c``: exact while the weights are equal (``c_t = 1 / (t -
+    c_warmup)``), an upper bound as they grow (they never shrink: ``t^r gamma_max^p`` with
+    ``gamma_max`` a running maximum).
+
+    Returns:
+        (the key read, ``c_warmup``); None without that series, while ``c`` is still 1
+        (averaging has not started: ``c_warmup`` is unknown), or when ``c`` is below 1 from its
+        first point.
+    """
+    for key, prefix in zip(AVERAGING_WEIGHT_KEYS, _SFPLUS_PREFIXES, strict=True):
+        if key not in curves:
+            continue
+        points = _finite_points(curves[key])
+        below = next((i for i, (_, v) in enumerate(points) if v < 1.0), None)
+        if below is None or below == 0:
+            return None
+        (last_one, _), (step, c) = points[below - 1], points[below]
+        low, high = int(last_one) - 1, int(step) - 2
+        if low >= high:  # logged at every step around the start: known exactly
+            return key, max(0, low)
+        warmup = _warmup_steps(curves.get(prefix + "warmup"))
+        if warmup is not None and low <= 2 * warmup <= high:
+            return key, 2 * warmup
+        guess = math.floor(step - 1.0 / c) if c > 0 else low
+        return key, max(0, min(max(guess, low), high))
+    return None
+
+
+def _finite_points(curve: Curve) -> list[tuple[float, float]]:
+    return sorted((s, v) for s, v in zip(*curve, strict=True)
+                  if math.isfinite(s) and math.isfinite(v))
+
+
+def _warmup_steps(curve: Curve | None) -> int | None:
+    """``warmup_steps`` from the logged warmup factor ``min(1, t / warmup_steps)``."""
+    for step, factor in _finite_points(curve) if curve is not None else ():
+        if 0.0 < factor < 1.0 and step > 0:
+            return round(step / factor)
+    return None
 
 
 def pick_curve(curves: Mapping[str, Curve], key: str | None, config: RunConfig,

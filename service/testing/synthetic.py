@@ -53,7 +53,8 @@ def batch(start: int, stop: int, *, total_steps: int, warmup_steps: int = 200,
     grad_l1 = 2.0e4 * (1.0 + 1.5 / np.sqrt(1.0 + t / 300.0)) * np.exp(rng.normal(0, 0.1, n))
     denom = math.sqrt(math.pi / 2) * 2.0e4 * (1.0 + 1.5 / np.sqrt(1.0 + (t - 50).clip(0) / 300.0))
     c_warmup = 2 * warmup_steps
-    c = np.where(t <= c_warmup, 1.0, 1.0 / np.maximum(1.0, t - c_warmup + 1))
+    # As the optimizer's with equal weights: 1 up to c_warmup + 1 (the first weight over itself).
+    c = np.where(t <= c_warmup, 1.0, 1.0 / np.maximum(1.0, t - c_warmup))
     beta = 0.9 + 0.08 * np.minimum(1.0, t / total_steps)
     values: dict[str, list[Any]] = {
         "loss": loss.tolist(),

@@ -269,13 +269,18 @@ def test_gzip_files_are_read_and_a_damaged_one_is_a_clear_error(
 def test_an_sfplus_export_without_its_config_says_how_to_fix_off_model(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """One of our ScheduleFree+ runs (bench/data/sfplus_corpus), cut at 30%: without its
-    c_warmup the fall once averaging starts reads as off_model, and the summary says which
-    option fixes it; with its config the forecast is too_early, with no hint."""
+    """One of our ScheduleFree+ runs (bench/data/sfplus_corpus), cut at 30%, its export without
+    the optimizer's telemetry: without its c_warmup the fall once averaging starts reads as
+    off_model, and the summary says which option fixes it; with its config the forecast is
+    too_early, with no hint."""
+    import gzip
+
     corpus = ROOT / "bench" / "data" / "sfplus_corpus"
-    export = str(corpus / "d-s-5k.csv.gz")
+    rows = gzip.decompress((corpus / "d-s-5k.csv.gz").read_bytes()).decode().splitlines()
+    export = tmp_path / "losses.csv"
+    export.write_text("\n".join(r for r in rows if not r.startswith("opt/")) + "\n")
     config = json.loads((corpus / "d-s-5k.json").read_text())["config"]
-    assert main([export, "--upto", "0.3"]) == 0
+    assert main([str(export), "--upto", "0.3"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("status: off_model") and "hint: no --config" in text
     # The config itself, or a run as GET /api/v1/runs/{id} answers (its "config" inside).
@@ -283,9 +288,58 @@ def test_an_sfplus_export_without_its_config_says_how_to_fix_off_model(
     for given in (config, run):
         path = tmp_path / "config.json"
         path.write_text(json.dumps(given))
-        assert main([export, "--upto", "0.3", "--config", str(path)]) == 0
+        assert main([str(export), "--upto", "0.3", "--config", str(path)]) == 0
         text = capsys.readouterr().out
         assert text.startswith("status: too_early") and "hint:" not in text
+
+
+def test_an_sfplus_export_gives_its_own_c_warmup(capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole export (the hook logs the averaging weight ``opt/c`` and the warmup factor,
+    here every 10 steps): its c_warmup is read from them, and the forecast is the one its config
+    gives. On every ScheduleFree+ run of the corpus the value read is the config's."""
+    from curvecast.contract import RunConfig
+    from curvecast.service.forecast.files import averaging_start, load_curves
+
+    corpus = ROOT / "bench" / "data" / "sfplus_corpus"
+    export = str(corpus / "d-s-5k.csv.gz")
+    config = json.loads((corpus / "d-s-5k.json").read_text())["config"]
+    assert main([export, "--upto", "0.3"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("status: too_early") and "hint:" not in text
+    assert ("averaging start (c_warmup): step 1,000, read from opt/c (the averaging weight is 1 "
+            "until then)") in text
+    total = json.dumps({"total_steps": config["total_steps"]})
+    read = run_json(capsys, export, "--upto", "0.3", "--config", total)
+    given = run_json(capsys, export, "--upto", "0.3", "--config", json.dumps(config))
+    assert read == given
+    runs = [p for p in sorted(corpus.glob("*.json"))
+            if json.loads(p.read_text())["config"].get("optimizer") == "sfplus"]
+    assert len(runs) >= 16
+    for path in runs:
+        found = averaging_start(load_curves(str(path).replace(".json", ".csv.gz")))
+        expected = RunConfig.read(json.loads(path.read_text())["config"]).averaging_start
+        # (A run without warmup averages from its first step: nothing to read, or to skip.)
+        assert found == (("opt/c", expected) if expected else None), path.name
+
+
+def test_averaging_start_from_the_weight_alone() -> None:
+    """Logged at every step: exact (c is 1 up to c_warmup + 1). Sparse, without the warmup
+    factor: the equal-weights estimate. Nothing while c is still 1, from a c below 1 from the
+    start, or from a bare "c" (any metric of the script's own)."""
+    from curvecast.service.forecast.files import averaging_start
+    from curvecast.sfplus.functional import averaging_weight
+
+    steps, weights, total = list(range(1, 400)), [], 0.0
+    for t in steps:
+        c, total = averaging_weight(t, 1e-3, total, c_warmup=137, r=0.0, weight_lr_power=2.0)
+        weights.append(c)
+    dense = {"opt/c": ([float(s) for s in steps], weights)}
+    assert averaging_start(dense) == ("opt/c", 137)
+    sparse = {"sfplus/c": ([float(s) for s in steps[::10]], weights[::10])}
+    assert averaging_start(sparse) == ("sfplus/c", 137)
+    assert averaging_start({"opt/c": ([1.0, 2.0], [1.0, 1.0])}) is None
+    assert averaging_start({"opt/c": ([1.0, 2.0], [0.5, 0.3])}) is None
+    assert averaging_start({"c": dense["opt/c"]}) is None
 
 
 def test_a_horizon_before_the_fitted_range_is_no_forecast_with_the_reason(

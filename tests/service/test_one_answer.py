@@ -20,6 +20,7 @@ import pytest
 from curvecast.dashboards import fmt
 from curvecast.service.config import Settings
 from curvecast.service.testing import thread_server, wait_for
+from curvecast.sfplus.functional import averaging_weight
 from tests import REPO
 
 CONFIG = {"total_steps": 4_000, "warmup_steps": 50, "c_warmup": 100}
@@ -45,7 +46,14 @@ def _stream_run(url: str, project: str) -> uuid.UUID:
     loss = clean + rng.normal(0, 0.02, steps.size)
     evals = clean + rng.normal(0, 0.003, steps.size)
     every = steps % EVAL_EVERY == 0
-    for batch in ({"steps": steps.tolist(), "values": {"loss": loss.tolist()}},
+    # The averaging weight as watch() logs it, from the optimizer's own schedule.
+    weight_sum, averaging = 0.0, []
+    for t in steps.tolist():
+        c, weight_sum = averaging_weight(t, 1e-3, weight_sum, c_warmup=CONFIG["c_warmup"], r=0.0,
+                                         weight_lr_power=2.0)
+        averaging.append(c)
+    for batch in ({"steps": steps.tolist(), "values": {"loss": loss.tolist(),
+                                                       "opt/c": averaging}},
                   {"steps": steps[every].tolist(), "values": {"eval_loss": evals[every].tolist()}}):
         httpx.post(f"{url}/api/v1/runs/{run_id}/metrics", json=batch, timeout=30
                    ).raise_for_status()
@@ -63,10 +71,11 @@ def _api_forecast(url: str, run_id: uuid.UUID, last_step: int) -> dict[str, Any]
     return result
 
 
-def _cli(export: Path, *args: str) -> str:
+def _cli(export: Path, *args: str, config: bool = True) -> str:
+    given = ["--config", json.dumps(CONFIG)] if config else []
     proc = subprocess.run(
         [sys.executable, "-m", "curvecast.service.forecast.cli", str(export), "--upto", "1",
-         "--config", json.dumps(CONFIG), *args],
+         *given, *args],
         capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -93,6 +102,14 @@ def test_api_cli_and_pages_agree(worker_server: str, project: str, tmp_path: Pat
     cli = json.loads(_cli(export, "--json"))
     for field in ("status", "n_points", "fitted_upto_step", "prediction", "f_star"):
         assert cli[field] == api[field], field
+    # Without --config: the export's averaging weight gives c_warmup, so the same fit (it was
+    # a fit from a burn-in chosen from the data, another status and forecast).
+    text = _cli(export, "--horizon", str(horizon), config=False)
+    assert f"averaging start (c_warmup): step {CONFIG['c_warmup']}, read from opt/c" in text
+    assert f"burn-in: step {CONFIG['c_warmup']} (config:c_warmup)" in text
+    bare = json.loads(_cli(export, "--horizon", str(horizon), "--json", config=False))
+    for field in ("status", "n_points", "fitted_upto_step", "prediction", "f_star"):
+        assert bare[field] == api[field], field
 
     # The run page's headline state.
     page = httpx.get(f"{url}/dashboards/api/runs/{run_id}/figures", params={"charts": "loss"},
