@@ -94,6 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"curvecast: {exc.message}", file=sys.stderr)
         return 2
     host = f"[{args.host}]" if ":" in args.host else args.host
+    _default_public_url(settings, host, args.port)
     worker = None
     if args.workers > 1 and settings.worker_enabled:
         # One background worker for all serve processes, in a process of its own
@@ -125,6 +126,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if worker is not None:
             worker.stop()
     return 0
+
+
+#: Hosts that mean "every interface": not an address to put in a link.
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "[::]", ""})
+
+
+def _default_public_url(settings: Settings, host: str, port: int) -> None:
+    """Without ``CURVECAST_PUBLIC_URL``, links (alert notifications' dashboard links) name the
+    address this server listens on, not the default port 8000: ``serve --port 8010`` sent
+    on-call people to ``http://127.0.0.1:8000/runs/...``. Set in the environment, so that the
+    serve processes and the background worker process (which sends the notifications) read it.
+    A wildcard host has no address to name: loopback with the port, and a warning."""
+    if "public_url" in settings.model_fields_set:
+        return
+    wildcard = host in _WILDCARD_HOSTS
+    os.environ["CURVECAST_PUBLIC_URL"] = f"http://{'127.0.0.1' if wildcard else host}:{port}"
+    if wildcard:
+        print(f"curvecast: links in alert notifications point at "
+              f"{os.environ['CURVECAST_PUBLIC_URL']}; set CURVECAST_PUBLIC_URL to the address "
+              "people use to reach this server", file=sys.stderr)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -3,10 +3,12 @@ database), and two processes on one PostgreSQL never raise the same alert twice.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import create_engine, text
 
 from curvecast.service.config import Settings
@@ -59,6 +61,50 @@ def test_pending_deliveries_are_sent_after_a_sigkill(
         second.stop()
         receiver.server.shutdown()
         receiver.server.server_close()
+
+
+def test_notification_links_name_the_port_the_server_listens_on(
+    database_url: str, project: str, tmp_path: Path
+) -> None:
+    """``curvecast serve --port P`` without ``CURVECAST_PUBLIC_URL``: the dashboard link in an
+    alert notification is on port P (it was the default ``http://127.0.0.1:8000``, another
+    server or none, for an on-call person to click)."""
+    assert "CURVECAST_PUBLIC_URL" not in os.environ
+    receiver = start_receiver()
+    server = start_server_process(database_url, tmp_path, env=FAST)
+    try:
+        assert server.port != 8000
+        httpx.post(f"{server.url}/api/v1/projects/{project}/webhooks",
+                   json={"url": f"{receiver.url}/links"}).raise_for_status()
+        run = load("fault-nan")
+        run_id = create_run(server.url, project, run)
+        stream(server.url, run_id, run)
+        (first, *_) = wait_for(lambda: receiver.by_path("/links"))
+        link = first.json()["alerts"][0]["annotations"]["dashboard"]
+        assert link == f"{server.url}/runs/{run_id}"
+        assert httpx.get(link).status_code == 200
+    finally:
+        server.stop()
+        receiver.server.shutdown()
+        receiver.server.server_close()
+
+
+def test_a_wildcard_host_gets_a_loopback_link_and_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bound to every interface, the server has no address to name: loopback with its port,
+    and a warning to set ``CURVECAST_PUBLIC_URL``; a configured one is left alone."""
+    from curvecast.service.cli import _default_public_url
+
+    monkeypatch.setenv("CURVECAST_PUBLIC_URL", "unset")  # restored (removed) after the test
+    monkeypatch.delenv("CURVECAST_PUBLIC_URL")
+    _default_public_url(Settings(), "0.0.0.0", 8123)
+    assert os.environ["CURVECAST_PUBLIC_URL"] == "http://127.0.0.1:8123"
+    assert "set CURVECAST_PUBLIC_URL" in capsys.readouterr().err
+    monkeypatch.setenv("CURVECAST_PUBLIC_URL", "https://cc.example")
+    _default_public_url(Settings(), "127.0.0.1", 8123)
+    assert os.environ["CURVECAST_PUBLIC_URL"] == "https://cc.example"
+    assert capsys.readouterr().err == ""
 
 
 def test_two_processes_raise_each_alert_once(pg_url: str, project: str, tmp_path: Path) -> None:
