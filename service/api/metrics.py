@@ -70,10 +70,21 @@ async def post_metrics(
     return result
 
 
-def _parse_keys(keys: str | None) -> list[str] | None:
+#: ``?keys=a,b`` or ``?keys=a&keys=b`` (a plain string parameter kept only the last ``keys``:
+#: the second form silently read one series).
+KeysQuery = Annotated[
+    list[str] | None,
+    Query(description="Keys, comma-separated or repeated (`?keys=a,b` or `?keys=a&keys=b`); "
+                      "default all"),
+]
+
+
+def _parse_keys(keys: list[str] | None) -> list[str] | None:
     if not keys:
         return None
-    parsed = [k.strip() for k in keys.split(",") if k.strip()]
+    parsed = [k.strip() for part in keys for k in part.split(",") if k.strip()]
+    if not parsed:
+        return None
     for index, key in enumerate(parsed):
         if not is_valid_key(key):
             raise InvalidInput(f"keys[{index}]: {key!r} does not match {KEY_PATTERN}")
@@ -89,7 +100,7 @@ def get_metrics(
     session: SessionDep,
     settings: SettingsDep,
     principal: ReadPrincipal,
-    keys: Annotated[str | None, Query(description="Comma-separated keys; default all")] = None,
+    keys: KeysQuery = None,
     start: StepQuery = None,
     end: StepQuery = None,
     max_points: Annotated[
@@ -152,7 +163,7 @@ def export_csv(
     request: Request,
     session: SessionDep,
     principal: ReadPrincipal,
-    keys: Annotated[str | None, Query()] = None,
+    keys: KeysQuery = None,
 ) -> StreamingResponse:
     """Every point as ``key,step,value,wall_time`` rows (NaN and ±inf written as such), streamed
     in pages: any size of run, in bounded server memory."""

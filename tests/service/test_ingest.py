@@ -219,6 +219,11 @@ def test_downsampling_keeps_a_planted_spike(run_url: str) -> None:
 def test_keys_filter_and_bad_key_query(run_url: str) -> None:
     post(run_url, {"steps": [1], "values": {"a": [1], "b": [2], "c/d": [3]}})
     assert list(series(run_url, keys="a,c/d")) == ["a", "c/d"]
+    # Repeated, as most HTTP clients send a list (only the last one was read, silently).
+    assert list(series(run_url, keys=["a", "c/d"])) == ["a", "c/d"]
+    assert list(series(run_url, keys=["a,b", "c/d"])) == ["a", "b", "c/d"]
+    export = httpx.get(f"{run_url}/metrics.csv", params={"keys": ["a", "c/d"]}).text
+    assert {line.split(",")[0] for line in export.splitlines()[1:]} == {"a", "c/d"}
     assert series(run_url, keys="zzz")["zzz"]["total_points"] == 0
     bad = httpx.get(f"{run_url}/metrics", params={"keys": "a,b c"})
     assert bad.status_code == 422 and "keys[1]" in bad.json()["message"]
