@@ -49,7 +49,8 @@ def live_poll(
     session: SessionDep,
     settings: SettingsDep,
     principal: PagePrincipal,
-    keys: Annotated[str | None, Query(description="Comma-separated keys; none: no points")]
+    keys: Annotated[list[str] | None,
+                    Query(description="Keys, comma-separated or repeated; none: no points")]
     = None,
     start: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
     max_points: Annotated[int | None, Query(ge=10, le=100_000)] = None,
@@ -61,7 +62,8 @@ def live_poll(
     metrics = (
         metrics_api.get_metrics(run_id, session, settings, principal, keys=keys, start=start,
                                 end=None, max_points=max_points)
-        if keys else MetricsOut(run_id=run_id, series=[])
+        if keys and any(part.strip(", ") for part in keys) else MetricsOut(run_id=run_id,
+                                                                         series=[])
     )
     forecast = forecast_api.get_forecast(run_id, session, principal, horizon=horizon,
                                          confidence=0.9, key=None)
