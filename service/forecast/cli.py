@@ -57,7 +57,7 @@ from curvecast.service.forecast.files import (
     load_series,
     pick_curve,
 )
-from curvecast.service.forecast.fit import NO_ASYMPTOTE, TOO_EARLY, Fit
+from curvecast.service.forecast.fit import DIVERGED, NO_ASYMPTOTE, TOO_EARLY, Fit
 from curvecast.service.forecast.solver import fit_curve
 
 __all__ = ["ForecastInputError", "add_forecast_parser", "forecast_result", "load_series", "main",
@@ -215,7 +215,8 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
     if fit.burn_in is not None:
         lines.append(f"burn-in: step {_fmt_step(fit.burn_in)} ({fit.burn_in_source or 'given'})")
     if out["c"] is None:
-        lines.append(f"{out['n_points']} usable points: no forecast")
+        if fit.status != DIVERGED:  # its message says why there is none
+            lines.append(f"{out['n_points']} usable points: no forecast")
         return "\n".join(lines)
     lines.append(f"fit: {_formula(out['a'], out['b'], out['c'])}   "
                  f"({out['n_points']} points up to step {_fmt_step(out['fitted_upto_step'])}, "

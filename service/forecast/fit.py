@@ -29,6 +29,8 @@ from curvecast.service.forecast import calibration as _cal
 FloatArray = NDArray[np.float64]
 
 __all__ = [
+    "DIVERGED",
+    "DIVERGED_MIN_POINTS",
     "FLAT",
     "INSUFFICIENT",
     "NO_ASYMPTOTE",
@@ -57,10 +59,15 @@ INSUFFICIENT: Final = "insufficient_data"
 NO_CONVERGENCE: Final = "no_convergence"
 TOO_EARLY: Final = "too_early"
 NO_ASYMPTOTE: Final = "no_asymptote"
+DIVERGED: Final = "diverged"
 #: Every status a fit can have (docs/forecast.md, "Statuses", says what each means).
 #: ``ok``, ``too_early``, ``no_asymptote``, ``off_model`` and ``flat`` carry a forecast;
-#: ``insufficient_data`` and ``no_convergence`` carry none (queries answer NaN).
-STATUSES: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT, INSUFFICIENT, NO_CONVERGENCE)
+#: ``insufficient_data``, ``diverged`` and ``no_convergence`` carry none (queries answer NaN).
+STATUSES: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT, INSUFFICIENT, DIVERGED,
+                   NO_CONVERGENCE)
+#: Trailing non-finite points (NaN, ±inf) that make a series ``diverged``: one alone may be a
+#: skipped mixed-precision step (an inf loss, and the next one finite).
+DIVERGED_MIN_POINTS: Final = 3
 #: The statuses whose forecast has a value.
 _WITH_FORECAST: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT)
 

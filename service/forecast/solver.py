@@ -45,6 +45,8 @@ from scipy.optimize import minimize_scalar
 from curvecast.contract import RunConfig
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS, bin_sorted, clean_series
 from curvecast.service.forecast.fit import (
+    DIVERGED,
+    DIVERGED_MIN_POINTS,
     FLAT,
     INSUFFICIENT,
     LEVEL_FRACTION,
@@ -310,6 +312,7 @@ def fit_curve(
     max_bins: int = DEFAULT_MAX_BINS,
     check_off_model: bool = True,
     lr: tuple[ArrayLike, ArrayLike] | None = None,
+    ends_non_finite: bool = False,
 ) -> Fit:
     """Fit ``f(t) = a / sqrt(t + b) + c`` robustly to a loss curve. Pure; never raises.
 
@@ -328,9 +331,13 @@ def fit_curve(
         lr: ``(steps, values)`` of the learning rate the optimizer logged (``opt/lr``), if any:
             once it decays below its peak (:func:`~.schedule.lr_decay`) the fit is
             ``off_model``, as it is when the config declares a decaying ``lr_schedule``.
+        ends_non_finite: the series goes on after ``steps`` with non-finite values only (the
+            service reads finite points; it says so from the latest stored ones). The same is
+            seen in ``values`` themselves when they end in ``DIVERGED_MIN_POINTS`` of them.
 
     Returns:
-        A :class:`Fit`. ``status`` is ``insufficient_data`` with fewer than 4 usable points,
+        A :class:`Fit`. ``status`` is ``diverged`` when the series ends in non-finite values
+        (no forecast), ``insufficient_data`` with fewer than 4 usable points,
         ``too_early`` while the run is in the transient after averaging starts, ``flat`` when
         the data show no significant decay, ``off_model`` when the recent data left the model or
         the learning rate decays, ``no_asymptote`` when ``c`` sits at its floor,
@@ -343,6 +350,8 @@ def fit_curve(
         with np.errstate(all="ignore"):
             cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
             t_all, y_all = clean_series(steps, values)
+            if ends_non_finite or _ends_non_finite(steps, t_all):
+                return _diverged(t_all, conf)
             floor = _loss_floor(y_all, cfg)
             fit = _fit_curve(t_all, y_all, burn_in, cfg, warm_start, conf, max_bins,
                              check_off_model, floor)
@@ -435,6 +444,30 @@ def _reached(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | 
     low = np.minimum.accumulate(by)
     fell = np.concatenate(([True], low[1:] < low[:-1]))
     return tuple((float(a), float(b)) for a, b in zip(bt[fell], low[fell], strict=True))
+
+
+def _ends_non_finite(steps: ArrayLike, t_all: FloatArray) -> bool:
+    """Whether at least ``DIVERGED_MIN_POINTS`` points lie after the last finite one
+    (``t_all[-1]``): all of them non-finite, or they would be in ``t_all``. One vectorised
+    comparison (a fit of 10^6 points must stay within its few milliseconds)."""
+    try:
+        t = np.asarray(steps, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        return False
+    if t.size < DIVERGED_MIN_POINTS:
+        return False
+    last = t_all[-1] if t_all.size else -np.inf
+    return int(np.count_nonzero(t > last)) >= DIVERGED_MIN_POINTS
+
+
+def _diverged(t_all: FloatArray, conf: float) -> Fit:
+    """The answer for a series that ends in NaN or infinite values: nothing to extrapolate."""
+    last = float(t_all[-1]) if t_all.size else None
+    after = f"after step {last:g}" if last is not None else "from its first point"
+    return Fit(status=DIVERGED, confidence=conf, n_points=int(t_all.size),
+               fitted_upto_step=last,
+               message=f"the loss is not finite {after}: its latest points are NaN or "
+                       "infinite (the run diverged); no forecast")
 
 
 def _transient(fit: Fit, t_all: FloatArray, y_all: FloatArray, burn_in: float | None,

@@ -8,6 +8,7 @@ handed out as such: nothing past the store sees the JSON.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import uuid
 import weakref
@@ -32,7 +33,7 @@ from curvecast.contract import (
 )
 from curvecast.service.errors import NotFound, RunNotFound
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS
-from curvecast.service.forecast.fit import Fit, FloatArray
+from curvecast.service.forecast.fit import DIVERGED_MIN_POINTS, Fit, FloatArray
 from curvecast.service.models import (
     FitRecord,
     MetricPoint,
@@ -93,6 +94,13 @@ _PREVIOUS_FIT = (
     .order_by(FitRecord.id.desc())
     .limit(1)
 )
+#: A series' latest values (NULL: a NaN), to tell a run that diverged.
+_LATEST_VALUES = (
+    select(MetricPoint.value)
+    .where(MetricPoint.series_id == bindparam("sid"))
+    .order_by(MetricPoint.step.desc())
+    .limit(DIVERGED_MIN_POINTS)
+)
 #: A refit's bookkeeping: the run was handled at ``n`` points; its lease is given back.
 _FINISH_FIT_JOB = (
     update(RunWork)
@@ -135,7 +143,9 @@ class FitInput:
     ``is_default``: the series is the run's default (the contract's ``fit_key``);
     ``steps_per_second``: the run's recent step rate (stored with the fit, for target ETAs);
     ``lr``: the learning rate the optimizer logged, ``(steps, values)``, if any (a decaying
-    one makes the fit ``off_model``).
+    one makes the fit ``off_model``); ``ends_non_finite``: the series' latest
+    ``DIVERGED_MIN_POINTS`` points are NaN or infinite (the fit is then ``diverged``: the points
+    read for it are the finite ones).
     """
 
     key: str
@@ -145,6 +155,7 @@ class FitInput:
     is_default: bool = True
     steps_per_second: float | None = None
     lr: tuple[FloatArray, FloatArray] | None = None
+    ends_non_finite: bool = False  #: its latest points are NaN or infinite (not in ``values``)
 
 
 @dataclass(frozen=True)
@@ -314,6 +325,7 @@ def _read_one(session: Session, job: FitJob, run: Hashable, key: str, sid: int, 
             session, [(previous.id, job.run_id, as_utc(previous.created_at))]
         ).get(previous.id)
     )
+    latest = session.execute(_LATEST_VALUES, {"sid": sid}).scalars().all()
     return FitInput(
         key=key,
         steps=steps,
@@ -322,6 +334,8 @@ def _read_one(session: Session, job: FitJob, run: Hashable, key: str, sid: int, 
         is_default=is_default,
         steps_per_second=rate,
         lr=lr,
+        ends_non_finite=(len(latest) == DIVERGED_MIN_POINTS
+                         and not any(v is not None and math.isfinite(v) for v in latest)),
     )
 
 

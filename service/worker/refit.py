@@ -40,6 +40,7 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
                 config=job.config,
                 warm_start=previous.params if previous is not None else None,
                 lr=fit_input.lr,
+                ends_non_finite=fit_input.ends_non_finite,
             )))
         with session_scope(factory) as session:
             forecasts.save_fits(session, job=job, fits=fits, now=utcnow())

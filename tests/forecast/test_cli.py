@@ -368,3 +368,18 @@ def test_a_config_is_told_from_a_run_by_every_key_the_contract_reads() -> None:
     for alias, name in RunConfig.ALIASES.items():
         config = _read_config(json.dumps({alias: 100, "config": {name: 7}}))
         assert getattr(config, name) == 100  # a config with an alias, not a run
+
+
+def test_a_file_that_ends_in_nan_is_diverged(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A log whose loss went NaN: no forecast and the reason, not a fit of the finite points
+    (the "usable points" line is for too few points, not this)."""
+    path = tmp_path / "diverged.csv"
+    rows = [f"{s},{3.0 / (s + 10) ** 0.5 + 1.0}" for s in range(1, 60)]
+    path.write_text("step,loss\n" + "\n".join(rows + ["60,nan", "61,inf", "62,nan"]) + "\n")
+    out = run_json(capsys, str(path))
+    assert out["status"] == "diverged" and out["prediction"]["value"] is None
+    assert main([str(path)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("status: diverged (the loss is not finite after step 59")
+    assert "usable points" not in text

@@ -300,6 +300,29 @@ def test_future_target_is_never_before_the_data(falling: Fit) -> None:
     assert falling.steps_to(target) == est
 
 
+def test_a_series_that_ends_in_nan_is_diverged() -> None:
+    """Finite, then NaN and inf to the end: no forecast (the fit of the finite points gave one,
+    a number for a run that no longer has a loss). One or two non-finite points at the end may
+    be skipped mixed-precision steps: the fit stands. The service, which reads the finite points
+    only, says so with ``ends_non_finite``. Stored and read back, the status stays."""
+    t = np.arange(1.0, 600.0)
+    y = _noisy(3.0 / np.sqrt(t + 50.0) + 1.0, 0.005)
+    tail_t = np.arange(600.0, 603.0)
+    for tail in ([math.nan, math.inf, math.nan], [math.inf] * 3):
+        fit = fit_curve(np.r_[t, tail_t], np.r_[y, tail], config={"c_warmup": 20})
+        assert fit.status == "diverged" and not fit.has_forecast
+        assert math.isnan(fit.predict(1000.0).value) and fit.fitted_upto_step == 599
+        assert "not finite after step 599" in fit.message
+        assert Fit.from_dict(fit.to_dict()) == fit
+    # Out of order: the tail is by step, not by position.
+    shuffled = np.r_[tail_t, t], np.r_[[math.nan] * 3, y]
+    assert fit_curve(*shuffled, config={"c_warmup": 20}).status == "diverged"
+    two = fit_curve(np.r_[t, tail_t[:2]], np.r_[y, [math.nan, math.inf]], config={"c_warmup": 20})
+    assert two.status == "ok"
+    assert fit_curve(t, y, config={"c_warmup": 20}, ends_non_finite=True).status == "diverged"
+    assert fit_curve([1.0, 2.0, 3.0], [math.nan] * 3).status == "diverged"
+
+
 def test_statuses_round_trip_through_storage(falling: Fit) -> None:
     t = np.arange(100.0, 1000.0)
     line = fit_curve(t, _noisy(3.0 - 0.001 * t, 0.002), burn_in=100)

@@ -299,3 +299,38 @@ def test_a_logged_decaying_learning_rate_makes_the_served_forecast_off_model(
     decayed = statuses["cosine"]
     assert decayed["status"] == "off_model" and decayed["off_model"]
     assert "logged learning rate decays" in decayed["message"]
+
+
+def test_a_run_whose_loss_went_nan_is_diverged_with_no_forecast(
+    worker_server: str, project: str
+) -> None:
+    """The loss was finite for 400 steps, then NaN (a run at a learning rate far too high): the
+    fit of the finite points forecast 75 [32, 177] for step 2,000 with status ``too_early``.
+    The series ends in non-finite values: ``diverged``, no forecast, the step in the message;
+    the run page's forecast card says so. Finite again, the run is forecast again."""
+    url, run_id = worker_server, uuid.uuid4()
+    base = f"{url}/api/v1/runs/{run_id}"
+    httpx.put(base, json={"project": project, "config": {"total_steps": 2_000, "c_warmup": 50}}
+              ).raise_for_status()
+    steps = np.arange(0, 1_000)
+    values: list[float | str] = curve(steps).tolist()
+    values[400:] = ["NaN"] * 600
+    httpx.post(f"{base}/metrics", json={"steps": steps.tolist(), "values": {"loss": values}},
+               timeout=30).raise_for_status()
+    answer = wait_for(lambda: (a := httpx.get(f"{base}/forecast").json())["status"] != "pending"
+                      and a, timeout=60, what="a fit")
+    assert answer["status"] == "diverged", answer
+    assert answer["prediction"]["value"] is None and answer["f_star"]["value"] is None
+    assert answer["fitted_upto_step"] == 399 and "not finite after step 399" in answer["message"]
+    card = httpx.get(f"{url}/dashboards/api/runs/{run_id}/figures",
+                     params={"charts": "loss"}).json()["kpis"]
+    forecast_card = next(k for k in card if k["id"] == "forecast")
+    assert forecast_card["value"] == "—" and "diverged" in forecast_card["detail"]
+    # It recovers (a restart from a checkpoint logging on): forecast again.
+    later = np.arange(1_000, 2_000)
+    httpx.post(f"{base}/metrics", json={"steps": later.tolist(),
+                                        "values": {"loss": curve(later).tolist()}},
+               timeout=30).raise_for_status()
+    again = wait_for(lambda: (a := httpx.get(f"{base}/forecast").json())["fitted_upto_step"]
+                     > 1_900 and a, timeout=60, what="a fit of the finite points")
+    assert again["status"] != "diverged" and again["prediction"]["value"] is not None
