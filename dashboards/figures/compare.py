@@ -128,7 +128,10 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
         message = (f"At {where} only {entries[best].name} has a forecast: "
                    f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}"
                    "; nothing to rank it against.")
-        ends = [int(e) for e in (entries[i].run.get("last_step") for i in ended)
+        # Only an ended run with a forecast can be compared at an earlier step (a diverged
+        # run, say, has none at any step).
+        ends = [int(e) for e in (entries[i].run.get("last_step") for i in ended
+                                 if entries[i].forecast is not None)
                 if isinstance(e, int | float) and e > 0]
         if ends:
             message += (f" To compare them all, forecast to step {fmt.step(min(ends))} or "

@@ -578,6 +578,16 @@ def test_a_run_that_ended_before_the_horizon_is_not_forecast_past_its_end() -> N
     assert derived == {(1, "forecast"), (1, "prediction"), (1, "band_hi")}
     ranking = figures.rank_forecasts(entries, 20_000)
     assert ranking.ended == [0] and ranking.order == [1, 0]
+    # An ended run without a forecast at any step (its loss went NaN: diverged) gets no advice
+    # to forecast to its end: it would have none there either.
+    nan_run = views.CompareRun(
+        run={"id": "nan", "name": "nan", "status": "finished", "last_step": 10_000},
+        metrics=[downsampled("loss")], forecast=dict(FORECAST, status="diverged", a=None,
+                                                     b=None, c=None, prediction=None),
+        band=[], at_horizon=None)
+    verdict = json.loads(views.compare_payload([nan_run, runs[1]], 20_000))["verdict"]
+    assert verdict["message"].startswith("At step 20,000 only live has a forecast")
+    assert "To compare them all" not in verdict["message"]
     (dots,) = figures.ranking_figure(entries, ranking).figure().data
     assert list(dots.y) == ["live"]
     # At a horizon both reached, both are compared as before.
