@@ -447,21 +447,24 @@ class Fit:
         """When the loss reaches ``loss``, with an interval (see :class:`TargetEstimate`).
 
         In order: a target the smoothed data already reached is answered from the data
-        (``reached``); a target below the loss floor or below f*'s interval is not reachable
-        (with the reason); otherwise the fitted curve's crossing, never before the last fitted
-        step, with the band's crossings as the interval. The band's crossings are computed once
-        per fit and confidence (:func:`_crossing_table`), then looked up.
+        (``reached``, with or without a forecast); a target below the loss floor or below f*'s
+        interval is not reachable (with the reason); otherwise the fitted curve's crossing,
+        never before the last fitted step, with the band's crossings as the interval. The
+        band's crossings are computed once per fit and confidence (:func:`_crossing_table`),
+        then looked up.
         """
         conf = valid_confidence(confidence, self.confidence)
         target = as_float(loss)
         if not math.isfinite(target):
             return TargetEstimate(target, None, None, None, False, reason="not a number")
-        if not self.has_forecast or self.c is None or self.fitted_upto_step is None:
-            return TargetEstimate(target, None, None, None, False, reason="no forecast yet")
-        t_last = self.fitted_upto_step
+        # A target the data reached is a fact, forecast or not (a run that diverged since).
         passed = self.reached_at(target)
         if passed is not None:
             return TargetEstimate(target, passed, passed, passed, True, reached=True)
+        if not self.has_forecast or self.c is None or self.fitted_upto_step is None:
+            reason = self.message if self.status == DIVERGED else "no forecast yet"
+            return TargetEstimate(target, None, None, None, False, reason=reason)
+        t_last = self.fitted_upto_step
         if self.loss_floor is not None and target < self.loss_floor:
             return TargetEstimate(target, None, None, None, False,
                                   reason=f"below the loss floor {self.loss_floor:g}")

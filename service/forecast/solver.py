@@ -351,7 +351,8 @@ def fit_curve(
             cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
             t_all, y_all = clean_series(steps, values)
             if ends_non_finite or _ends_non_finite(steps, t_all):
-                return _diverged(t_all, conf)
+                # No forecast; the targets the finite points reached are still answered.
+                return replace(_diverged(t_all, conf), reached=_reached(t_all, y_all))
             floor = _loss_floor(y_all, cfg)
             fit = _fit_curve(t_all, y_all, burn_in, cfg, warm_start, conf, max_bins,
                              check_off_model, floor)

@@ -314,6 +314,12 @@ def test_a_series_that_ends_in_nan_is_diverged() -> None:
         assert math.isnan(fit.predict(1000.0).value) and fit.fitted_upto_step == 599
         assert "not finite after step 599" in fit.message
         assert Fit.from_dict(fit.to_dict()) == fit
+        # A target the finite points reached is still answered from them; one they did not
+        # is not reachable, for that reason.
+        passed = fit.steps_to(float(y[100:].max()))
+        assert passed.reached and passed.step is not None and passed.step <= 200
+        never = fit.steps_to(0.5)
+        assert not never.reachable and "the run diverged" in never.reason
     # Out of order: the tail is by step, not by position.
     shuffled = np.r_[tail_t, t], np.r_[[math.nan] * 3, y]
     assert fit_curve(*shuffled, config={"c_warmup": 20}).status == "diverged"
