@@ -19,9 +19,11 @@ where the cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in
 ``GET /api/v1/runs/{id}`` answers it gives its ``"config"``), read
 through :class:`curvecast.contract.RunConfig` exactly as the server reads a stored run's: its
 averaging start is the fit's burn-in (unless ``--burn-in`` says otherwise) and ``--horizon``
-defaults to its ``total_steps``, else the last step in the file. So the command and
-``GET .../forecast`` give the same status and numbers for the same data; the answer itself is
-built by :mod:`curvecast.service.forecast.answer`, the builder the server uses.
+defaults to its ``total_steps``, else the last step in the file. Without a config's averaging
+start, a ScheduleFree+ run's export gives its own (:func:`~.files.averaging_start`, from the
+averaging weight the hook logs). So the command and ``GET .../forecast`` give the same status
+and numbers for the same data; the answer itself is built by
+:mod:`curvecast.service.forecast.answer`, the builder the server uses.
 
 With ``--json`` one object is printed; its keys are a public contract (the keys of the REST
 forecast that an offline fit has)::
@@ -87,6 +89,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interval coverage in (0, 1) (default 0.9)")
     parser.add_argument("--burn-in", type=float, metavar="STEP",
                         help="first step to fit (default: the config's averaging start, else "
+                        "the one a ScheduleFree+ export's averaging weight opt/c shows, else "
                         "chosen from the data)")
     parser.add_argument("--config", metavar="JSON",
                         help="the run's config: a JSON object or a file holding one "
