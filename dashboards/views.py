@@ -437,8 +437,11 @@ def _forecast_cell(pred: Prediction | None, reached: float | None, status: str |
     """The runs list's "Forecast (final)" cell: the forecast of the loss at the planned end
     with its interval, or, once the run got there, the loss it reached (the fit beside it)."""
     if pred is None:
-        return {"forecast": "pending" if status in (None, "pending") else "—",
-                "forecast_detail": "", "forecast_sort": ""}
+        if status in (None, "pending"):
+            return {"forecast": "pending", "forecast_detail": "", "forecast_sort": ""}
+        # A fit without a forecast says why in one word ("diverged", "insufficient data").
+        return {"forecast": "—", "forecast_detail": str(status).replace("_", " "),
+                "forecast_sort": ""}
     where = fmt.short_step(pred.step)
     if reached is not None:
         return {"forecast": fmt.loss(reached),

@@ -659,6 +659,10 @@ def test_runs_rows() -> None:
                                 "forecast": FORECAST, "reached": 2.451}])
     assert done["forecast"] == "2.451" and done["forecast_detail"] == "reached @ 20k; fit 2.42"
     assert float(done["forecast_sort"]) == 2.451
+    (nan,) = views.runs_rows([{"run": {"id": "n", "name": "n", "last_step": 2_000},
+                               "forecast": dict(FORECAST, status="diverged", a=None, b=None,
+                                                c=None, prediction=None)}])
+    assert nan["forecast"] == "—" and nan["forecast_detail"] == "diverged"
     (only_eval,) = views.runs_rows([{"run": {"id": "c", "name": "c", "last_step": 10},
                                      "last_loss": 2.9, "loss_key": "val_loss"}])
     assert only_eval["last_loss"] == "2.9" and only_eval["last_loss_key"] == "val_loss"
