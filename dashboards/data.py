@@ -223,6 +223,13 @@ class ForecastData:
             useful_from_step=useful if math.isfinite(useful) else None,
         )
 
+    @property
+    def extends_level(self) -> bool:
+        """Whether the answers beyond the data extend the current loss (``too_early``,
+        ``no_asymptote``: the transient table) instead of evaluating the fitted curve, which is
+        then not the forecast (docs/forecast.md, "Statuses")."""
+        return self.status in ("too_early", "no_asymptote")
+
     def curve(self, steps: FloatArray) -> FloatArray:
         """The fitted curve ``a / sqrt(t + b) + c`` (NaN where ``t + b <= 0``)."""
         shifted = steps + self.b

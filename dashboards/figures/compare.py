@@ -9,8 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from curvecast.contract import EVAL_LOSS_KEYS, FINAL_RUN_STATUSES, TRAIN_LOSS_KEYS
 from curvecast.dashboards import fmt, palette
 from curvecast.dashboards.data import FloatArray, ForecastData, Prediction, SeriesData, plottable
@@ -20,6 +18,7 @@ from curvecast.dashboards.figures.base import (
     band_traces,
     base_layout,
     focus_range,
+    forecast_line,
     gap,
     log_menu,
     log_range_of,
@@ -236,8 +235,8 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
             band_traces(fig, points, colour, f"{entry.label} interval", 0.12,
                          legendgroup=group, showlegend=False, meta=run_meta)
             focus_extra += [p.lo for p in points] + [p.hi for p in points]
-        t = np.linspace(upto, horizon, CURVE_POINTS // 2)
-        fig.add_trace({"type": "scatter", "x": t, "y": fit.curve(t), "mode": "lines",
+        t, y = forecast_line(fit, points, upto, horizon, CURVE_POINTS // 2)
+        fig.add_trace({"type": "scatter", "x": t, "y": y, "mode": "lines",
                        "showlegend": False, "legendgroup": group,
                        "line": {"color": colour, "width": 2, "dash": "dash"},
                        "name": f"{entry.label} forecast", "hovertemplate": "%{y:.4g}",

@@ -21,6 +21,7 @@ from curvecast.dashboards.figures.base import (
     band_traces,
     base_layout,
     focus_range,
+    forecast_line,
     gap,
     log_menu,
     log_range_of,
@@ -98,8 +99,8 @@ def loss_figure(
                 band_traces(fig, points, palette.VERMILLION,
                              f"{fit.confidence:.0%} forecast interval", 0.16)
                 focus_extra += [p.lo for p in points] + [p.hi for p in points]
-            t = np.linspace(upto, end, CURVE_POINTS)
-            fig.add_trace({"type": "scatter", "x": t, "y": fit.curve(t), "mode": "lines",
+            t, y = forecast_line(fit, points, upto, end, CURVE_POINTS)
+            fig.add_trace({"type": "scatter", "x": t, "y": y, "mode": "lines",
                            "name": "forecast",
                            "line": {"color": palette.VERMILLION, "width": 2, "dash": "dash"},
                            "meta": {"role": "forecast"}, "hovertemplate": "%{y:.4g}"})

@@ -110,6 +110,33 @@ def test_loss_figure_has_data_fit_forecast_band_fstar_and_burn_in() -> None:
     assert {"linear y", "log y", "linear x", "log x"} <= set(labels)
 
 
+def test_a_transient_forecast_line_is_the_forecast_not_the_fitted_curve() -> None:
+    """``too_early``: the answers extend the current loss (the band and the diamond), and the
+    fitted curve is not the forecast. The dashed line was the fitted curve: on the demo run at
+    48% it ended at 1.15 beside the forecast's 1.41 [1.19, 1.68] at the same step. It now runs
+    through the band's central values, on the run page and on the compare page; an ``ok`` fit
+    keeps its smooth fitted curve."""
+    band = [{"step": s, "value": 2.5 - 0.05 * i, "lo": 2.2 - 0.1 * i, "hi": 2.6 - 0.02 * i}
+            for i, s in enumerate((10_000, 12_000, 15_000, 20_000))]
+    early = dict(FORECAST, status="too_early", prediction={"step": 20_000, "value": 2.35,
+                                                          "lo": 1.9, "hi": 2.54})
+    for fit, band_mid in ((early, True), (FORECAST, False)):
+        fig = figures.loss_figure(train=downsampled("loss"), forecast=fit, band=band,
+                                  config=CONFIG, horizon=20_000).figure()
+        line = by_role(fig)["forecast"][0]
+        if band_mid:
+            assert list(line.x) == [10_000, 12_000, 15_000, 20_000]
+            assert line.y[-1] == pytest.approx(2.35) == by_role(fig)["prediction"][0].y[0]
+        else:
+            assert len(line.x) > 100 and line.y[-1] == pytest.approx(60 / math.sqrt(20_300) + 2)
+    compare = figures.compare_figure(views.compare_entries([views.CompareRun(
+        run={"id": "r", "name": "r", "status": "running", "last_step": 10_000},
+        metrics=[downsampled("loss")], forecast=early, band=band,
+        at_horizon=early["prediction"])]), 20_000).figure()
+    line = by_role(compare)["forecast"][0]
+    assert list(line.x)[-1] == 20_000 and line.y[-1] == pytest.approx(2.35)
+
+
 def test_layout_keeps_buttons_legend_and_title_out_of_the_plot_and_the_toolbar() -> None:
     """Title at the figure's top-left (the toolbar takes the top-right), the linear/log
     buttons in the row under it just above the plot, the legend under the x axis."""
