@@ -254,7 +254,9 @@ def run_kpis(page: RunPage) -> list[Kpi]:
             detail += (f"; the run {run.get('status')} at step {fmt.step(last_step)}: where it "
                        "was heading, had it gone on")
         if fit.useful_from_step is not None:
-            detail += f"; too early: a useful forecast from step {fmt.step(fit.useful_from_step)}"
+            # Short: the card shows two lines, and "too early" is the Fit card's (the step was
+            # cut off at 1,400 px: "too early: a useful forecast from…").
+            detail += f"; useful from step {fmt.step(fit.useful_from_step)}"
         elif status == "no_asymptote":
             detail += ("; no asymptote yet: the current loss extended at the pace runs like "
                        "this one kept")
