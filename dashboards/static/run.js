@@ -160,11 +160,38 @@
     var loss = fresh.loss;
     if (loss) {
       var lastLoss = loss.last[loss.last.length - 1];
-      setKpi("last_loss", fmtLoss(lastLoss), "training loss at step " + fmtStep(loss.x[loss.x.length - 1]));
+      setKpi("last_loss", fmtLoss(lastLoss), lastLossDetail(loss, fresh));
     }
     redraw.filter(function (v, i, a) { return a.indexOf(v) === i; }).forEach(function (id) {
       refetchChart(id, run.zoom[id] || "auto");
     });
+  }
+
+  // The eval loss drawn on the loss chart (its series other than the training loss), if any.
+  function evalKey() {
+    var gd = document.getElementById("chart-loss");
+    var key = null;
+    ((gd && gd.data) || []).forEach(function (t) {
+      var m = t.meta;
+      if (m && m.role === "last" && m.key && m.key !== "loss") key = m.key;
+    });
+    return key;
+  }
+
+  // The "Last train loss" card's detail in the server's words (views.run_kpis): the step, and
+  // the last eval loss with its step. A poll without a new eval point keeps the one shown.
+  function lastLossDetail(loss, fresh) {
+    var detail = "at step " + fmtStep(loss.x[loss.x.length - 1]);
+    var key = evalKey();
+    var ev = key ? fresh[key] : null;
+    if (ev && ev.x.length) {
+      return detail + "; last eval loss " + fmtLoss(ev.last[ev.last.length - 1]) +
+        " at step " + fmtStep(ev.x[ev.x.length - 1]);
+    }
+    var box = document.querySelector('[data-kpi="last_loss"] .kpi-detail');
+    var shown = box ? box.textContent : "";
+    var at = shown.indexOf("; last eval loss");
+    return at >= 0 ? detail + shown.slice(at) : detail;
   }
 
   function renderAlerts(alerts) {

@@ -8,6 +8,7 @@ every page land in ``artifacts/`` (look at them).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -184,6 +185,11 @@ def test_run_page_draws_everything_and_updates_live(
     tab.page.wait_for_function(
         """() => document.querySelector('[data-kpi="progress"] .kpi-value').textContent
              === '4,499'""")
+    # The same poll updated the card in the server's words: the step, and the last eval loss
+    # (it wrote "training loss at step 4,499" and dropped the eval loss until the next fit's
+    # refresh rewrote the card).
+    detail = tab.page.locator('[data-kpi="last_loss"] .kpi-detail').inner_text()
+    assert re.fullmatch(r"at step 4,499; last eval loss [0-9.]+ at step 4,250", detail), detail
     wait_for_fit(client, run_id, upto=4000)
     tab.page.wait_for_function(
         """() => document.getElementById('chart-loss').data.some(t => t.meta &&
