@@ -90,7 +90,7 @@ def _prediction(fit: Fit, step: int | None, confidence: float) -> PredictionOut 
 def _before_the_fit(fit: Fit, step: int | None) -> str:
     """Why a step before the fitted range has no forecast ("" for any other step)."""
     start = fit.fitted_from_step
-    if step is None or start is None or not fit.has_forecast or step >= start:
+    if step is None or start is None or not fit.has_forecast or not fit.before_fitted_range(step):
         return ""
     return (f"step {step} is before the fitted range (steps {start:.0f} to "
             f"{fit.fitted_upto_step or start:.0f}): the model describes the loss from there on, "

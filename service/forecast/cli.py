@@ -230,11 +230,10 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
         lines.append(f"forecast: the current loss {_fmt(fit.level)} extended at the pace runs "
                      "like this one kept, not the curve above")
     p = out["prediction"]
-    start = fit.fitted_from_step
-    if p is not None and p["value"] is None and start is not None and p["step"] < start:
+    if p is not None and p["value"] is None and fit.before_fitted_range(p["step"]):
         lines.append(f"loss at step {_fmt_step(p['step'])}: no forecast: it is before the fitted "
-                     f"range (from step {_fmt_step(start)}), which the model describes; the "
-                     "loss logged there is in the file")
+                     f"range (from step {_fmt_step(fit.fitted_from_step)}), which the model "
+                     "describes; the loss logged there is in the file")
     elif p is not None:  # None only without a horizon (every step in the file is 0)
         lines.append(f"loss at step {_fmt_step(p['step'])}: {_fmt(p['value'])}  "
                      f"[{pct}: {_fmt(p['lo'])} – {_fmt(p['hi'])}]")

@@ -47,6 +47,7 @@ __all__ = [
     "as_float",
     "curve_gradient",
     "finite_or_none",
+    "level_points",
     "model",
     "valid_confidence",
 ]
@@ -76,6 +77,11 @@ _MAX_TARGET_FACTOR: Final = 1e4  # steps_to searches up to this multiple of the 
 #: least ``LEVEL_MIN_POINTS`` of them (the solver computes it and the step it stands for).
 LEVEL_FRACTION: Final = 0.1
 LEVEL_MIN_POINTS: Final = 3
+
+
+def level_points(n_points: int) -> int:
+    """How many of the latest ``n_points`` fitted points the current level is the median of."""
+    return min(n_points, max(LEVEL_MIN_POINTS, int(round(LEVEL_FRACTION * n_points))))
 
 
 # --- small value types --------------------------------------------------------------------------
@@ -337,13 +343,14 @@ class Fit:
         """
         conf = valid_confidence(confidence, self.confidence)
         t = as_float(step)
-        if not self.has_forecast or not math.isfinite(t) or not self._in_range(t):
+        if not self.has_forecast or not math.isfinite(t) or self.before_fitted_range(t):
             return Interval(math.nan, math.nan, math.nan)
         return Interval(*self._band(t, conf))
 
-    def _in_range(self, t: float) -> bool:
-        """Whether ``t`` is at or after the first fitted step (where the model holds)."""
-        return self.fitted_from_step is None or t >= self.fitted_from_step
+    def before_fitted_range(self, step: float) -> bool:
+        """Whether ``step`` comes before the first fitted step: the model describes nothing
+        there, so :meth:`predict` answers NaN (the API and the CLI say why)."""
+        return self.fitted_from_step is not None and step < self.fitted_from_step
 
     def predict_many(self, steps: ArrayLike, confidence: float | None = None
                      ) -> tuple[FloatArray, FloatArray, FloatArray]:
@@ -597,7 +604,7 @@ def _estimated_level_step(n_points: int, start: float | None, end: float | None
     level from the last step, with a transient table measured from the level's step."""
     if n_points < 2 or start is None or end is None or not end > start:
         return None
-    n = min(n_points, max(LEVEL_MIN_POINTS, int(round(LEVEL_FRACTION * n_points))))
+    n = level_points(n_points)
     return end - 0.5 * (n - 1) * (end - start) / (n_points - 1)
 
 

@@ -49,8 +49,6 @@ from curvecast.service.forecast.fit import (
     DIVERGED_MIN_POINTS,
     FLAT,
     INSUFFICIENT,
-    LEVEL_FRACTION,
-    LEVEL_MIN_POINTS,
     NO_ASYMPTOTE,
     NO_CONVERGENCE,
     OFF_MODEL,
@@ -62,6 +60,7 @@ from curvecast.service.forecast.fit import (
     as_float,
     curve_gradient,
     finite_or_none,
+    level_points,
     model,
     valid_confidence,
 )
@@ -400,7 +399,7 @@ def _level(t: FloatArray, y: FloatArray) -> tuple[float | None, float | None]:
     last step sat above the loss it had reached, with an interval that missed it)."""
     if y.size == 0:
         return None, None
-    n = max(LEVEL_MIN_POINTS, int(round(LEVEL_FRACTION * y.size)))
+    n = level_points(int(y.size))
     return float(np.median(y[-n:])), float(np.median(t[-n:]))
 
 
