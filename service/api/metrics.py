@@ -79,7 +79,12 @@ KeysQuery = Annotated[
 ]
 
 
-def _parse_keys(keys: list[str] | None) -> list[str] | None:
+def parse_keys(keys: list[str] | None) -> list[str] | None:
+    """The keys a ``keys`` query names (None: none named), each checked.
+
+    Raises:
+        InvalidInput: a key that is not a valid metric name (its index in the message).
+    """
     if not keys:
         return None
     parsed = [k.strip() for part in keys for k in part.split(",") if k.strip()]
@@ -116,7 +121,7 @@ def get_metrics(
     return metric_store.read_series(
         session,
         run_id=run_id,
-        keys=_parse_keys(keys),
+        keys=parse_keys(keys),
         start=start,
         end=end,
         max_points=max_points,
@@ -168,7 +173,7 @@ def export_csv(
     """Every point as ``key,step,value,wall_time`` rows (NaN and ±inf written as such), streamed
     in pages: any size of run, in bounded server memory."""
     series = metric_store.export_series(
-        session, run_id=run_id, keys=_parse_keys(keys), allowed_project=principal.project
+        session, run_id=run_id, keys=parse_keys(keys), allowed_project=principal.project
     )
     return StreamingResponse(
         _csv_chunks(request.app.state.sessionmaker, series),

@@ -59,11 +59,11 @@ def live_poll(
     """``GET /api/v1/runs/{id}``, ``.../metrics?keys&start&max_points`` (only with ``keys``),
     ``.../forecast?horizon`` and ``.../alerts``, answered together."""
     run = runs_api.get_run(run_id, session, principal)
+    wanted = metrics_api.parse_keys(keys)
     metrics = (
-        metrics_api.get_metrics(run_id, session, settings, principal, keys=keys, start=start,
+        metrics_api.get_metrics(run_id, session, settings, principal, keys=wanted, start=start,
                                 end=None, max_points=max_points)
-        if keys and any(part.strip(", ") for part in keys) else MetricsOut(run_id=run_id,
-                                                                         series=[])
+        if wanted else MetricsOut(run_id=run_id, series=[])
     )
     forecast = forecast_api.get_forecast(run_id, session, principal, horizon=horizon,
                                          confidence=0.9, key=None)
