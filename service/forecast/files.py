@@ -23,16 +23,14 @@ import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from curvecast.contract import TELEMETRY_PREFIX, RunConfig, fit_key
+from curvecast.contract import TELEMETRY_PREFIXES, RunConfig, fit_key
 
 __all__ = ["Curve", "ForecastInputError", "averaging_start", "load_curves", "load_series",
            "pick_curve"]
 
-#: The prefixes of ScheduleFree+'s statistics in an export (the hook's, then the older one; not
+#: The prefixes of ScheduleFree+'s statistics in an export (the contract's, current first; not
 #: the bare legacy one: a bare ``c`` or ``warmup`` could be any metric of the script's own).
-_SFPLUS_PREFIXES = (TELEMETRY_PREFIX, "sfplus/")
-#: Where its averaging weight ``c`` is.
-AVERAGING_WEIGHT_KEYS = tuple(prefix + "c" for prefix in _SFPLUS_PREFIXES)
+_SFPLUS_PREFIXES = tuple(prefix for prefix in TELEMETRY_PREFIXES if prefix)
 
 #: A series as read: steps and values, NaN where a cell was empty or ``nan``.
 Curve = tuple[list[float], list[float]]
@@ -123,7 +121,8 @@ def averaging_start(curves: Mapping[str, Curve]) -> tuple[str, int] | None:
         (averaging has not started: ``c_warmup`` is unknown), or when ``c`` is below 1 from its
         first point.
     """
-    for key, prefix in zip(AVERAGING_WEIGHT_KEYS, _SFPLUS_PREFIXES, strict=True):
+    for prefix in _SFPLUS_PREFIXES:
+        key = prefix + "c"  # the averaging weight
         if key not in curves:
             continue
         points = _finite_points(curves[key])
