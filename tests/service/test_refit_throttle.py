@@ -29,6 +29,14 @@ def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
     engine.dispose()
 
 
+def _new_run(factory: sessionmaker[Session], project: str) -> uuid.UUID:
+    run_id = uuid.uuid4()
+    with session_scope(factory) as s:
+        run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
+                                    allowed_project=None)
+    return run_id
+
+
 def _grow(factory: sessionmaker[Session], run_id: uuid.UUID, lo: int, hi: int) -> None:
     steps = list(range(lo, hi))
     batch = MetricBatch(steps=steps, values={"loss": [3.0 / math.sqrt(1 + s) + 1 for s in steps]})
@@ -58,10 +66,7 @@ def _claim_and_fit(factory: sessionmaker[Session], run_id: uuid.UUID, now: datet
 def test_a_growing_run_is_refitted_at_most_once_per_min_interval(
     factory: sessionmaker[Session], project: str
 ) -> None:
-    run_id = uuid.uuid4()
-    with session_scope(factory) as s:
-        run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
-                                    allowed_project=None)
+    run_id = _new_run(factory, project)
     _grow(factory, run_id, 0, 100)
     t0 = utcnow()
     assert _claim_and_fit(factory, run_id, t0) == 100
@@ -77,10 +82,7 @@ def test_a_run_that_ended_is_refitted_with_its_last_points(
     """The demo's run ended at step 2,000 with its last fit at 1,940 (3% short of the 5%
     growth): the finished run's forecast and f* stayed those of 1,940 until the fit was 30 s
     old. An ended run with new points is due at once (still after ``min_interval``)."""
-    run_id = uuid.uuid4()
-    with session_scope(factory) as s:
-        run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),
-                                    allowed_project=None)
+    run_id = _new_run(factory, project)
     _grow(factory, run_id, 0, 1000)
     t0 = utcnow()
     assert _claim_and_fit(factory, run_id, t0, growth=0.05) == 1000
