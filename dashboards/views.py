@@ -374,6 +374,7 @@ def compare_entries(runs: Sequence[CompareRun]) -> list[figures.CompareEntry]:
             band=parse_band(item.band),
             at_horizon=Prediction.from_api(item.at_horizon) if fit is not None else None,
             same_name=same_name,
+            status=(item.forecast or {}).get("status"),
         ))
     return entries
 
@@ -392,8 +393,9 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
     for index in ranking.order:
         entry = entries[index]
         ended = index in ranking.ended
-        pred = None if ended else entry.at_horizon
         train_last, eval_last = lasts[index]
+        # As the runs list's cell: the forecast, or the loss reached once the run got there.
+        cell = _forecast_cell(entry.at_horizon, entry.reached(horizon_step), entry.status)
         rows.append({
             "run_id": str(entry.run.get("id")),
             "name": entry.name,
@@ -401,9 +403,8 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
             "last_step": fmt.step(entry.run.get("last_step")),
             "last_train_loss": fmt.loss(train_last[1]) if train_last else "—",
             "last_eval_loss": fmt.loss(eval_last[1]) if eval_last else "—",
-            "forecast": fmt.loss(pred.value) if pred else "—",
-            "interval": fmt.interval(pred.lo, pred.hi) if pred else (
-                f"ended at step {fmt.step(entry.run.get('last_step'))}" if ended else ""),
+            "forecast": "—" if ended else cell["forecast"],
+            "interval": _ended_cell(entry) if ended else cell["forecast_detail"],
             "f_star": fmt.loss(entry.forecast.f_star.value)
             if entry.forecast and entry.forecast.f_star else "—",
             "best": index == ranking.best,
@@ -413,6 +414,13 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
                "best": str(entries[ranking.best].run.get("id")) if ranking.best is not None
                else None, "horizon": horizon_step}
     return charts_payload(figs, verdict=verdict, rows=rows)
+
+
+def _ended_cell(entry: figures.CompareEntry) -> str:
+    """The compare table's note for a run that ended before the horizon, and whether it
+    diverged (its fit says so; nothing else on the row would)."""
+    return (("diverged; " if entry.diverged else "")
+            + f"ended at step {fmt.step(entry.run.get('last_step'))}")
 
 
 def _last_losses(series: Mapping[str, SeriesData]

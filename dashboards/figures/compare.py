@@ -66,6 +66,9 @@ class CompareEntry:
     at_horizon: Prediction | None
     #: Another run on the page has the same name: the name then carries the short id.
     same_name: bool = False
+    #: The status of the run's fit (``forecast`` is None for a fit without a curve, e.g.
+    #: ``diverged``); None before its first fit.
+    status: str | None = None
 
     @property
     def name(self) -> str:
@@ -80,6 +83,21 @@ class CompareEntry:
     def ended_before(self, horizon: int | None) -> bool:
         """:func:`ended_before` of this entry's run: not forecast past its end."""
         return ended_before(self.run, horizon)
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the run's fit says its loss is no longer finite (status ``diverged``)."""
+        return self.status == "diverged"
+
+    def reached(self, horizon: int | None) -> float | None:
+        """The loss the run had at ``horizon`` once its series got there (None before)."""
+        return None if horizon is None else self.series.reached_at(horizon)
+
+    def value_at(self, horizon: int | None) -> float:
+        """What the run is ranked by at ``horizon``: the loss reached there, else the forecast
+        (only for an entry with a forecast there)."""
+        reached = self.reached(horizon)
+        return _pred(self).value if reached is None else reached
 
 
 @dataclass(frozen=True)
@@ -100,12 +118,17 @@ class Ranking:
 
 
 def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Ranking:
-    """Order runs by their forecast loss at ``horizon`` (lower is better). A run that ended
-    before it is not ranked there: the message gives its last loss and step instead."""
+    """Order runs by their loss at ``horizon`` (lower is better): the loss a run reached there
+    once it got there (the data, as the runs list shows it), else its forecast. A run that
+    ended before it is not ranked there: the message gives its last loss and step instead.
+
+    Whether the winner is clear is read off the fits' intervals at the horizon, for runs
+    that got there too: a single eval point differs from another's by its noise as well, and
+    the fit's interval at a step inside its data is that uncertainty."""
     ended = [i for i, e in enumerate(entries) if e.ended_before(horizon)]
     ranked = sorted((i for i, e in enumerate(entries)
                      if e.at_horizon is not None and i not in ended),
-                    key=lambda i: _pred(entries[i]).value)
+                    key=lambda i: entries[i].value_at(horizon))
     without = [i for i, e in enumerate(entries) if e.at_horizon is None and i not in ended]
     ended_note = _ended_note([entries[i] for i in ended], horizon)
     if not ranked:
@@ -115,18 +138,18 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
         return Ranking(horizon, without + ended, None, False, message + ended_note, ended)
     best = ranked[0]
     best_pred = _pred(entries[best])
+    best_reached = entries[best].reached(horizon) is not None
     where = f"step {fmt.step(horizon)}" if horizon else "the horizon"
     if len(entries) == 1:  # e.g. opened from a run's "Compare with…": nothing to rank yet
+        said = "the loss of" if best_reached else "the forecast for"
         return Ranking(horizon, ranked, best, False,
-                       f"At {where} the forecast for {entries[best].name} is "
-                       f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}"
-                       ". Add a run to compare it with.")
+                       f"At {where} {said} {entries[best].name}: "
+                       f"{_standing(entries[best], horizon)}. Add a run to compare it with.")
     if len(ranked) == 1:
         # The others ended before the horizon or have no forecast yet: nothing to rank this
         # one against, so it is not "best".
         message = (f"At {where} only {entries[best].name} has a forecast: "
-                   f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}"
-                   "; nothing to rank it against.")
+                   f"{_standing(entries[best], horizon)}; nothing to rank it against.")
         # Only an ended run with a forecast can be compared at an earlier step (a diverged
         # run, say, has none at any step).
         ends = [int(e) for e in (entries[i].run.get("last_step") for i in ended
@@ -139,16 +162,20 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
             message += f" {len(without)} run(s) have no forecast yet."
         return Ranking(horizon, ranked + without + ended, None, False, message + ended_note,
                        ended)
-    message = (f"At {where} the forecasts say {entries[best].name} will be best: "
-               f"{fmt.loss(best_pred.value)} {fmt.interval(best_pred.lo, best_pred.hi)}"
-               f"{_reached(entries[best], horizon)}.")
-    clear = True
-    if len(ranked) > 1:
-        second = _pred(entries[ranked[1]])
-        clear = (math.isfinite(best_pred.hi) and math.isfinite(second.lo)
-                 and best_pred.hi < second.lo)
-        message += (f" Runner-up {entries[ranked[1]].name}: {fmt.loss(second.value)} "
-                    f"{fmt.interval(second.lo, second.hi)}{_reached(entries[ranked[1]], horizon)}")
+    # A run that got to the horizon is best by the loss it had there, not "will be".
+    opening = (f"At {where} {entries[best].name} has the lowest loss: " if best_reached
+               else f"At {where} the forecasts say {entries[best].name} will be best: ")
+    message = opening + _standing(entries[best], horizon) + "."
+    runner = entries[ranked[1]]
+    second = _pred(runner)
+    clear = (math.isfinite(best_pred.hi) and math.isfinite(second.lo)
+             and best_pred.hi < second.lo)
+    message += f" Runner-up {runner.name}: {_standing(runner, horizon)}"
+    if best_reached and runner.reached(horizon) is not None:
+        # Both got there: the ranking is the data's; whether it is more than noise is not.
+        message += (" — the fits' intervals there do not overlap." if clear
+                    else " — the fits' intervals there overlap: within the noise.")
+    else:
         message += (" — the intervals do not overlap." if clear
                     else " — the intervals overlap: not yet a clear winner.")
     if without:
@@ -157,11 +184,13 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
                    ended)
 
 
-def _reached(entry: CompareEntry, horizon: int | None) -> str:
-    """`` (reached X there)`` once the run's series has got to the horizon, so a forecast for a
-    step the run is already past stands beside the loss it had there."""
-    value = entry.series.reached_at(horizon)
-    return "" if value is None else f" (reached {fmt.loss(value)} there)"
+def _standing(entry: CompareEntry, horizon: int | None) -> str:
+    """A ranked run's loss at the horizon in words: the forecast with its interval, or, once
+    the run got there, the loss it reached with the fit beside it."""
+    pred = _pred(entry)
+    forecast = f"{fmt.loss(pred.value)} {fmt.interval(pred.lo, pred.hi)}"
+    reached = entry.reached(horizon)
+    return forecast if reached is None else f"{fmt.loss(reached)} reached (fit {forecast})"
 
 
 def _ended_note(ended: Sequence[CompareEntry], horizon: int | None) -> str:
@@ -173,6 +202,8 @@ def _ended_note(ended: Sequence[CompareEntry], horizon: int | None) -> str:
         last = entry.series.last
         where = (f"{entry.series.key} {fmt.loss(last[1])} at step {fmt.step(last[0])}"
                  if last else f"at step {fmt.step(entry.run.get('last_step'))}")
+        if entry.diverged:
+            where += ": diverged"
         parts.append(f"{entry.name} ({where})")
     return (f" Ended before step {fmt.step(horizon)}, so not forecast past their end: "
             + ", ".join(parts) + ".")
@@ -270,33 +301,43 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
 
 
 def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureSpec:
-    """Each run's forecast loss at the common horizon with its interval, best at the top."""
+    """Each run's loss at the common horizon, best at the top: its forecast with the interval
+    (a diamond), or, once the run got there, the loss it reached (a dot, the fit in its
+    hover text)."""
     ordered = [i for i in ranking.order
                if entries[i].at_horizon is not None and i not in ranking.ended]
-    where = f"step {fmt.short_step(ranking.horizon)}" if ranking.horizon else "the horizon"
-    layout = base_layout("ranking", f"Forecast loss at {where} (lower is better)",
-                     130 + 40 * max(1, len(ordered)), [], x_title="forecast loss")
+    horizon = ranking.horizon
+    any_reached = any(entries[i].reached(horizon) is not None for i in ordered)
+    where = f"step {fmt.short_step(horizon)}" if horizon else "the horizon"
+    title = (f"Loss at {where}, reached or forecast (lower is better)" if any_reached
+             else f"Forecast loss at {where} (lower is better)")
+    layout = base_layout("ranking", title, 130 + 40 * max(1, len(ordered)), [],
+                         x_title="loss" if any_reached else "forecast loss")
     # The run names are the y axis's labels: the left margin grows to fit them (shortened).
     layout["yaxis"].update(autorange="reversed", type="category", automargin=True)
     layout["xaxis"].update(tickformat=".4g", hoverformat=".4g", rangemode="normal")
     layout["hovermode"] = "closest"
     layout["margin"] = {**layout["margin"], "l": 40, "t": 56}
     fig = FigureBuilder(layout)
-    labels, values, plus, minus, colours, texts = [], [], [], [], [], []
+    labels, values, plus, minus, colours, texts, symbols = [], [], [], [], [], [], []
     for i in ordered:
         pred = _pred(entries[i])
         name = entries[i].name
         short = name if len(name) <= RANK_LABEL_CHARS else name[:RANK_LABEL_CHARS - 1] + "…"
         labels.append(("★ " if i == ranking.best else "") + fmt.esc(short))
-        values.append(pred.value)
-        plus.append(gap(pred.hi, pred.value))
-        minus.append(gap(pred.value, pred.lo))
+        reached = entries[i].reached(horizon)
+        value = pred.value if reached is None else reached
+        values.append(value)
+        # A loss reached is data: no error bar (its fit's interval is in the hover text).
+        plus.append(gap(pred.hi, value) if reached is None else 0.0)
+        minus.append(gap(value, pred.lo) if reached is None else 0.0)
         colours.append(palette.run_colour(i))
-        texts.append(f"{fmt.loss(pred.value)} {fmt.interval(pred.lo, pred.hi)}")
+        texts.append(_standing(entries[i], horizon))
+        symbols.append("diamond" if reached is None else "circle")
     fig.add_trace({
         "type": "scatter", "x": values, "y": labels, "mode": "markers", "text": texts,
         "showlegend": False,
-        "marker": {"size": 12, "color": colours, "symbol": "diamond"},
+        "marker": {"size": 12, "color": colours, "symbol": symbols},
         "error_x": {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus,
                     "thickness": 2, "width": 6, "color": "#555555"},
         "meta": {"role": "ranking"}, "hovertemplate": "%{text}<extra></extra>",

@@ -549,26 +549,49 @@ def test_runs_of_one_name_are_told_apart_by_their_short_ids() -> None:
     assert figures.run_label({"id": "0123456789", "name": ""}, False) == "01234567"
 
 
-def test_the_verdict_gives_the_loss_reached_at_a_horizon_the_runs_got_to() -> None:
-    """Two runs compared at a step both got to: each forecast quoted stands beside the loss the
-    run had there (the eval loss it is fitted to); a run not there yet gets no such note."""
-    def run(run_id: str, last_eval: int, value: float) -> views.CompareRun:
+def test_runs_that_got_to_the_horizon_are_ranked_by_the_loss_they_reached() -> None:
+    """Two runs compared at a step both got to: each is ranked by the loss it had there (the
+    eval loss it is fitted to), not by its fit, which the verdict, the table and the ranking
+    chart give beside it; whether the winner is clear is read off the fits' intervals. (The
+    verdict said "the forecasts say b will be best" of a step both runs were past, ranking
+    by the fits' values against the losses reached, and the table showed the fits, where the
+    runs list shows the loss reached.) A run not there yet is ranked by its forecast."""
+    def run(run_id: str, last_eval: int, value: float, fit: float) -> views.CompareRun:
         return views.CompareRun(
             run={"id": run_id, "name": run_id, "status": "running", "last_step": last_eval},
             metrics=[downsampled("loss"),
                      raw("eval_loss", [5000, 10_000, 12_000][:2 + (last_eval > 10_000)],
                          [2.7, value, value - 0.05][:2 + (last_eval > 10_000)])],
             forecast=dict(FORECAST, key="eval_loss"), band=BAND,
-            at_horizon={"step": 10_000, "value": value + 0.01, "lo": value - 0.03,
-                        "hi": value + 0.05})
+            at_horizon={"step": 10_000, "value": fit, "lo": fit - 0.04, "hi": fit + 0.04})
 
-    body = json.loads(views.compare_payload([run("a", 10_000, 2.3), run("b", 12_000, 2.5)],
-                                            10_000))
-    assert body["verdict"]["message"].startswith(
-        "At step 10,000 the forecasts say a will be best: 2.31 [2.27, 2.35] (reached 2.3 there). "
-        "Runner-up b: 2.51 [2.47, 2.55] (reached 2.5 there)")
-    later = json.loads(views.compare_payload([run("a", 10_000, 2.3), run("b", 12_000, 2.5)],
-                                             15_000))
+    # The fits rank b first (2.34 < 2.40); the losses reached rank a first (2.3 < 2.35).
+    runs = [run("a", 10_000, 2.3, 2.40), run("b", 12_000, 2.35, 2.34)]
+    body = json.loads(views.compare_payload(runs, 10_000))
+    verdict = body["verdict"]
+    assert verdict["message"] == (
+        "At step 10,000 a has the lowest loss: 2.3 reached (fit 2.4 [2.36, 2.44]). Runner-up b: "
+        "2.35 reached (fit 2.34 [2.3, 2.38]) — the fits' intervals there overlap: within the "
+        "noise.")
+    assert verdict["best"] == "a" and not verdict["clear"]
+    rows = body["rows"]
+    assert [(r["run_id"], r["forecast"], r["interval"]) for r in rows] == [
+        ("a", "2.3", "reached @ 10k; fit 2.4"), ("b", "2.35", "reached @ 10k; fit 2.34")]
+    (dots,) = go.Figure(body["charts"]["ranking"]).data
+    assert list(dots.x) == [2.3, 2.35] and list(dots.marker.symbol) == ["circle", "circle"]
+    assert list(dots.error_x.array) == [0, 0]  # data, not a forecast: no error bar
+    assert "reached or forecast" in body["charts"]["ranking"]["layout"]["title"]["text"]
+
+    # Far apart, the fits' intervals do not overlap: a clear winner.
+    apart = json.loads(views.compare_payload([run("a", 10_000, 2.3, 2.31),
+                                              run("b", 12_000, 2.5, 2.51)], 10_000))
+    assert apart["verdict"]["clear"]
+    assert apart["verdict"]["message"].endswith("the fits' intervals there do not overlap.")
+
+    # At a step neither got to, both are ranked by their forecasts, in the future tense.
+    later = json.loads(views.compare_payload(runs, 15_000))
+    assert later["verdict"]["message"].startswith(
+        "At step 15,000 the forecasts say b will be best: 2.34 [2.3, 2.38].")
     assert "reached" not in later["verdict"]["message"]
 
 
@@ -612,9 +635,15 @@ def test_a_run_that_ended_before_the_horizon_is_not_forecast_past_its_end() -> N
         metrics=[downsampled("loss")], forecast=dict(FORECAST, status="diverged", a=None,
                                                      b=None, c=None, prediction=None),
         band=[], at_horizon=None)
-    verdict = json.loads(views.compare_payload([nan_run, runs[1]], 20_000))["verdict"]
+    nan_body = json.loads(views.compare_payload([nan_run, runs[1]], 20_000))
+    verdict = nan_body["verdict"]
     assert verdict["message"].startswith("At step 20,000 only live has a forecast")
     assert "To compare them all" not in verdict["message"]
+    # It is named as diverged, in the verdict and on its row (it said "loss NaN at step …"
+    # and "ended at step …", with nothing to tell a crash from a divergence).
+    assert re.search(r"nan \(loss \S+ at step [\d,]+: diverged\)", verdict["message"])
+    assert {r["run_id"]: r["interval"] for r in nan_body["rows"]}["nan"] == (
+        "diverged; ended at step 10,000")
     (dots,) = figures.ranking_figure(entries, ranking).figure().data
     assert list(dots.y) == ["live"]
     # At a horizon both reached, both are compared as before.
