@@ -4,10 +4,10 @@ into it, with the live forecast in the terminal.
 It starts the service (SQLite file, loopback) in this process, runs
 ``examples/train_charlm.py`` (ScheduleFreePlus on a small character-level transformer, with the
 client hook) as a child process, and polls the REST API once a second to draw a progress line:
-step, loss, elapsed and remaining time, the forecast of the final loss with its interval, f*, and
-the ETA to a target loss. At the end it compares the forecast made at 20% of the run, and the
-first one with status ``ok``, with the loss actually reached, then keeps serving the dashboard
-until Ctrl-C.
+step, the training loss (mean of the last 50 steps), elapsed and remaining time, the forecast of
+the final loss with its interval, f*, and the ETA to a target loss. At the end it compares the
+forecast made at 20% of the run, and the first one with status ``ok``, with the loss actually
+reached, then keeps serving the dashboard until Ctrl-C.
 
 The demo binds its listening socket itself before anything else and hands that socket to
 uvicorn, so the server the training run and the progress line talk to is necessarily this
@@ -239,7 +239,7 @@ class _Progress:
         recent = self.client.get(f"{base}/metrics", keys="loss", start=max(0, step - 49))
         losses = [v for v in _series(recent)[1] if isinstance(v, float)]
         loss = sum(losses) / len(losses) if losses else None
-        width = 16  # the bar: the whole progress row fits 100 columns
+        width = 12  # the bar: the whole progress row fits about 100 columns
         done = min(width, int(width * step / max(1, self.steps)))
         elapsed = time.monotonic() - self.started
         # Remaining training time at the average pace so far (the first steps include start-up,
@@ -248,6 +248,9 @@ class _Progress:
         progress = (
             f"step {step:>5}/{self.steps} [{'#' * done}{'.' * (width - done)}] "
             f"{_duration(elapsed)} elapsed, ~{_duration(left)} left | train loss {_fmt(loss)}"
+            # The mean of the last 50 steps (one step's loss jumps with its batch), named so:
+            # the run page's card shows the last point, a different number.
+            f"{' (avg 50)' if loss is not None else ''}"
         )
         forecast = self.client.get(f"{base}/forecast", horizon=self.steps)
         if not forecast or (forecast.get("prediction") or {}).get("value") is None:

@@ -57,6 +57,8 @@ def test_demo_trains_streams_and_summarises(tmp_path: Path) -> None:
     match = re.search(rf"http://127\.0\.0\.1:{port}/runs/([0-9a-f-]{{36}})", out)
     assert match, out
     assert "step    30/30" in out and "final eval loss" in out
+    # The row's training loss is a mean, and says so: the run page's card shows the last point.
+    assert re.search(r"\| train loss \d+\.\d+ \(avg 50\)", out), out
     with sqlite3.connect(db) as conn:
         status, last_step = conn.execute(
             "SELECT status, last_step FROM runs WHERE id = ?", (match.group(1).replace("-", ""),)
