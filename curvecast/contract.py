@@ -42,6 +42,7 @@ __all__ = [
     "KEY_MAX_LENGTH",
     "KEY_PATTERN",
     "LEGACY_TELEMETRY_PREFIXES",
+    "LEVEL_EXTENDING_STATUSES",
     "LOSS_KEYS",
     "MIN_EVAL_POINTS",
     "MAX_STEP",
@@ -184,6 +185,10 @@ CONSTANT_SCHEDULES = ("constant", "constant_with_warmup", "schedule_free", "sche
                       "none")
 #: What a forecast fits when nobody chose: the first evaluation loss present, else ``loss``.
 LOSS_KEYS = (*EVAL_LOSS_KEYS, TRAIN_LOSS_KEY)
+#: Forecast statuses whose answers beyond the data extend the current loss (at the pace runs
+#: like it kept) instead of evaluating the fitted curve, which is then not the forecast
+#: (docs/forecast.md, "Statuses"): the service answers so, the pages draw the answers.
+LEVEL_EXTENDING_STATUSES = ("too_early", "no_asymptote")
 
 
 def loss_key(

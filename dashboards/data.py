@@ -15,7 +15,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from curvecast.contract import EVAL_LOSS_KEYS, NON_FINITE_STRINGS, RunConfig
+from curvecast.contract import (
+    EVAL_LOSS_KEYS,
+    LEVEL_EXTENDING_STATUSES,
+    NON_FINITE_STRINGS,
+    RunConfig,
+)
 
 FloatArray = NDArray[np.float64]
 
@@ -228,7 +233,7 @@ class ForecastData:
         """Whether the answers beyond the data extend the current loss (``too_early``,
         ``no_asymptote``: the transient table) instead of evaluating the fitted curve, which is
         then not the forecast (docs/forecast.md, "Statuses")."""
-        return self.status in ("too_early", "no_asymptote")
+        return self.status in LEVEL_EXTENDING_STATUSES
 
     def curve(self, steps: FloatArray) -> FloatArray:
         """The fitted curve ``a / sqrt(t + b) + c`` (NaN where ``t + b <= 0``)."""

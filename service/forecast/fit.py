@@ -24,6 +24,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from curvecast.contract import LEVEL_EXTENDING_STATUSES
 from curvecast.service.forecast import calibration as _cal
 
 FloatArray = NDArray[np.float64]
@@ -303,7 +304,7 @@ class Fit:
         """Whether forecasts beyond the data extend the current level (the model cannot yet say
         where the curve levels off: still in the transient, or ``c`` at its floor, where the
         fit is a straight line's optimism) instead of evaluating the fitted curve."""
-        return (self.status in (TOO_EARLY, NO_ASYMPTOTE) and self.level is not None
+        return (self.status in LEVEL_EXTENDING_STATUSES and self.level is not None
                 and self.fitted_upto_step is not None and self.fitted_upto_step > 0)
 
     @property
