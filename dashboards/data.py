@@ -159,6 +159,8 @@ class Prediction:
     value: float
     lo: float
     hi: float
+    #: The loss logged at ``step``, once the run got there (``PredictionOut.reached``).
+    reached: float | None = None
 
     @classmethod
     def from_api(cls, item: Mapping[str, Any] | None) -> Prediction | None:
@@ -169,7 +171,9 @@ class Prediction:
         step = to_float(item.get("step"))
         if not (math.isfinite(value) and math.isfinite(step)):
             return None
-        return cls(step, value, to_float(item.get("lo")), to_float(item.get("hi")))
+        reached = to_float(item.get("reached"))
+        return cls(step, value, to_float(item.get("lo")), to_float(item.get("hi")),
+                   reached if math.isfinite(reached) else None)
 
 
 @dataclass(frozen=True)

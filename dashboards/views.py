@@ -395,7 +395,7 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
         ended = index in ranking.ended
         train_last, eval_last = lasts[index]
         # As the runs list's cell: the forecast, or the loss reached once the run got there.
-        cell = _forecast_cell(entry.at_horizon, entry.reached(horizon_step), entry.status)
+        cell = _forecast_cell(entry.at_horizon, entry.reached, entry.status)
         rows.append({
             "run_id": str(entry.run.get("id")),
             "name": entry.name,

@@ -89,14 +89,17 @@ class CompareEntry:
         """Whether the run's fit says its loss is no longer finite (status ``diverged``)."""
         return self.status == "diverged"
 
-    def reached(self, horizon: int | None) -> float | None:
-        """The loss the run had at ``horizon`` once its series got there (None before)."""
-        return None if horizon is None else self.series.reached_at(horizon)
+    @property
+    def reached(self) -> float | None:
+        """The loss the run had at the horizon once it got there (the forecast answer's
+        ``reached``); None before, or without a forecast there."""
+        return self.at_horizon.reached if self.at_horizon is not None else None
 
-    def value_at(self, horizon: int | None) -> float:
-        """What the run is ranked by at ``horizon``: the loss reached there, else the forecast
+    @property
+    def value(self) -> float:
+        """What the run is ranked by at the horizon: the loss reached there, else the forecast
         (only for an entry with a forecast there)."""
-        reached = self.reached(horizon)
+        reached = self.reached
         return _pred(self).value if reached is None else reached
 
 
@@ -128,7 +131,7 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
     ended = [i for i, e in enumerate(entries) if e.ended_before(horizon)]
     ranked = sorted((i for i, e in enumerate(entries)
                      if e.at_horizon is not None and i not in ended),
-                    key=lambda i: entries[i].value_at(horizon))
+                    key=lambda i: entries[i].value)
     without = [i for i, e in enumerate(entries) if e.at_horizon is None and i not in ended]
     ended_note = _ended_note([entries[i] for i in ended], horizon)
     if not ranked:
@@ -138,18 +141,18 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
         return Ranking(horizon, without + ended, None, False, message + ended_note, ended)
     best = ranked[0]
     best_pred = _pred(entries[best])
-    best_reached = entries[best].reached(horizon) is not None
+    best_reached = entries[best].reached is not None
     where = f"step {fmt.step(horizon)}" if horizon else "the horizon"
     if len(entries) == 1:  # e.g. opened from a run's "Compare with…": nothing to rank yet
         said = "the loss of" if best_reached else "the forecast for"
         return Ranking(horizon, ranked, best, False,
                        f"At {where} {said} {entries[best].name}: "
-                       f"{_standing(entries[best], horizon)}. Add a run to compare it with.")
+                       f"{_standing(entries[best])}. Add a run to compare it with.")
     if len(ranked) == 1:
         # The others ended before the horizon or have no forecast yet: nothing to rank this
         # one against, so it is not "best".
         message = (f"At {where} only {entries[best].name} has a forecast: "
-                   f"{_standing(entries[best], horizon)}; nothing to rank it against.")
+                   f"{_standing(entries[best])}; nothing to rank it against.")
         # Only an ended run with a forecast can be compared at an earlier step (a diverged
         # run, say, has none at any step).
         ends = [int(e) for e in (entries[i].run.get("last_step") for i in ended
@@ -165,13 +168,13 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
     # A run that got to the horizon is best by the loss it had there, not "will be".
     opening = (f"At {where} {entries[best].name} has the lowest loss: " if best_reached
                else f"At {where} the forecasts say {entries[best].name} will be best: ")
-    message = opening + _standing(entries[best], horizon) + "."
+    message = opening + _standing(entries[best]) + "."
     runner = entries[ranked[1]]
     second = _pred(runner)
     clear = (math.isfinite(best_pred.hi) and math.isfinite(second.lo)
              and best_pred.hi < second.lo)
-    message += f" Runner-up {runner.name}: {_standing(runner, horizon)}"
-    if best_reached and runner.reached(horizon) is not None:
+    message += f" Runner-up {runner.name}: {_standing(runner)}"
+    if best_reached and runner.reached is not None:
         # Both got there: the ranking is the data's; whether it is more than noise is not.
         message += (" — the fits' intervals there do not overlap." if clear
                     else " — the fits' intervals there overlap: within the noise.")
@@ -184,12 +187,12 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
                    ended)
 
 
-def _standing(entry: CompareEntry, horizon: int | None) -> str:
+def _standing(entry: CompareEntry) -> str:
     """A ranked run's loss at the horizon in words: the forecast with its interval, or, once
     the run got there, the loss it reached with the fit beside it."""
     pred = _pred(entry)
     forecast = f"{fmt.loss(pred.value)} {fmt.interval(pred.lo, pred.hi)}"
-    reached = entry.reached(horizon)
+    reached = entry.reached
     return forecast if reached is None else f"{fmt.loss(reached)} reached (fit {forecast})"
 
 
@@ -307,7 +310,7 @@ def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureS
     ordered = [i for i in ranking.order
                if entries[i].at_horizon is not None and i not in ranking.ended]
     horizon = ranking.horizon
-    any_reached = any(entries[i].reached(horizon) is not None for i in ordered)
+    any_reached = any(entries[i].reached is not None for i in ordered)
     where = f"step {fmt.short_step(horizon)}" if horizon else "the horizon"
     title = (f"Loss at {where}, reached or forecast (lower is better)" if any_reached
              else f"Forecast loss at {where} (lower is better)")
@@ -325,14 +328,14 @@ def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureS
         name = entries[i].name
         short = name if len(name) <= RANK_LABEL_CHARS else name[:RANK_LABEL_CHARS - 1] + "…"
         labels.append(("★ " if i == ranking.best else "") + fmt.esc(short))
-        reached = entries[i].reached(horizon)
+        reached = entries[i].reached
         value = pred.value if reached is None else reached
         values.append(value)
         # A loss reached is data: no error bar (its fit's interval is in the hover text).
         plus.append(gap(pred.hi, value) if reached is None else 0.0)
         minus.append(gap(value, pred.lo) if reached is None else 0.0)
         colours.append(palette.run_colour(i))
-        texts.append(_standing(entries[i], horizon))
+        texts.append(_standing(entries[i]))
         symbols.append("diamond" if reached is None else "circle")
     fig.add_trace({
         "type": "scatter", "x": values, "y": labels, "mode": "markers", "text": texts,

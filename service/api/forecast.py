@@ -46,10 +46,17 @@ def get_forecast(
     confidence: Confidence = 0.9,
     key: Key = None,
 ) -> ForecastOut:
-    """The loss at ``horizon`` with its interval, f* ≈ c, and the fit's parameters."""
+    """The loss at ``horizon`` with its interval, f* ≈ c, and the fit's parameters; for a
+    horizon the run is past, also the loss it had there (``prediction.reached``)."""
     stored, run = forecast_store.latest_fit(
         session, run_id=run_id, allowed_project=principal.project, key=key
     )
+    if horizon is None:
+        horizon = run.config.horizon(run.last_step)
+    reached = None
+    if stored is not None and horizon is not None:
+        reached = forecast_store.loss_reached(session, run_id, stored.key, horizon,
+                                              run.last_step)
     return forecast_answer(
         stored.fit if stored else None,
         config=run.config,
@@ -58,6 +65,7 @@ def get_forecast(
         confidence=confidence,
         key=stored.key if stored else key,
         fitted_at=stored.created_at if stored else None,
+        reached=reached,
     )
 
 

@@ -14,6 +14,8 @@ Functions:
   wall-clock ETA from the run's step rate.
 * :func:`history_answer` -- a :class:`ForecastHistory`: each stored fit's forecast at one horizon.
 * :func:`band` -- the forecast interval at many steps at once (the pages' band), as arrays.
+* :func:`loss_reached` -- the loss a series had at a step it got to (the answers give it
+  beside the forecast for that step).
 * :func:`offline_json` -- the subset of a :class:`ForecastOut` that ``curvecast forecast --json``
   prints (:data:`~curvecast.service.schemas.forecast.OFFLINE_KEYS`).
 
@@ -53,6 +55,7 @@ __all__ = [
     "band",
     "forecast_answer",
     "history_answer",
+    "loss_reached",
     "offline_json",
     "target_answer",
 ]
@@ -78,13 +81,30 @@ class DatedFit(Protocol):
         """When the worker made it."""
 
 
-def _prediction(fit: Fit, step: int | None, confidence: float) -> PredictionOut | None:
+def _prediction(fit: Fit, step: int | None, confidence: float,
+                reached: float | None = None) -> PredictionOut | None:
     if step is None:
         return None
     p = fit.predict(step, confidence)
     return PredictionOut(
-        step=step, value=finite_or_none(p.value), lo=finite_or_none(p.lo), hi=finite_or_none(p.hi)
+        step=step, value=finite_or_none(p.value), lo=finite_or_none(p.lo), hi=finite_or_none(p.hi),
+        reached=finite_or_none(reached),
     )
+
+
+def loss_reached(steps: Sequence[float], values: Sequence[float], step: float) -> float | None:
+    """The loss a series had at ``step`` once it got there: its last point at or before
+    ``step``, provided it has a point at or after it. None before that, with no point at or
+    before ``step``, or where that point is NaN or infinite.
+
+    The offline CLI reads it from the points it fits; the store reads the same from the
+    database (``store.forecasts.loss_reached``).
+    """
+    at_or_before = [(s, v) for s, v in zip(steps, values, strict=True) if s <= step]
+    if not at_or_before or max(steps) < step:
+        return None
+    value = max(at_or_before, key=lambda point: point[0])[1]
+    return value if math.isfinite(value) else None
 
 
 def _before_the_fit(fit: Fit, step: int | None) -> str:
@@ -120,6 +140,7 @@ def forecast_answer(
     target_loss: float | None = None,
     key: str | None = None,
     fitted_at: datetime | None = None,
+    reached: float | None = None,
 ) -> ForecastOut:
     """The forecast of one fit: parameters, f*, the loss at a horizon, maybe a target.
 
@@ -132,6 +153,8 @@ def forecast_answer(
         target_loss: also say when the loss reaches this value.
         key: the series that was fitted.
         fitted_at: when the fit was made.
+        reached: the loss the run had at the horizon, once it got there (the caller reads it
+            from the data: :func:`loss_reached`); the answer gives it beside the forecast.
 
     Returns:
         The answer. Its objects are always present (with null numbers when the fit carries no
@@ -153,7 +176,7 @@ def forecast_answer(
         b=finite_or_none(fit.b),
         c=finite_or_none(fit.c),
         f_star=_f_star(fit, confidence),
-        prediction=_prediction(fit, horizon, confidence),
+        prediction=_prediction(fit, horizon, confidence, reached),
         target=None if target_loss is None else _target(fit, target_loss, confidence),
         key=key,
         burn_in=finite_or_none(fit.burn_in),

@@ -30,7 +30,7 @@ forecast that an offline fit has)::
 
     {"status", "n_points", "fitted_upto_step", "a", "b", "c",
      "f_star": {"value", "lo", "hi"},
-     "prediction": {"step", "value", "lo", "hi"},
+     "prediction": {"step", "value", "lo", "hi", "reached"},
      "target": {"loss", "step", "lo", "hi", "reachable", "reached", "reason"} | null}
 
 Numbers that do not exist (no forecast, an unreachable target) are ``null``. Exit status: 0 when
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from curvecast.contract import MAX_STEP, RunConfig, lr_key
-from curvecast.service.forecast.answer import forecast_answer, offline_json
+from curvecast.service.forecast.answer import forecast_answer, loss_reached, offline_json
 from curvecast.service.forecast.files import (
     Curve,
     ForecastInputError,
@@ -175,6 +175,12 @@ def forecast_result(steps: Sequence[float], losses: Sequence[float], *, cut: flo
     fit = fit_curve([s for s, _ in pts], [v for _, v in pts], burn_in=burn_in, config=config,
                     confidence=confidence, lr=lr)
     last_step = max((s for s in steps if math.isfinite(s)), default=None)
+    if horizon is None:
+        horizon = config.horizon(None if last_step is None else round(last_step))
+    # The loss at the horizon once the points given (up to the cut) got there, as the API
+    # answers it from the stored points.
+    reached = (loss_reached([s for s, _ in pts], [v for _, v in pts], horizon)
+               if horizon is not None and pts else None)
     answer = forecast_answer(
         fit,
         config=config,
@@ -183,6 +189,7 @@ def forecast_result(steps: Sequence[float], losses: Sequence[float], *, cut: flo
         confidence=confidence,
         target_loss=target,
         key=key,
+        reached=reached,
     )
     return offline_json(answer), fit
 
@@ -230,13 +237,15 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
         lines.append(f"forecast: the current loss {_fmt(fit.level)} extended at the pace runs "
                      "like this one kept, not the curve above")
     p = out["prediction"]
+    logged = "" if p is None or p["reached"] is None else f"{_fmt(p['reached'])} (data)"
     if p is not None and p["value"] is None and fit.before_fitted_range(p["step"]):
         lines.append(f"loss at step {_fmt_step(p['step'])}: no forecast: it is before the fitted "
                      f"range (from step {_fmt_step(fit.fitted_from_step)}), which the model "
-                     "describes; the loss logged there is in the file")
+                     "describes; the loss logged there is " + (logged or "in the file"))
     elif p is not None:  # None only without a horizon (every step in the file is 0)
         lines.append(f"loss at step {_fmt_step(p['step'])}: {_fmt(p['value'])}  "
-                     f"[{pct}: {_fmt(p['lo'])} – {_fmt(p['hi'])}]")
+                     f"[{pct}: {_fmt(p['lo'])} – {_fmt(p['hi'])}]"
+                     + (f"; logged there: {logged}" if logged else ""))
     s = out["f_star"]
     if s["value"] is None:
         lines.append(f"asymptote f*: not identifiable yet, at most {_fmt(s['hi'])}")

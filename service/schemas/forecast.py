@@ -34,9 +34,14 @@ class IntervalOut(BaseModel):
 
 
 class PredictionOut(IntervalOut):
-    """The forecast loss at ``step``."""
+    """The forecast loss at ``step``; once the run got there, also the loss it had there."""
 
     step: int
+    reached: float | None = Field(
+        default=None,
+        description="The loss logged at `step` (the fitted series' last point at or before it) "
+        "once the run has a point at or after it; null before that, or where it is NaN",
+    )
 
 
 class TargetOut(BaseModel):

@@ -58,28 +58,6 @@ def _last_point(session: Session, sid: int) -> tuple[int, float] | None:
     return int(row[0]), math.nan if row[1] is None else float(row[1])
 
 
-def value_reached(session: Session, run_id: uuid.UUID, key: str, step: int) -> float | None:
-    """The value of ``key`` at ``step`` once the series has got there: its last point at or
-    before ``step``, provided it has a point at or after it (as ``SeriesData.reached_at`` on
-    the run page). None before that, for a missing series or a value that is not finite."""
-    sid = session.execute(
-        select(Series.id).where(Series.run_id == run_id, Series.key == key)
-    ).scalar()
-    if sid is None:
-        return None
-    last = _last_point(session, int(sid))
-    if last is None or last[0] < step:
-        return None
-    if last[0] > step:
-        value = session.execute(
-            text("SELECT value FROM metric_points WHERE series_id = :sid AND step <= :step"
-                 " ORDER BY step DESC LIMIT 1"),
-            {"sid": int(sid), "step": step},
-        ).scalar()
-        last = (step, math.nan if value is None else float(value))
-    return last[1] if math.isfinite(last[1]) else None
-
-
 def _first_step(session: Session, sid: int) -> int | None:
     value = session.execute(
         text("SELECT min(step) FROM metric_points WHERE series_id = :sid"), {"sid": sid}

@@ -442,6 +442,31 @@ def _no_such_series(run_id: uuid.UUID, key: str) -> str:
             "eval_loss or loss), or leave key out for the default")
 
 
+def loss_reached(session: Session, run_id: uuid.UUID, key: str, step: int,
+                 last_step: int | None) -> float | None:
+    """The loss ``key`` had at ``step`` once the run got there (``answer.loss_reached``'s rule,
+    read from the database): its last point at or before ``step``, provided the series has a
+    point at or after it. None before that, or where that value is NaN or infinite.
+
+    Forecast answers give it beside the forecast for a step the run is past. The run's
+    ``last_step`` (already read) decides whether to look at all: the horizon asked about is
+    usually ahead of the run, and those answers cost no statement more.
+    """
+    if last_step is None or last_step < step:
+        return None
+    sid = select(Series.id).where(Series.run_id == run_id, Series.key == key).scalar_subquery()
+    points = MetricPoint.__table__.c
+    before = (select(points.value).where(points.series_id == sid, points.step <= step)
+              .order_by(points.step.desc()).limit(1).scalar_subquery())
+    after = select(points.step).where(points.series_id == sid, points.step >= step).exists()
+    row = session.execute(select(before, after)).one()
+    value, got_there = row
+    if not got_there or value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 def latest_fit(
     session: Session, *, run_id: uuid.UUID, allowed_project: str | None, key: str | None = None
 ) -> tuple[StoredFit | None, RunForecastContext]:

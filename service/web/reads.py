@@ -62,15 +62,25 @@ def get_run(session: Session, principal: Principal, run_id: uuid.UUID) -> RunOut
     return run_store.get_run(session, run_id=run_id, allowed_project=principal.project)
 
 
-def _forecast(stored: StoredFit | None, run: RunOut, horizon: int | None = None) -> ForecastOut:
-    """The forecast answer for a run's stored fit, as ``GET .../forecast`` gives it."""
+def _forecast(session: Session, stored: StoredFit | None, run: RunOut,
+              horizon: int | None = None) -> ForecastOut:
+    """The forecast answer for a run's stored fit, as ``GET .../forecast`` gives it (with the
+    loss reached at a horizon the run is past)."""
+    config = RunConfig.read(run.config)
+    if horizon is None:
+        horizon = config.horizon(run.last_step)
+    reached = None
+    if stored is not None and horizon is not None:
+        reached = forecast_store.loss_reached(session, run.id, stored.key, horizon,
+                                              run.last_step)
     return forecast_answer(
         stored.fit if stored else None,
-        config=RunConfig.read(run.config),
+        config=config,
         last_step=run.last_step,
         horizon=horizon,
         key=stored.key if stored else None,
         fitted_at=stored.created_at if stored else None,
+        reached=reached,
     )
 
 
@@ -124,7 +134,8 @@ def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: 
     elif "loss" in charts:
         latest, _run = forecast_store.latest_fit(session, run_id=run_id,
                                                  allowed_project=principal.project)
-    forecast = _forecast(latest, run) if "loss" in charts or "evolution" in charts else None
+    wanted = "loss" in charts or "evolution" in charts
+    forecast = _forecast(session, latest, run) if wanted else None
     end, _planned = chart_horizon(run.config, run.last_step)
     alerts = alert_store.run_alerts(session, run_id=run_id, state=None, limit=RUN_ALERTS,
                                     allowed_project=principal.project)
@@ -152,7 +163,7 @@ def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.
         keys = views.chart_keys("loss")
         if stored is not None and stored.key not in keys:  # the run's own fit_key
             keys.append(stored.key)
-        forecast = _forecast(stored, run, common)
+        forecast = _forecast(session, stored, run, common)
         out.append(views.CompareRun(
             run=run.model_dump(mode="json"),
             metrics=_series(session, principal, run.id, keys, span, views.MAX_POINTS["compare"]),
@@ -173,7 +184,7 @@ def runs_rows(session: Session, principal: Principal, project: str | None,
         allowed_project=principal.project)
     items = []
     for s in summaries:
-        forecast = _forecast(s.latest_fit, s.run) if s.latest_fit is not None else None
+        forecast = _forecast(session, s.latest_fit, s.run) if s.latest_fit is not None else None
         items.append({
             "run": s.run.model_dump(mode="json"),
             "last_loss": s.last_loss,
@@ -181,17 +192,8 @@ def runs_rows(session: Session, principal: Principal, project: str | None,
             "spark_steps": s.spark_steps,
             "spark_values": s.spark_values,
             "forecast": forecast.model_dump(mode="json") if forecast is not None else None,
-            "reached": _reached(session, s.run, forecast),
+            "reached": (forecast.prediction.reached
+                        if forecast is not None and forecast.prediction is not None else None),
             "firing": s.firing_alerts,
         })
     return views.runs_rows(items), next_token
-
-
-def _reached(session: Session, run: RunOut, forecast: ForecastOut | None) -> float | None:
-    """The fitted series' value at the forecast's step, once the run got there (a finished
-    run's "forecast" of its end is the loss it reached)."""
-    pred = forecast.prediction if forecast is not None else None
-    if (pred is None or forecast is None or forecast.key is None or run.last_step is None
-            or run.last_step < pred.step):
-        return None
-    return dashboard_store.value_reached(session, run.id, forecast.key, int(pred.step))

@@ -555,15 +555,18 @@ def test_runs_that_got_to_the_horizon_are_ranked_by_the_loss_they_reached() -> N
     chart give beside it; whether the winner is clear is read off the fits' intervals. (The
     verdict said "the forecasts say b will be best" of a step both runs were past, ranking
     by the fits' values against the losses reached, and the table showed the fits, where the
-    runs list shows the loss reached.) A run not there yet is ranked by its forecast."""
-    def run(run_id: str, last_eval: int, value: float, fit: float) -> views.CompareRun:
+    runs list shows the loss reached.) A run not there yet is ranked by its forecast. The loss
+    reached is the forecast answer's ``prediction.reached``, as on the runs list."""
+    def run(run_id: str, last_eval: int, value: float, fit: float,
+            horizon: int = 10_000) -> views.CompareRun:
         return views.CompareRun(
             run={"id": run_id, "name": run_id, "status": "running", "last_step": last_eval},
             metrics=[downsampled("loss"),
                      raw("eval_loss", [5000, 10_000, 12_000][:2 + (last_eval > 10_000)],
                          [2.7, value, value - 0.05][:2 + (last_eval > 10_000)])],
             forecast=dict(FORECAST, key="eval_loss"), band=BAND,
-            at_horizon={"step": 10_000, "value": fit, "lo": fit - 0.04, "hi": fit + 0.04})
+            at_horizon={"step": horizon, "value": fit, "lo": fit - 0.04, "hi": fit + 0.04,
+                        "reached": value if horizon <= last_eval else None})
 
     # The fits rank b first (2.34 < 2.40); the losses reached rank a first (2.3 < 2.35).
     runs = [run("a", 10_000, 2.3, 2.40), run("b", 12_000, 2.35, 2.34)]
@@ -589,7 +592,8 @@ def test_runs_that_got_to_the_horizon_are_ranked_by_the_loss_they_reached() -> N
     assert apart["verdict"]["message"].endswith("the fits' intervals there do not overlap.")
 
     # At a step neither got to, both are ranked by their forecasts, in the future tense.
-    later = json.loads(views.compare_payload(runs, 15_000))
+    later = json.loads(views.compare_payload([run("a", 10_000, 2.3, 2.40, 15_000),
+                                              run("b", 12_000, 2.35, 2.34, 15_000)], 15_000))
     assert later["verdict"]["message"].startswith(
         "At step 15,000 the forecasts say b will be best: 2.34 [2.3, 2.38].")
     assert "reached" not in later["verdict"]["message"]

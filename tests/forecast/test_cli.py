@@ -56,7 +56,7 @@ def test_csv_json_output_contract(csv_file: Path, capsys: pytest.CaptureFixture[
     assert out["fitted_upto_step"] is not None and out["fitted_upto_step"] <= 0.3 * 20_000
     assert set(out["f_star"]) == {"value", "lo", "hi"}
     pred = out["prediction"]
-    assert isinstance(pred, dict) and set(pred) == {"step", "value", "lo", "hi"}
+    assert isinstance(pred, dict) and set(pred) == {"step", "value", "lo", "hi", "reached"}
     assert pred["step"] == 20_000.0  # default horizon: the last step in the file
     truth = 20.3 / np.sqrt(20_000 + 377) + 2.07
     assert pred["lo"] <= truth <= pred["hi"]
@@ -347,11 +347,31 @@ def test_a_horizon_before_the_fitted_range_is_no_forecast_with_the_reason(
     """Before the first fitted step the model describes nothing: the summary says so instead
     of "n/a [90%: n/a – n/a]" (or a number from the curve extended backwards)."""
     out = run_json(capsys, str(csv_file), "--horizon", "50")
-    assert out["prediction"] == {"step": 50, "value": None, "lo": None, "hi": None}
+    assert out["prediction"] == {"step": 50, "value": None, "lo": None, "hi": None,
+                                 "reached": None}  # nothing logged at or before step 50
     assert main([str(csv_file), "--horizon", "50"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("loss at step"))
     assert line.startswith("loss at step 50: no forecast: it is before the fitted range (from "
                            "step ") and line.endswith("the loss logged there is in the file")
+
+
+def test_a_horizon_the_points_got_to_is_answered_with_the_loss_logged_there(
+        csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """"Loss at step N?" for a step the run is past: beside the fit's value, the loss logged
+    there (its last point at or before N), as the API answers it; only from the points the
+    command fits (``--upto``), and not for a step past the last of them."""
+    t, y = _curve()
+    at = int(t[120])  # between two points: the one before it is the answer
+    out = run_json(capsys, str(csv_file), "--horizon", str(at))
+    before = int(np.searchsorted(t, at, side="right")) - 1
+    assert out["prediction"]["reached"] == pytest.approx(float(y[before]), abs=1e-6)
+    assert out["prediction"]["value"] is not None  # the fit's value stays the forecast
+    assert main([str(csv_file), "--horizon", str(at)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("loss at step"))
+    assert line.endswith(f"; logged there: {float(y[before]):.4g} (data)")
+    cut = run_json(capsys, str(csv_file), "--horizon", str(at), "--upto-step", str(int(t[100])))
+    assert cut["prediction"]["reached"] is None  # at the cut, the run was not there yet
+    assert run_json(capsys, str(csv_file), "--horizon", "30000")["prediction"]["reached"] is None
 
 
 def test_a_config_is_told_from_a_run_by_every_key_the_contract_reads() -> None:

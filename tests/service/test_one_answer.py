@@ -102,6 +102,13 @@ def test_api_cli_and_pages_agree(worker_server: str, project: str, tmp_path: Pat
     cli = json.loads(_cli(export, "--json"))
     for field in ("status", "n_points", "fitted_upto_step", "prediction", "f_star"):
         assert cli[field] == api[field], field
+    assert api["prediction"]["reached"] is None  # the run is not at its planned end yet
+    # "Loss at step 1,000?", a step the run is past: the fit's value and the loss logged there.
+    api_mid = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast", params={"horizon": 1_000},
+                        timeout=30).json()
+    assert api_mid["prediction"]["reached"] is not None
+    assert json.loads(_cli(export, "--horizon", "1000", "--json"))["prediction"] == (
+        api_mid["prediction"])
     # Without --config: the export's averaging weight gives c_warmup, so the same fit (it was
     # a fit from a burn-in chosen from the data, another status and forecast).
     text = _cli(export, "--horizon", str(horizon), config=False)
