@@ -314,14 +314,27 @@
       answer("ask-step-answer", ["Asking…"]);
       getJSON(CFG.api + path).then(function (f) {
         var p = f.prediction;
+        // A step the run is past: the loss it logged there (REST's prediction.reached).
+        var logged = p && p.reached !== null && p.reached !== undefined ? p.reached : null;
         if (!p || p.value === null) {
-          answer("ask-step-answer", [f.status === "pending" ? "No forecast yet: " + f.message : "No forecast: " + (f.message || f.status)], true);
+          var why = f.status === "pending" ? "No forecast yet: " + f.message : "No forecast: " + (f.message || f.status);
+          if (logged !== null) {
+            answer("ask-step-answer", ["Logged at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(logged) }),
+              " (" + (f.key || "loss") + ", data). " + why]);
+          } else {
+            answer("ask-step-answer", [why], true);
+          }
           return;
         }
         var last = run.lastRun ? run.lastRun.last_step : (run.state && run.state.last_step);
         var nodes = ["Loss at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(p.value) }),
           " (" + Math.round(f.confidence * 100) + "% interval " + fmtLoss(p.lo) + " – " + fmtLoss(p.hi) + ")"];
-        if (last !== null && last !== undefined && step <= last) nodes.push(" — this step is already behind the run: this is the fitted curve's value.");
+        if (logged !== null) {
+          nodes.push(" — the fitted curve's value; the run is past this step and logged ",
+            el("b", { text: fmtLoss(logged) }), " there (" + (f.key || "loss") + ").");
+        } else if (last !== null && last !== undefined && step <= last) {
+          nodes.push(" — this step is already behind the run: this is the fitted curve's value.");
+        }
         if (f.off_model) nodes.push(" Warning: the recent loss departs from the fitted curve.");
         if (f.status === "too_early" || f.status === "no_asymptote") nodes.push(" (" + f.status.replace(/_/g, " ") + ": " + f.message + ")");
         answer("ask-step-answer", nodes);

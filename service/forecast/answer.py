@@ -107,14 +107,15 @@ def loss_reached(steps: Sequence[float], values: Sequence[float], step: float) -
     return value if math.isfinite(value) else None
 
 
-def _before_the_fit(fit: Fit, step: int | None) -> str:
+def _before_the_fit(fit: Fit, step: int | None, reached: float | None = None) -> str:
     """Why a step before the fitted range has no forecast ("" for any other step)."""
     start = fit.fitted_from_step
     if step is None or start is None or not fit.has_forecast or not fit.before_fitted_range(step):
         return ""
+    where = "prediction.reached" if reached is not None else "GET .../metrics"
     return (f"step {step} is before the fitted range (steps {start:.0f} to "
             f"{fit.fitted_upto_step or start:.0f}): the model describes the loss from there on, "
-            "not before; the loss logged there is in GET .../metrics")
+            f"not before; the loss logged there is in {where}")
 
 
 def _f_star(fit: Fit, confidence: float) -> IntervalOut:
@@ -185,7 +186,7 @@ def forecast_answer(
         confidence=confidence,
         off_model=fit.off_model,
         useful_from_step=finite_or_none(fit.useful_from_step),
-        message=" ".join(m for m in (fit.message, _before_the_fit(fit, horizon)) if m),
+        message=" ".join(m for m in (fit.message, _before_the_fit(fit, horizon, reached)) if m),
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from curvecast.dashboards import fmt
 from curvecast.service.testing import create_token
 from curvecast.service.testing import synthetic as syn
 from tests.conftest import IN_CI
@@ -238,8 +239,29 @@ def test_forecast_box_answers_through_the_rest_api(
         "() => document.getElementById('ask-step-answer').textContent.includes('interval')")
     answer = page.locator("#ask-step-answer").inner_text()
     assert answer.startswith("Loss at step 15,000: 2.") and "90% interval" in answer
+    assert "logged" not in answer  # ahead of the run: nothing logged there yet
     assert page.locator("#ask-rest").inner_text() == (
         f"GET /api/v1/runs/{run_id}/forecast?horizon=15000")
+    # A step the run is past: the loss it logged there too, the value REST answers.
+    page.fill("#ask-step-input", "1500")
+    page.click("#ask-step button")
+    page.wait_for_function(
+        "() => document.getElementById('ask-step-answer').textContent.includes('logged')")
+    behind = page.locator("#ask-step-answer").inner_text()
+    reached = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast",
+                        params={"horizon": 1500}).json()["prediction"]["reached"]
+    assert reached is not None
+    assert f"the run is past this step and logged {fmt.loss(reached)} there" in behind
+    # Before the fitted range: no forecast, but the loss logged there (it was an error line).
+    early = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast", params={"horizon": 250}).json()
+    assert early["prediction"]["value"] is None and early["prediction"]["reached"] is not None
+    page.fill("#ask-step-input", "250")
+    page.click("#ask-step button")
+    page.wait_for_function(
+        "() => document.getElementById('ask-step-answer').textContent.includes('Logged')")
+    assert page.locator("#ask-step-answer").inner_text().startswith(
+        f"Logged at step 250: {fmt.loss(early['prediction']['reached'])} (eval_loss, data). "
+        "No forecast: step 250 is before the fitted range")
     page.fill("#ask-loss-input", "2.6")
     page.click("#ask-loss button")
     page.wait_for_function(
