@@ -19,6 +19,7 @@ import numpy as np
 
 from curvecast.contract import (
     EVAL_LOSS_KEYS,
+    FINAL_RUN_STATUSES,
     TRAIN_LOSS_KEY,
     TRAIN_LOSS_KEYS,
     RunConfig,
@@ -178,6 +179,7 @@ def run_figures(page: RunPage, charts: Iterable[str] = RUN_CHARTS,
     config = page.config
     alerts = page.alert_items
     end, planned = page.chart_horizon
+    ended = page.run.get("status") in FINAL_RUN_STATUSES
     for chart in charts:
         if chart == "loss":
             out[chart] = figures.loss_figure(
@@ -193,7 +195,8 @@ def run_figures(page: RunPage, charts: Iterable[str] = RUN_CHARTS,
             )
         elif chart in _TELEMETRY_FIGURES:
             out[chart] = _TELEMETRY_FIGURES[chart](page.series, prefix=prefix, config=config,
-                                                   alerts=alerts, x_range=x_range)
+                                                   alerts=alerts, x_range=x_range,
+                                                   ended=ended)
         elif chart == "evolution":
             history = page.history or {"points": []}
             out[chart] = figures.evolution_figure(
@@ -246,9 +249,8 @@ def run_kpis(page: RunPage) -> list[Kpi]:
             detail += " (no total_steps: at the last step logged)"
         # What the run did at that step comes before the status's explanation: the card shows
         # two lines of it (the whole text is in its tooltip).
-        reached = page.observed_at(pred.step)
-        if reached is not None:  # the run got there: the forecast beside what it was
-            detail += f"; reached {fmt.loss(reached)} there"
+        if pred.reached is not None:  # the run got there: the forecast beside what it was
+            detail += f"; reached {fmt.loss(pred.reached)} there"
         elif figures.ended_before(run, pred.step):
             # It will not get there unless resumed: the number is where it was heading.
             detail += (f"; the run {run.get('status')} at step {fmt.step(last_step)}: where it "

@@ -49,6 +49,7 @@ def telemetry_figure(
     log_y: bool = False,
     x_range: Sequence[float] | None = None,
     height: int = 340,
+    ended: bool = False,
 ) -> FigureSpec:
     """A step chart of a few telemetry series on one or two y-axes (generic builder).
 
@@ -63,6 +64,7 @@ def telemetry_figure(
         log_y: start with the left y axis log-scaled.
         x_range: the visible step range after a zoom.
         height: pixels.
+        ended: the run has ended: a chart without data says it never got any, not "yet".
     """
     keys = [line.series.key for line in lines if line.role is None]
     layout = base_layout(chart, title, height, keys, y_title=y_title)
@@ -86,7 +88,11 @@ def telemetry_figure(
     shade_burn_in(fig, config or {})
     add_alert_marks(fig, as_alerts(alerts))
     if all(not len(line.series) for line in lines):
-        fig.note(fmt.esc("no data yet for " + ", ".join(keys)))
+        # Say where the data come from: a run without them (another optimizer, no watch())
+        # showed four empty charts "waiting" for data that never come.
+        names = ", ".join(keys)
+        fig.note(fmt.esc(f"this run logged no {names}" if ended else f"no data yet for {names}")
+                 + "<br>" + fmt.esc(_SOURCE))
     if x_range is not None:
         layout["xaxis"].update(range=list(x_range), autorange=False)
     menu = log_menu(layout, ["yaxis", "yaxis2"] if has_right else ["yaxis"])
@@ -94,6 +100,10 @@ def telemetry_figure(
         menu["active"] = 1
     layout["updatemenus"] = [menu]
     return fig.spec()
+
+
+#: Where a run's optimizer telemetry comes from (the note of a chart without it).
+_SOURCE = "Monitor.watch(optimizer) logs these for ScheduleFreePlus"
 
 
 def _get(series: Mapping[str, SeriesLike], key: str) -> SeriesData:

@@ -187,6 +187,19 @@ def test_loss_figure_without_a_fit_and_with_non_finite_values() -> None:
     assert y[0] == 5.0 and math.isnan(y[1]) and math.isnan(y[2]) and y[3] == 4.0
 
 
+@pytest.mark.parametrize("status", ["running", "finished"])
+def test_a_telemetry_chart_without_data_says_where_it_comes_from(status: str) -> None:
+    """A run that logs no optimizer telemetry (another optimizer, no watch()): each chart said
+    "no data yet", for a finished run too, with nothing on where such data come from."""
+    page = views.RunPage(run={"id": "r", "config": {}, "last_step": 2000, "status": status},
+                         metrics=[raw("loss", [1, 2000], [3.0, 2.0])], forecast=None)
+    fig = views.run_figures(page, ["step_size"])["step_size"].figure()
+    (note,) = [a.text for a in fig.layout.annotations if "opt/eta" in (a.text or "")]
+    start = "this run logged no" if status == "finished" else "no data yet for"
+    assert note == (f"{start} opt/eta, opt/alpha<br>Monitor.watch(optimizer) logs these for "
+                    "ScheduleFreePlus")
+
+
 def test_loss_figure_with_no_data_says_so() -> None:
     fig = figures.loss_figure(train=None, config={}, horizon=None).figure()
     assert any("no data yet" in a.text for a in fig.layout.annotations)
@@ -432,12 +445,16 @@ def test_evolution_shows_the_loss_reached_at_the_horizon_once_reached() -> None:
 
 
 def test_the_forecast_card_says_what_the_run_reached_at_the_horizon() -> None:
+    """The loss reached is the answer's ``prediction.reached`` (the logged point, where the
+    page's own series of a long run holds block means)."""
     def card(eval_steps: list[int]) -> str:
+        got_there = eval_steps[-1] >= 20_000
         page = views.RunPage(
             run={"id": "r", "config": {"total_steps": 20_000}, "last_step": eval_steps[-1]},
             metrics=[downsampled("loss"), raw("eval_loss", eval_steps,
                                               [2.9 - 2e-5 * s for s in eval_steps])],
-            forecast=dict(FORECAST, key="eval_loss"))
+            forecast=dict(FORECAST, key="eval_loss", prediction=dict(
+                FORECAST["prediction"], reached=2.5 if got_there else None)))
         return next(k.detail for k in views.run_kpis(page) if k.id == "forecast")
 
     assert card([5000, 20_000]).endswith("; reached 2.5 there")  # the prediction is at 20,000
@@ -447,7 +464,8 @@ def test_the_forecast_card_says_what_the_run_reached_at_the_horizon() -> None:
     page = views.RunPage(
         run={"id": "r", "config": {"total_steps": 20_000}, "last_step": 20_000},
         metrics=[downsampled("loss"), raw("eval_loss", [5000, 20_000], [2.8, 2.5])],
-        forecast=dict(FORECAST, key="eval_loss", status="no_asymptote"))
+        forecast=dict(FORECAST, key="eval_loss", status="no_asymptote",
+                      prediction=dict(FORECAST["prediction"], reached=2.5)))
     detail = next(k.detail for k in views.run_kpis(page) if k.id == "forecast")
     assert detail.startswith("90% interval [2.38, 2.47]; reached 2.5 there; no asymptote yet")
 
