@@ -181,10 +181,27 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
     else:
         message += (" — the intervals do not overlap." if clear
                     else " — the intervals overlap: not yet a clear winner.")
+    mixed = _mixed_series([entries[i] for i in ranked])
+    if mixed:
+        # The page fits all on one series where it can; where it cannot, the ranking sets
+        # unlike losses against each other, and says so rather than name a clear winner.
+        clear = False
+        message += f" {mixed}"
     if without:
         message += f" {len(without)} run(s) have no forecast yet."
     return Ranking(horizon, ranked + without + ended, best, clear, message + ended_note,
                    ended)
+
+
+def _mixed_series(ranked: Sequence[CompareEntry]) -> str:
+    """A warning when the ranked runs are forecast on different series ("" when one)."""
+    keys = {e.forecast.key for e in ranked if e.forecast is not None}
+    if len(keys) <= 1:
+        return ""
+    each = "; ".join(f"{e.name}: {e.forecast.key}" for e in ranked if e.forecast is not None)
+    return (f"Not like with like: the runs are forecast on different series ({each}), and no "
+            "series has a forecast in every run; an evaluation loss and a training loss are "
+            "apart by the generalisation gap.")
 
 
 def _standing(entry: CompareEntry) -> str:

@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from curvecast.contract import RunConfig
+from curvecast.contract import LOSS_KEYS, RunConfig
 from curvecast.dashboards import views
 from curvecast.dashboards.data import Prediction, chart_horizon
-from curvecast.service.errors import InvalidInput
+from curvecast.service.errors import InvalidInput, NotFound
 from curvecast.service.forecast.answer import band, forecast_answer, history_answer
 from curvecast.service.schemas import Principal, RunOut, RunStatus
 from curvecast.service.schemas.forecast import ForecastOut
@@ -157,9 +157,7 @@ def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.
     runs = [get_run(session, principal, i) for i in run_ids]
     common = views.common_horizon([r.model_dump(mode="json") for r in runs], horizon)
     out = []
-    for run in runs:
-        stored, _run = forecast_store.latest_fit(session, run_id=run.id,
-                                                 allowed_project=principal.project)
+    for run, stored in zip(runs, _fits_on_one_series(session, principal, runs), strict=True):
         keys = views.chart_keys("loss")
         if stored is not None and stored.key not in keys:  # the run's own fit_key
             keys.append(stored.key)
@@ -173,6 +171,37 @@ def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.
             else None,
         ))
     return out, common
+
+
+def _fits_on_one_series(session: Session, principal: Principal, runs: Sequence[RunOut]
+                        ) -> list[StoredFit | None]:
+    """Each run's latest fit, all of one series where the runs' own defaults differ.
+
+    Runs are compared on the loss each is forecast on by default (an eval loss with enough
+    points, else the training loss). Where those differ (one run evaluates rarely), the
+    ranking would set one run's eval loss against another's training loss: the first series
+    every run has a forecast on (the contract's order: eval losses, then ``loss``) is used
+    instead.
+    Where there is none, the defaults stay, and the verdict says the series differ.
+    """
+    fits = [forecast_store.latest_fit(session, run_id=run.id, allowed_project=principal.project)[0]
+            for run in runs]
+    if len({f.key for f in fits if f is not None}) <= 1:
+        return fits
+    for key in LOSS_KEYS:
+        shared: list[StoredFit | None] = []
+        for run in runs:
+            try:
+                stored, _ = forecast_store.latest_fit(session, run_id=run.id, key=key,
+                                                      allowed_project=principal.project)
+            except NotFound:  # the run does not log this series
+                break
+            if stored is None or not stored.fit.has_forecast:  # e.g. 5 eval points
+                break
+            shared.append(stored)
+        else:
+            return shared
+    return fits
 
 
 def runs_rows(session: Session, principal: Principal, project: str | None,

@@ -72,12 +72,14 @@ def live_settings(database_url: str, **overrides: Any) -> Settings:
                     **overrides)
 
 
-def wait_for_fit(client: httpx.Client, run_id: uuid.UUID, upto: int | None = None
-                 ) -> dict[str, Any]:
-    """Wait until the worker stored a fit (with data up to ``upto``, when given)."""
+def wait_for_fit(client: httpx.Client, run_id: uuid.UUID, upto: int | None = None,
+                 key: str | None = None) -> dict[str, Any]:
+    """Wait until the worker stored a fit (with data up to ``upto``, when given; of ``key``,
+    when given, else of the run's default series)."""
 
     def fitted() -> dict[str, Any] | None:
-        body = client.get(f"/api/v1/runs/{run_id}/forecast").json()
+        params = {"key": key} if key is not None else {}
+        body = client.get(f"/api/v1/runs/{run_id}/forecast", params=params).json()
         if body["status"] == "pending":
             return None
         if upto is not None and (body["fitted_upto_step"] or 0) < upto:

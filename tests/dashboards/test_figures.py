@@ -617,6 +617,26 @@ def test_runs_that_got_to_the_horizon_are_ranked_by_the_loss_they_reached() -> N
     assert "reached" not in later["verdict"]["message"]
 
 
+def test_runs_left_on_different_series_are_not_called_a_clear_win() -> None:
+    """Where no series has a forecast in every run (the page tries one first), the ranking sets
+    an eval loss against a training loss: it says so, and names no clear winner."""
+    def run(run_id: str, key: str, fit: float) -> views.CompareRun:
+        return views.CompareRun(
+            run={"id": run_id, "name": run_id, "status": "running", "last_step": 5000},
+            metrics=[downsampled("loss"), raw("eval_loss", [2500, 5000], [2.9, 2.8])],
+            forecast=dict(FORECAST, key=key), band=BAND,
+            at_horizon={"step": 20_000, "value": fit, "lo": fit - 0.01, "hi": fit + 0.01})
+
+    verdict = json.loads(views.compare_payload(
+        [run("a", "eval_loss", 2.6), run("b", "loss", 2.2)], 20_000))["verdict"]
+    assert verdict["best"] == "b" and not verdict["clear"]  # the intervals do not overlap
+    assert ("Not like with like: the runs are forecast on different series (b: loss; a: "
+            "eval_loss)") in verdict["message"]
+    same = json.loads(views.compare_payload(
+        [run("a", "loss", 2.6), run("b", "loss", 2.2)], 20_000))["verdict"]
+    assert same["clear"] and "like with like" not in same["message"]
+
+
 def test_a_run_that_ended_before_the_horizon_is_not_forecast_past_its_end() -> None:
     """Comparing at step 20,000 a run that finished at 10,000 (it will never have a loss
     there) with one still running: the ended run keeps its line, gets no forecast curve, band

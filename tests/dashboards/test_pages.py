@@ -190,6 +190,28 @@ def _decode(array: object) -> list[float]:
     return decoded
 
 
+def test_runs_forecast_on_different_series_are_compared_on_one(
+        dash: str, project: str, client_for: Clients) -> None:
+    """One run evaluates often (its forecast: the eval loss), the other never (the training
+    loss): the compare page ranked one's eval loss against the other's training loss, without
+    a word. It now compares both on the first series each has a forecast on: here ``loss``."""
+    client = client_for(dash)
+    evals = make_run(client, project, name="evals", steps=3000, eval_every=250)
+    train_only = make_run(client, project, name="train-only", steps=3000, eval_every=None,
+                          curve=(60.0, 300.0, 1.8))
+    assert wait_for_fit(client, evals)["key"] == "eval_loss"  # its default
+    assert wait_for_fit(client, train_only)["key"] == "loss"
+    wait_for_fit(client, evals, key="loss")  # the worker fits its other loss series too
+    body = client.get("/dashboards/api/compare", params={"runs": f"{evals},{train_only}",
+                                                         "horizon": 10_000}).json()
+    keys = {t["meta"]["run_id"]: t["meta"]["key"] for t in body["charts"]["compare"]["data"]
+            if t["meta"].get("role") == "last"}
+    assert keys == {str(evals): "loss", str(train_only): "loss"}
+    assert body["charts"]["compare"]["layout"]["yaxis"]["title"]["text"] == "training loss"
+    assert "Not like with like" not in body["verdict"]["message"]
+    assert body["verdict"]["best"] == str(train_only)
+
+
 def test_compare_endpoint_names_the_best_run(dash: str, project: str,
                                              client_for: Clients) -> None:
     client = client_for(dash)
