@@ -444,10 +444,11 @@ def _sort_value(value: float | None) -> str:
     return "" if value is None or not math.isfinite(value) else repr(float(value))
 
 
-def _forecast_cell(pred: Prediction | None, reached: float | None, status: str | None
-                   ) -> dict[str, str]:
+def _forecast_cell(pred: Prediction | None, reached: float | None, status: str | None,
+                   key: str | None = None) -> dict[str, str]:
     """The runs list's "Forecast (final)" cell: the forecast of the loss at the planned end
-    with its interval, or, once the run got there, the loss it reached (the fit beside it)."""
+    with its interval, or, once the run got there, the loss it reached (the fit beside it);
+    with ``key``, the series it is of, named in the detail."""
     if pred is None:
         if status in (None, "pending"):
             return {"forecast": "pending", "forecast_detail": "", "forecast_sort": ""}
@@ -455,12 +456,13 @@ def _forecast_cell(pred: Prediction | None, reached: float | None, status: str |
         return {"forecast": "—", "forecast_detail": str(status).replace("_", " "),
                 "forecast_sort": ""}
     where = fmt.short_step(pred.step)
+    of = f" · {key}" if key else ""
     if reached is not None:
         return {"forecast": fmt.loss(reached),
-                "forecast_detail": f"reached @ {where}; fit {fmt.loss(pred.value)}",
+                "forecast_detail": f"reached @ {where}; fit {fmt.loss(pred.value)}{of}",
                 "forecast_sort": _sort_value(reached)}
     return {"forecast": fmt.loss(pred.value),
-            "forecast_detail": f"{fmt.interval(pred.lo, pred.hi)} @ {where}",
+            "forecast_detail": f"{fmt.interval(pred.lo, pred.hi)} @ {where}{of}",
             "forecast_sort": _sort_value(pred.value)}
 
 
@@ -470,10 +472,9 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     Args:
         items: per run ``{"run": RunOut dict, "last_loss": float | None, "loss_key": str |
             None, "last_loss_step": int | None, "spark_steps": [...], "spark_values": [...],
-            "forecast": ForecastOut dict | None, "reached": float | None, "firing": int |
-            None}`` (``last_loss`` is the training loss, else the eval loss ``loss_key`` names;
-            ``reached``: the fitted series' value at the forecast's step once the run got
-            there; ``firing`` None: no alerts API).
+            "forecast": ForecastOut dict | None, "firing": int | None}`` (``last_loss`` is the
+            training loss, else the eval loss ``loss_key`` names; ``firing`` None: no alerts
+            API).
 
     Returns:
         Display strings and sort keys per row (the template escapes every string).
@@ -484,6 +485,9 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     # Runs of one name on the page (a script run again) carry their short ids, as on the
     # compare page.
     shared = figures.shared_names([item["run"] for item in items])
+    # Where the page's forecasts are of different series (one run evaluates, another does
+    # not), each forecast cell names its own: the column would set unlike losses side by side.
+    fitted = {(item.get("forecast") or {}).get("key") for item in items} - {None}
     for item, same_name in zip(items, shared, strict=True):
         run = item["run"]
         fit = ForecastData.from_api(item.get("forecast"))
@@ -504,7 +508,8 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "last_loss_sort": _sort_value(last_loss),
             # The column is the training loss; a run that logs only an eval loss says so.
             "last_loss_key": "" if loss_key in (None, *TRAIN_LOSS_KEYS) else str(loss_key),
-            **_forecast_cell(pred, item.get("reached"), status),
+            **_forecast_cell(pred, pred.reached if pred else None, status,
+                             key=fit.key if fit and len(fitted) > 1 else None),
             "off_model": bool(fit and fit.off_model),
             "f_star": fmt.loss(star.value) if star else "—",
             "f_star_sort": _sort_value(star.value if star else None),

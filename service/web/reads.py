@@ -221,8 +221,6 @@ def runs_rows(session: Session, principal: Principal, project: str | None,
             "spark_steps": s.spark_steps,
             "spark_values": s.spark_values,
             "forecast": forecast.model_dump(mode="json") if forecast is not None else None,
-            "reached": (forecast.prediction.reached
-                        if forecast is not None and forecast.prediction is not None else None),
             "firing": s.firing_alerts,
         })
     return views.runs_rows(items), next_token

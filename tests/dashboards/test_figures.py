@@ -754,9 +754,17 @@ def test_runs_rows() -> None:
     # A run that got to the forecast's step: the loss it reached there, the fit beside it.
     (done,) = views.runs_rows([{"run": {"id": "d", "name": "d", "status": "finished",
                                         "last_step": 20_000},
-                                "forecast": FORECAST, "reached": 2.451}])
+                                "forecast": dict(FORECAST, prediction=dict(
+                                    FORECAST["prediction"], reached=2.451))}])
     assert done["forecast"] == "2.451" and done["forecast_detail"] == "reached @ 20k; fit 2.42"
     assert float(done["forecast_sort"]) == 2.451
+    # Forecasts of different series on one page (one run evaluates, one does not): each cell
+    # names its series; where they are all of one, none does (as above).
+    mixed = views.runs_rows([{"run": {"id": i, "name": i, "last_step": 10},
+                              "forecast": dict(FORECAST, key=key)}
+                             for i, key in (("e", "eval_loss"), ("t", "loss"))])
+    assert [r["forecast_detail"] for r in mixed] == ["[2.38, 2.47] @ 20k · eval_loss",
+                                                     "[2.38, 2.47] @ 20k · loss"]
     (nan,) = views.runs_rows([{"run": {"id": "n", "name": "n", "last_step": 2_000},
                                "forecast": dict(FORECAST, status="diverged", a=None, b=None,
                                                 c=None, prediction=None)}])
