@@ -112,6 +112,12 @@ def get_history(
     fits, run = forecast_store.fit_history(
         session, run_id=run_id, allowed_project=principal.project, limit=limit, key=key
     )
+    if horizon is None:
+        horizon = run.config.horizon(run.last_step)
+    reached = {}
+    if horizon is not None:  # each series the rows fitted (the default one may have switched)
+        reached = {k: forecast_store.loss_reached(session, run_id, k, horizon, run.last_step)
+                   for k in {stored.key for stored in fits}}
     return history_answer(
         run_id,
         fits,
@@ -120,4 +126,5 @@ def get_history(
         horizon=horizon,
         confidence=confidence,
         key=key,
+        reached=reached,
     )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -242,6 +242,7 @@ def history_answer(
     horizon: int | None = None,
     confidence: float = 0.9,
     key: str | None = None,
+    reached: Mapping[str, float | None] | None = None,
 ) -> ForecastHistory:
     """Each fit's forecast of the loss at one horizon, in the order given (oldest first), so
     one can watch the forecast settle.
@@ -254,9 +255,12 @@ def history_answer(
         horizon: the step to forecast; None: ``config.horizon(last_step)``.
         confidence: interval coverage in (0, 1).
         key: the series asked for (None: the default series).
+        reached: per series, the loss the run had at the horizon once it got there (the
+            caller reads it: :func:`loss_reached`); each row's ``final`` gives its series'.
     """
     if horizon is None:
         horizon = config.horizon(last_step)
+    reached = reached or {}
     points = [
         ForecastHistoryPoint(
             fitted_upto_step=stored.fit.fitted_upto_step,
@@ -264,7 +268,7 @@ def history_answer(
             status=stored.fit.status,
             key=stored.key,
             created_at=stored.created_at,
-            final=_prediction(stored.fit, horizon, confidence),
+            final=_prediction(stored.fit, horizon, confidence, reached.get(stored.key)),
             f_star=_f_star(stored.fit, confidence),
         )
         for stored in fits

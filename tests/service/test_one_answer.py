@@ -109,6 +109,13 @@ def test_api_cli_and_pages_agree(worker_server: str, project: str, tmp_path: Pat
     assert api_mid["prediction"]["reached"] is not None
     assert json.loads(_cli(export, "--horizon", "1000", "--json"))["prediction"] == (
         api_mid["prediction"])
+    # The history at that step: each fit's forecast there, beside the loss logged there for
+    # its series (the default series switched from loss to eval_loss mid-run).
+    history = httpx.get(f"{url}/api/v1/runs/{run_id}/forecast/history",
+                        params={"horizon": 1_000}, timeout=30).json()
+    by_key = {p["key"]: p["final"]["reached"] for p in history["points"]}
+    assert by_key[api_mid["key"]] == api_mid["prediction"]["reached"]
+    assert all(value is not None for value in by_key.values()), by_key
     # Without --config: the export's averaging weight gives c_warmup, so the same fit (it was
     # a fit from a burn-in chosen from the data, another status and forecast).
     text = _cli(export, "--horizon", str(horizon), config=False)
