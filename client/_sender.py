@@ -494,15 +494,19 @@ def report_leftovers(counters: Counters, spool_path: Path, *, run_id: str, url: 
             )
         return
     left = max(0, c.points_encoded - c.points_sent - c.points_dropped - c.points_rejected)
-    what = f"{left} points of run {run_id} and its final status" if left else (
-        f"the final status of run {run_id}"
+    points = f"{left} point{'' if left == 1 else 's'}"
+    what, kept, them = (
+        (f"{points} of run {run_id} and its final status", "they are", "them") if left
+        else (f"the final status of run {run_id}", "it is", "it")
     )
     log.warning(
-        "curvecast: %s could not be sent to %s within the flush timeout; they are kept in "
-        "%s. Upload them with:  curvecast sync %s --url %s",
+        "curvecast: %s could not be sent to %s within the flush timeout; %s kept in "
+        "%s. Upload %s with:  curvecast sync %s --url %s",
         what,
         url,
+        kept,
         spool_path,
+        them,
         spool_path,
         url,  # named, so that sync sends a token there (it never trusts run.json's URL alone)
     )

@@ -362,3 +362,20 @@ def test_watch_logs_the_learning_rates_of_a_plain_optimizer(
     assert stored["opt/lr/0"]["values"] == [0.1, 0.05, 0.025]
     assert stored["opt/lr/1"]["values"] == [0.5, 0.25, 0.125]
     assert get_run(sqlite_server, mon.run_id)["config"]["optimizer"]["name"] == "AdamW"
+
+
+@pytest.mark.parametrize(("left", "said"), [
+    (1, "1 point of run r and its final status could not be sent to http://x within the flush "
+        "timeout; they are kept in /spool/r. Upload them with:"),
+    (0, "the final status of run r could not be sent to http://x within the flush timeout; it "
+        "is kept in /spool/r. Upload it with:"),
+])
+def test_the_exit_message_counts_what_is_left_in_words(
+        left: int, said: str, caplog: pytest.LogCaptureFixture) -> None:
+    """It said "1 points ... they are kept", and "the final status ... they are kept"."""
+    from curvecast.client._sender import Counters, report_leftovers
+
+    report_leftovers(Counters(points_encoded=left), Path("/spool/r"), run_id="r",
+                     url="http://x", done=False)
+    (message,) = [r.getMessage() for r in caplog.records if "flush timeout" in r.getMessage()]
+    assert message.startswith(f"curvecast: {said}")
