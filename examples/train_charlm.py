@@ -21,17 +21,21 @@ from curvecast import Monitor, ScheduleFreePlus
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="curvecast service")
-    p.add_argument("--project", default="demo")
-    p.add_argument("--run-name", default="charlm-stdlib")
+    # The docstring's first paragraph (its first line alone stopped mid-sentence).
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    default = " (default: %(default)s)"  # argparse fills it in
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="curvecast service" + default)
+    p.add_argument("--project", default="demo", help="the run's project" + default)
+    p.add_argument("--run-name", default="charlm-stdlib", help="the run's name" + default)
     p.add_argument("--run-id", default=None, help="resume this run id after a restart")
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--steps", type=int, default=2000, help="training steps" + default)
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per step" + default)
+    p.add_argument("--block-size", type=int, default=64, help="characters per sequence" + default)
+    p.add_argument("--d-model", type=int, default=128, help="transformer width" + default)
+    p.add_argument("--layers", type=int, default=2, help="transformer layers" + default)
+    p.add_argument("--eval-every", type=int, default=20,
+                   help="steps between evaluations of the averaged weights (eval_loss; default: "
+                   "%(default)s)")
     p.add_argument(
         "--warmup-steps",
         type=int,
@@ -47,8 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "which needs as long again after it, is useful from 75%% of the run; the optimizer's "
         "own default, twice the warmup, would leave it too_early to the end)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0, help="torch's random seed" + default)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's own)")
     return p.parse_args(argv)
 
 
