@@ -285,14 +285,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the API server")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve = sub.add_parser(
+        "serve", help="run the API server",
+        description="Serve the REST API and the dashboards, with the background worker "
+        "(refits, alerts, webhooks) in the same process. A SQLite database is brought up to "
+        "date first; a PostgreSQL one must be ('curvecast migrate'). Settings not given here "
+        "come from CURVECAST_* environment variables (docs/deployment.md).")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--workers", type=int, default=1,
                        help="serve processes; with more than one, the background worker runs "
                        "once, in a process of its own")
-    serve.add_argument("--log-level", default="info")
-    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False)
+    serve.add_argument("--log-level", default="info",
+                       help="uvicorn's log level: critical, error, warning, info (default), "
+                       "debug, trace")
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False,
+                       help="log every request (default: off)")
     _add_db_option(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -305,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     work.set_defaults(func=cmd_worker)
 
     mig = sub.add_parser("migrate", help="upgrade the database schema")
-    mig.add_argument("--revision", default="head")
+    mig.add_argument("--revision", default="head",
+                     help="the schema revision to upgrade to (default: head, the newest)")
     mig.add_argument("--downgrade", metavar="REVISION", help="downgrade to REVISION ('base')")
     _add_db_option(mig)
     mig.set_defaults(func=cmd_migrate)
@@ -313,15 +323,19 @@ def build_parser() -> argparse.ArgumentParser:
     token = sub.add_parser("token", help="manage API tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     create = token_sub.add_parser("create", help="create a token (printed once)")
-    create.add_argument("--project", required=True)
-    create.add_argument("--scope", required=True, choices=["read", "ingest", "admin"])
-    create.add_argument("--name")
+    create.add_argument("--project", required=True,
+                        help="the one project the token opens (created if missing)")
+    create.add_argument("--scope", required=True, choices=["read", "ingest", "admin"],
+                        help="read: the project's runs, forecasts and alerts; ingest: also "
+                        "create runs, send points, acknowledge and silence alerts; admin: also "
+                        "delete runs, set alert rules and webhooks")
+    create.add_argument("--name", help="a label to recognise it by in 'token list'")
     _add_db_option(create)
     listing = token_sub.add_parser("list", help="list tokens")
-    listing.add_argument("--project")
+    listing.add_argument("--project", help="only this project's tokens")
     _add_db_option(listing)
     revoke = token_sub.add_parser("revoke", help="revoke a token")
-    revoke.add_argument("id", type=int)
+    revoke.add_argument("id", type=int, help="the token's id (from 'token list')")
     _add_db_option(revoke)
     token.set_defaults(func=cmd_token)
 

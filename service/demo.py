@@ -62,7 +62,12 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 def add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``curvecast demo``."""
-    demo = sub.add_parser("demo", help="serve and train a real model, forecasting live")
+    demo = sub.add_parser(
+        "demo", help="serve and train a real model, forecasting live",
+        description="Serve curvecast on 127.0.0.1 (a SQLite file in --dir), train a small "
+        "character-level transformer with ScheduleFree+ on the CPU, streaming to it, and show "
+        "the live forecast of its final eval loss; at the end, compare the forecasts made "
+        "early with the loss reached, then keep serving the dashboards until Ctrl-C.")
     demo.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                       help=f"training steps (default {DEFAULT_STEPS})")
     demo.add_argument(
@@ -79,9 +84,11 @@ def add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.add_argument(
         "--database-url", help="database (default: SQLite file curvecast.db in --dir)"
     )
-    demo.add_argument("--project", default="demo")
+    demo.add_argument("--project", default="demo", help="the run's project (default demo)")
     demo.add_argument("--target", type=float, help="target loss for the ETA (default: chosen)")
-    demo.add_argument("--size", choices=sorted(SIZES), default="small", help="model size")
+    demo.add_argument("--size", choices=sorted(SIZES), default="small",
+                      help="model size: small (width 128, 2 layers; default) or tiny (width 32, "
+                      "1 layer: a 200-step run takes seconds)")
     demo.add_argument(
         "--exit-when-done",
         action="store_true",
