@@ -96,7 +96,7 @@ class CompareEntry:
         return self.at_horizon.reached if self.at_horizon is not None else None
 
     @property
-    def value(self) -> float:
+    def rank_value(self) -> float:
         """What the run is ranked by at the horizon: the loss reached there, else the forecast
         (only for an entry with a forecast there)."""
         reached = self.reached
@@ -131,7 +131,7 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
     ended = [i for i, e in enumerate(entries) if e.ended_before(horizon)]
     ranked = sorted((i for i, e in enumerate(entries)
                      if e.at_horizon is not None and i not in ended),
-                    key=lambda i: entries[i].value)
+                    key=lambda i: entries[i].rank_value)
     without = [i for i, e in enumerate(entries) if e.at_horizon is None and i not in ended]
     ended_note = _ended_note([entries[i] for i in ended], horizon)
     if not ranked:
@@ -346,7 +346,7 @@ def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureS
         short = name if len(name) <= RANK_LABEL_CHARS else name[:RANK_LABEL_CHARS - 1] + "…"
         labels.append(("★ " if i == ranking.best else "") + fmt.esc(short))
         reached = entries[i].reached
-        value = pred.value if reached is None else reached
+        value = entries[i].rank_value
         values.append(value)
         # A loss reached is data: no error bar (its fit's interval is in the hover text).
         plus.append(gap(pred.hi, value) if reached is None else 0.0)
