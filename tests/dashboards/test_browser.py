@@ -233,55 +233,44 @@ def test_forecast_box_answers_through_the_rest_api(
     page = tab.page
     page.goto(f"{live}/runs/{run_id}")
     tab.wait_for_charts(("loss",))
-    page.fill("#ask-step-input", "15000")
-    page.click("#ask-step button")
-    page.wait_for_function(
-        "() => document.getElementById('ask-step-answer').textContent.includes('interval')")
-    answer = page.locator("#ask-step-answer").inner_text()
+
+    def ask(form: str, value: str, until: str) -> str:
+        """Type ``value`` into the box's ``form`` ("step" or "loss"), submit, and return the
+        answer once it contains ``until``."""
+        page.fill(f"#ask-{form}-input", value)
+        page.click(f"#ask-{form} button")
+        page.wait_for_function(f"""() => document.getElementById('ask-{form}-answer')
+            .textContent.includes({until!r})""")
+        return page.locator(f"#ask-{form}-answer").inner_text()
+
+    def rest(path: str, **params: float) -> dict[str, Any]:
+        answer: dict[str, Any] = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast{path}",
+                                           params=params).json()
+        return answer
+
+    answer = ask("step", "15000", "interval")
     assert answer.startswith("Loss at step 15,000: 2.") and "90% interval" in answer
     assert "logged" not in answer  # ahead of the run: nothing logged there yet
     assert page.locator("#ask-rest").inner_text() == (
         f"GET /api/v1/runs/{run_id}/forecast?horizon=15000")
     # A step the run is past: the loss it logged there too, the value REST answers.
-    page.fill("#ask-step-input", "1500")
-    page.click("#ask-step button")
-    page.wait_for_function(
-        "() => document.getElementById('ask-step-answer').textContent.includes('logged')")
-    behind = page.locator("#ask-step-answer").inner_text()
-    reached = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast",
-                        params={"horizon": 1500}).json()["prediction"]["reached"]
+    behind = ask("step", "1500", "logged")
+    reached = rest("", horizon=1500)["prediction"]["reached"]
     assert reached is not None
     assert f"the run is past this step and logged {fmt.loss(reached)} there" in behind
     # Before the fitted range: no forecast, but the loss logged there (it was an error line).
-    early = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast", params={"horizon": 250}).json()
-    assert early["prediction"]["value"] is None and early["prediction"]["reached"] is not None
-    page.fill("#ask-step-input", "250")
-    page.click("#ask-step button")
-    page.wait_for_function(
-        "() => document.getElementById('ask-step-answer').textContent.includes('Logged')")
-    assert page.locator("#ask-step-answer").inner_text().startswith(
-        f"Logged at step 250: {fmt.loss(early['prediction']['reached'])} (eval_loss, data). "
+    early = rest("", horizon=250)["prediction"]
+    assert early["value"] is None and early["reached"] is not None
+    assert ask("step", "250", "Logged").startswith(
+        f"Logged at step 250: {fmt.loss(early['reached'])} (eval_loss, data). "
         "No forecast: step 250 is before the fitted range")
-    page.fill("#ask-loss-input", "2.6")
-    page.click("#ask-loss button")
-    page.wait_for_function(
-        "() => document.getElementById('ask-loss-answer').textContent.includes('step')")
-    assert "is forecast at step" in page.locator("#ask-loss-answer").inner_text()
-    page.fill("#ask-loss-input", "0.5")
-    page.click("#ask-loss button")
-    page.wait_for_function(
-        "() => document.getElementById('ask-loss-answer').textContent.includes('reachable')")
-    assert page.locator("#ask-loss-answer").inner_text().startswith("Not reachable")
+    assert "is forecast at step" in ask("loss", "2.6", "step")
+    assert ask("loss", "0.5", "reachable").startswith("Not reachable")
     # A target the run already passed: answered from the data, the same step as REST's.
-    page.fill("#ask-loss-input", "100")
-    page.click("#ask-loss button")
-    page.wait_for_function(
-        "() => document.getElementById('ask-loss-answer').textContent.includes('reached')")
-    passed = page.locator("#ask-loss-answer").inner_text()
-    rest = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast/target",
-                     params={"loss": 100}).json()["target"]
-    assert rest["reached"] and passed.startswith("Already reached")
-    assert f"from step {rest['step']:,.0f} on" in passed
+    passed = ask("loss", "100", "reached")
+    target = rest("/target", loss=100)["target"]
+    assert target["reached"] and passed.startswith("Already reached")
+    assert f"from step {target['step']:,.0f} on" in passed
     tab.no_errors()
 
 
