@@ -88,7 +88,9 @@ def evaluate_round(
         out.extend(_transition(name, e, cfg, key, ctx) for e in events)
     if ctx.status in FINAL_RUN_STATUSES:
         # The points it sent before it ended have been judged; nothing is left to watch.
-        out += _close_all(new_state, ctx, configs, f"run ended ({ctx.status})")
+        # Said so: an on-call reader of "resolved" should not take it for a fix.
+        out += _close_all(new_state, ctx, configs,
+                          f"run ended ({ctx.status}) while the condition still held")
     return new_state, out
 
 

@@ -78,7 +78,7 @@ def test_a_run_that_ends_resolves_its_alerts_and_late_points_fire_nothing(
     _evaluate_all(factory)
     [(rule, state, description)] = _alerts(factory, run_id)
     assert (rule, state) == ("non_finite", "resolved")
-    assert f"Resolved: run ended ({status})." in description
+    assert f"Resolved: run ended ({status}) while the condition still held." in description
 
     # Points that arrive after the end (a late retry) are judged, and nothing stays open.
     _log(factory, run_id, range(30, 40), math.nan)
@@ -102,7 +102,8 @@ def test_points_sent_just_before_the_end_are_judged_first(
     _evaluate_all(factory)
     [(rule, state, description)] = _alerts(factory, run_id)
     assert (rule, state) == ("non_finite", "resolved")
-    assert "NaN or infinite" in description and "Resolved: run ended (failed)." in description
+    assert "NaN or infinite" in description
+    assert "Resolved: run ended (failed) while the condition still held." in description
 
 
 class _Outage:
