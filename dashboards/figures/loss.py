@@ -11,7 +11,14 @@ import numpy as np
 
 from curvecast.contract import RunConfig
 from curvecast.dashboards import fmt, palette
-from curvecast.dashboards.data import AlertData, ForecastData, Prediction, SeriesLike, as_series
+from curvecast.dashboards.data import (
+    AlertData,
+    ForecastData,
+    Prediction,
+    SeriesLike,
+    as_series,
+    to_float,
+)
 from curvecast.dashboards.figures.base import (
     CURVE_POINTS,
     FigureBuilder,
@@ -163,16 +170,36 @@ def evolution_figure(history: Mapping[str, Any], *, observed: float | None = Non
                      horizon_planned: bool = True) -> FigureSpec:
     """The forecast of the final loss (with interval) against the step at which it was made,
     so people see it settle. ``history`` is ``GET .../forecast/history``; ``observed``, the
-    loss the run reached at the horizon, is drawn across (how good each forecast was)."""
+    loss the run reached at the horizon, is drawn across (how good each forecast was).
+
+    The history's rows may be of two series: a run's default one switches from the training
+    loss to the eval loss once the eval loss has enough points. The rows of the history's own
+    series are the forecast (line and band); earlier rows of another series are a grey line,
+    named, not joined to it (one line through both jumped by the gap between the two losses).
+    """
     horizon = history.get("horizon")
-    points = [p for p in history.get("points", []) if p.get("final") and
-              p["final"].get("value") is not None and p.get("fitted_upto_step") is not None]
+    every = [p for p in history.get("points", []) if p.get("final") and
+             p["final"].get("value") is not None and p.get("fitted_upto_step") is not None]
+    key = history.get("key") or (every[-1].get("key") if every else None)
+    points = [p for p in every if p.get("key", key) == key]
     where = f"step {fmt.short_step(horizon)}" if horizon else "the horizon"
     if not horizon_planned and horizon:
         where += " (no total_steps)"
     fig = FigureBuilder(base_layout("evolution", f"Forecast evolution: loss at {where}", 340, [],
                                 x_title="forecast made with data up to step",
                                 y_title=f"forecast loss at {where}"))
+    others: dict[str, list[Mapping[str, Any]]] = {}
+    for p in every:
+        if p.get("key", key) != key:
+            others.setdefault(str(p["key"]), []).append(p)
+    for other, rows in others.items():
+        fig.add_trace({"type": "scatter", "mode": "lines+markers",
+                       "x": np.array([float(p["fitted_upto_step"]) for p in rows]),
+                       "y": np.array([to_float(p["final"].get("value")) for p in rows]),
+                       "name": f"earlier: forecast of the final {other}",
+                       "marker": {"size": 4}, "line": {"color": palette.GREY, "width": 1},
+                       "meta": {"role": "forecast_earlier", "key": other},
+                       "hovertemplate": "%{y:.4g}"})
     xs = np.array([float(p["fitted_upto_step"]) for p in points])
     finals = [Prediction.from_api(p["final"]) for p in points]
     value = np.array([f.value if f else math.nan for f in finals])
@@ -186,16 +213,18 @@ def evolution_figure(history: Mapping[str, Any], *, observed: float | None = Non
                    "fillcolor": palette.rgba(palette.VERMILLION, 0.16),
                    "meta": {"role": "band_hi"}})
     fig.add_trace({"type": "scatter", "x": xs, "y": value, "mode": "lines+markers",
-                   "name": "forecast of the final loss", "marker": {"size": 5},
+                   "name": (f"forecast of the final {key}" if others and key
+                            else "forecast of the final loss"), "marker": {"size": 5},
                    "line": {"color": palette.VERMILLION, "width": 2},
                    "meta": {"role": "forecast"}, "hovertemplate": "%{y:.4g}"})
     if observed is not None and math.isfinite(observed):
         fig.hline(observed, {"color": palette.BLACK, "width": 1, "dash": "dash"},
                   f"observed {fmt.loss(observed)}")
-    if not points:
+    if not every:
         fig.note("no forecast yet: the first fit comes seconds after the first points")
     else:
-        finite = np.concatenate([value, lo, hi])
+        earlier = [to_float(p["final"].get("value")) for rows in others.values() for p in rows]
+        finite = np.concatenate([value, lo, hi, np.array(earlier, dtype=float)])
         focus = focus_range([finite], [observed] if observed is not None else [])
         if focus is not None:
             fig.layout["yaxis"]["range"] = focus

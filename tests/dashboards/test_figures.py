@@ -312,6 +312,32 @@ def test_evolution_figure() -> None:
     assert any("no forecast yet" in a.text for a in empty.layout.annotations)
 
 
+def test_evolution_keeps_the_series_apart_when_the_default_one_switched() -> None:
+    """The run page's history is of the run's default series, which switches from the
+    training loss to the eval loss once that has enough points: one line through both rows
+    jumped by the gap between the two losses. The history's own series is the forecast; the
+    earlier rows are a grey line of their own, named."""
+    def row(step: int, key: str, v: float) -> dict[str, Any]:
+        return {"fitted_upto_step": step, "n_points": step, "status": "ok", "key": key,
+                "created_at": "2026-01-01T00:00:00Z",
+                "final": {"step": 20_000, "value": v, "lo": v - 0.1, "hi": v + 0.1},
+                "f_star": {"value": 2.0, "lo": 1.9, "hi": 2.1}}
+
+    history = {"run_id": "r", "horizon": 20_000, "key": "eval_loss", "points": [
+        row(100, "loss", 2.1), row(200, "loss", 2.05), row(400, "eval_loss", 2.6),
+        row(800, "eval_loss", 2.5)]}
+    fig = figures.evolution_figure(history).figure()
+    roles = by_role(fig)
+    (forecast,) = roles["forecast"]
+    assert list(forecast.x) == [400, 800] and forecast.name == "forecast of the final eval_loss"
+    assert list(roles["band_hi"][0].x) == [400, 800]
+    (earlier,) = roles["forecast_earlier"]
+    assert list(earlier.x) == [100, 200] and list(earlier.y) == [2.1, 2.05]
+    assert earlier.name == "earlier: forecast of the final loss"
+    low, high = fig.layout.yaxis.range
+    assert low < 2.05 and high > 2.6  # both in view
+
+
 def entry(name: str, final: float | None, lo: float = 0.0, hi: float = 0.0,
           index: int = 0) -> figures.CompareEntry:
     forecast: dict[str, Any] = dict(FORECAST, prediction=None if final is None else
