@@ -98,14 +98,6 @@ class SeriesData:
             return None
         return float(self.steps[-1]), float(self.values[-1])
 
-    def reached_at(self, step: float | None) -> float | None:
-        """The value at ``step`` once the series has got there (its last point at or before
-        it); None before that, for an empty series or a value that is not finite."""
-        if step is None or not len(self.steps) or self.steps[-1] < step:
-            return None
-        value = float(self.values[int(np.searchsorted(self.steps, step, side="right")) - 1])
-        return value if math.isfinite(value) else None
-
 
 SeriesLike = SeriesData | Mapping[str, Any]
 

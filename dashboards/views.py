@@ -158,14 +158,6 @@ class RunPage:
         key = eval_key(k for k, s in self._series.items() if len(s))
         return self._series.get(key) if key else None
 
-    def observed_at(self, step: float | None) -> float | None:
-        """The fitted series' value at ``step`` once the data have got there (the last point at
-        or before it), for the forecast evolution to be judged against; None before, or when
-        the page did not read that series."""
-        key = (self.forecast or {}).get("key") or ((self.history or {}).get("key"))
-        series = self._series.get(key) if isinstance(key, str) else None
-        return series.reached_at(step) if series is not None else None
-
     def cursor(self) -> dict[str, float]:
         """The last step drawn per key: live updates ask for points after it."""
         return {k: float(s.steps[-1]) for k, s in self._series.items() if len(s)}
@@ -199,9 +191,7 @@ def run_figures(page: RunPage, charts: Iterable[str] = RUN_CHARTS,
                                                    ended=ended)
         elif chart == "evolution":
             history = page.history or {"points": []}
-            out[chart] = figures.evolution_figure(
-                history, observed=page.observed_at(history.get("horizon")),
-                horizon_planned=planned)
+            out[chart] = figures.evolution_figure(history, horizon_planned=planned)
         else:
             raise ValueError(f"unknown chart {chart!r}; choose from {', '.join(RUN_CHARTS)}")
     return out

@@ -169,8 +169,9 @@ def loss_figure(
 def evolution_figure(history: Mapping[str, Any], *, observed: float | None = None,
                      horizon_planned: bool = True) -> FigureSpec:
     """The forecast of the final loss (with interval) against the step at which it was made,
-    so people see it settle. ``history`` is ``GET .../forecast/history``; ``observed``, the
-    loss the run reached at the horizon, is drawn across (how good each forecast was).
+    so people see it settle. ``history`` is ``GET .../forecast/history``; the loss the run
+    reached at the horizon (its rows' ``final.reached``, or ``observed``) is drawn across (how
+    good each forecast was).
 
     The history's rows may be of two series: a run's default one switches from the training
     loss to the eval loss once the eval loss has enough points. The rows of the history's own
@@ -182,6 +183,9 @@ def evolution_figure(history: Mapping[str, Any], *, observed: float | None = Non
              p["final"].get("value") is not None and p.get("fitted_upto_step") is not None]
     key = history.get("key") or (every[-1].get("key") if every else None)
     points = [p for p in every if p.get("key", key) == key]
+    if observed is None:  # the answer's own: the loss logged at the horizon, for its series
+        observed = next((r for r in (to_float(p["final"].get("reached")) for p in points)
+                         if math.isfinite(r)), None)
     where = f"step {fmt.short_step(horizon)}" if horizon else "the horizon"
     if not horizon_planned and horizon:
         where += " (no total_steps)"

@@ -114,10 +114,8 @@ def get_history(
     )
     if horizon is None:
         horizon = run.config.horizon(run.last_step)
-    reached = {}
-    if horizon is not None:  # each series the rows fitted (the default one may have switched)
-        reached = {k: forecast_store.loss_reached(session, run_id, k, horizon, run.last_step)
-                   for k in {stored.key for stored in fits}}
+    reached = forecast_store.losses_reached(session, run_id, (f.key for f in fits), horizon,
+                                            run.last_step)
     return history_answer(
         run_id,
         fits,

@@ -13,7 +13,7 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -465,6 +465,15 @@ def loss_reached(session: Session, run_id: uuid.UUID, key: str, step: int,
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def losses_reached(session: Session, run_id: uuid.UUID, keys: Iterable[str], step: int | None,
+                   last_step: int | None) -> dict[str, float | None]:
+    """:func:`loss_reached` of each of ``keys`` (the series a fit history's rows fitted: the
+    default one may have switched mid-run) at ``step``; ``{}`` without a step."""
+    if step is None:
+        return {}
+    return {key: loss_reached(session, run_id, key, step, last_step) for key in set(keys)}
 
 
 def latest_fit(

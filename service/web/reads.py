@@ -128,8 +128,12 @@ def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: 
         fits, _run = forecast_store.fit_history(session, run_id=run_id,
                                                 allowed_project=principal.project,
                                                 limit=HISTORY_FITS)
-        history = history_answer(run_id, fits, config=RunConfig.read(run.config),
-                                 last_step=run.last_step).model_dump(mode="json")
+        config = RunConfig.read(run.config)
+        horizon = config.horizon(run.last_step)
+        reached = forecast_store.losses_reached(session, run_id, (f.key for f in fits),
+                                                horizon, run.last_step)
+        history = history_answer(run_id, fits, config=config, last_step=run.last_step,
+                                 horizon=horizon, reached=reached).model_dump(mode="json")
         latest = fits[-1] if fits else None  # oldest first: the newest is the latest fit
     elif "loss" in charts:
         latest, _run = forecast_store.latest_fit(session, run_id=run_id,

@@ -449,25 +449,25 @@ def test_figure_json_of_every_kind_of_value_is_plotlys() -> None:
 
 def test_evolution_shows_the_loss_reached_at_the_horizon_once_reached() -> None:
     """Once the fitted series has a point at the horizon, the forecast evolution draws it
-    across, so each forecast can be judged against it; before that, nothing is drawn."""
-    history = {"horizon": 10_000, "key": "eval_loss", "points": [
-        {"fitted_upto_step": s, "n_points": s, "status": "ok", "key": "eval_loss",
-         "created_at": "2026-01-01T00:00:00Z",
-         "final": {"step": 10_000, "value": 2.4, "lo": 2.3, "hi": 2.5},
-         "f_star": {"value": 2.0, "lo": 1.9, "hi": 2.1}} for s in (2000, 4000, 6000)]}
-
-    def observed_lines(eval_steps: list[int]) -> list[Any]:
+    across, so each forecast can be judged against it; before that, nothing is drawn. The
+    value is the history's own (``final.reached``, the logged point), not the page's series
+    (block means on a long run)."""
+    def observed_lines(reached: float | None) -> list[Any]:
+        history = {"horizon": 10_000, "key": "eval_loss", "points": [
+            {"fitted_upto_step": s, "n_points": s, "status": "ok", "key": "eval_loss",
+             "created_at": "2026-01-01T00:00:00Z",
+             "final": {"step": 10_000, "value": 2.4, "lo": 2.3, "hi": 2.5, "reached": reached},
+             "f_star": {"value": 2.0, "lo": 1.9, "hi": 2.1}} for s in (2000, 4000, 6000)]}
         page = views.RunPage(
-            run={"id": "r", "config": {"total_steps": 10_000}, "last_step": eval_steps[-1]},
-            metrics=[downsampled("loss"), raw("eval_loss", eval_steps,
-                                              [2.9 - 5e-5 * s for s in eval_steps])],
-            forecast=dict(FORECAST, key="eval_loss"), history=history)
+            run={"id": "r", "config": {"total_steps": 10_000}, "last_step": 10_000},
+            metrics=[downsampled("loss")], forecast=dict(FORECAST, key="eval_loss"),
+            history=history)
         fig = views.run_figures(page, ["loss", "evolution"])["evolution"].figure()
         return [a for a in fig.layout.annotations if (a.text or "").startswith("observed")]
 
-    (line,) = observed_lines([5000, 9000, 10_000])
-    assert line.y == pytest.approx(2.9 - 0.5) and line.text == "observed 2.4"
-    assert observed_lines([5000, 9000]) == []  # the run has not got there yet
+    (line,) = observed_lines(2.4)
+    assert line.y == pytest.approx(2.4) and line.text == "observed 2.4"
+    assert observed_lines(None) == []  # the run has not got there yet
 
 
 def test_the_forecast_card_says_what_the_run_reached_at_the_horizon() -> None:
