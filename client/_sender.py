@@ -487,7 +487,7 @@ def report_leftovers(counters: Counters, spool_path: Path, *, run_id: str, url: 
     if done:
         if c.points_dropped or c.points_rejected:
             log.warning(
-                "curvecast: run %s finished; %d points were dropped and %d refused",
+                "curvecast: run %s finished; points dropped: %d, refused by the service: %d",
                 run_id,
                 c.points_dropped,
                 c.points_rejected,
@@ -511,4 +511,4 @@ def report_leftovers(counters: Counters, spool_path: Path, *, run_id: str, url: 
         url,  # named, so that sync sends a token there (it never trusts run.json's URL alone)
     )
     if c.points_dropped:
-        log.error("curvecast: %d points were lost (spool cap or errors)", c.points_dropped)
+        log.error("curvecast: points lost (spool cap or errors): %d", c.points_dropped)
