@@ -212,6 +212,29 @@ def test_runs_forecast_on_different_series_are_compared_on_one(
     assert body["verdict"]["best"] == str(train_only)
 
 
+def test_runs_with_no_series_in_common_are_compared_with_a_warning(
+        dash: str, project: str, client_for: Clients) -> None:
+    """One run logs only an eval loss, the other only a training loss: no series has a
+    forecast in both, so the page ranks them as they are, and its verdict says that the series
+    differ and names no clear winner."""
+    client = client_for(dash)
+    eval_only = uuid.uuid4()
+    syn.create_run(client, eval_only, project, name="eval-only")
+    steps = list(range(100, 3001, 100))
+    client.post(f"/api/v1/runs/{eval_only}/metrics", json={
+        "steps": steps, "values": {"eval_loss": [60 / (s + 300) ** 0.5 + 2.0 for s in steps]},
+    }).raise_for_status()
+    train_only = make_run(client, project, name="train-only", steps=3000, eval_every=None,
+                          curve=(60.0, 300.0, 1.8))
+    assert wait_for_fit(client, eval_only)["key"] == "eval_loss"
+    body = client.get("/dashboards/api/compare", params={"runs": f"{eval_only},{train_only}",
+                                                         "horizon": 10_000}).json()
+    verdict = body["verdict"]
+    assert not verdict["clear"]
+    assert ("Not like with like: the runs are forecast on different series (train-only: "
+            "loss; eval-only: eval_loss)") in verdict["message"]
+
+
 def test_compare_endpoint_names_the_best_run(dash: str, project: str,
                                              client_for: Clients) -> None:
     client = client_for(dash)
