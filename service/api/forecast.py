@@ -51,12 +51,6 @@ def get_forecast(
     stored, run = forecast_store.latest_fit(
         session, run_id=run_id, allowed_project=principal.project, key=key
     )
-    if horizon is None:
-        horizon = run.config.horizon(run.last_step)
-    reached = None
-    if stored is not None and horizon is not None:
-        reached = forecast_store.loss_reached(session, run_id, stored.key, horizon,
-                                              run.last_step)
     return forecast_answer(
         stored.fit if stored else None,
         config=run.config,
@@ -65,7 +59,7 @@ def get_forecast(
         confidence=confidence,
         key=stored.key if stored else key,
         fitted_at=stored.created_at if stored else None,
-        reached=reached,
+        reached=forecast_store.reached_reader(session, run_id, run.last_step),
     )
 
 
@@ -112,10 +106,6 @@ def get_history(
     fits, run = forecast_store.fit_history(
         session, run_id=run_id, allowed_project=principal.project, limit=limit, key=key
     )
-    if horizon is None:
-        horizon = run.config.horizon(run.last_step)
-    reached = forecast_store.losses_reached(session, run_id, (f.key for f in fits), horizon,
-                                            run.last_step)
     return history_answer(
         run_id,
         fits,
@@ -124,5 +114,5 @@ def get_history(
         horizon=horizon,
         confidence=confidence,
         key=key,
-        reached=reached,
+        reached=forecast_store.reached_reader(session, run_id, run.last_step),
     )

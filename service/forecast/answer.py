@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -51,6 +51,7 @@ from curvecast.service.schemas.forecast import (
 __all__ = [
     "PENDING",
     "Band",
+    "ReachedReader",
     "DatedFit",
     "band",
     "forecast_answer",
@@ -59,6 +60,11 @@ __all__ = [
     "offline_json",
     "target_answer",
 ]
+
+#: Reads the loss a run logged for series ``key`` (None: the one at hand) at ``step`` once it
+#: got there, else None: :func:`loss_reached` over the points at hand, or the store's over the
+#: database. The builders call it for the horizon they resolve, so no caller resolves it again.
+ReachedReader = Callable[[str | None, int], float | None]
 
 #: The status of a run the worker has not fitted yet (not a fit status: there is no fit).
 PENDING = "pending"
@@ -141,7 +147,7 @@ def forecast_answer(
     target_loss: float | None = None,
     key: str | None = None,
     fitted_at: datetime | None = None,
-    reached: float | None = None,
+    reached: ReachedReader | None = None,
 ) -> ForecastOut:
     """The forecast of one fit: parameters, f*, the loss at a horizon, maybe a target.
 
@@ -154,8 +160,8 @@ def forecast_answer(
         target_loss: also say when the loss reaches this value.
         key: the series that was fitted.
         fitted_at: when the fit was made.
-        reached: the loss the run had at the horizon, once it got there (the caller reads it
-            from the data: :func:`loss_reached`); the answer gives it beside the forecast.
+        reached: reads the loss the run had at the horizon, once it got there, for ``key``
+            (:data:`ReachedReader`); the answer gives it beside the forecast.
 
     Returns:
         The answer. Its objects are always present (with null numbers when the fit carries no
@@ -169,6 +175,7 @@ def forecast_answer(
         )
     if horizon is None:
         horizon = config.horizon(last_step)
+    at_horizon = reached(key, horizon) if reached is not None and horizon is not None else None
     return ForecastOut(
         status=fit.status,
         n_points=fit.n_points,
@@ -177,7 +184,7 @@ def forecast_answer(
         b=finite_or_none(fit.b),
         c=finite_or_none(fit.c),
         f_star=_f_star(fit, confidence),
-        prediction=_prediction(fit, horizon, confidence, reached),
+        prediction=_prediction(fit, horizon, confidence, at_horizon),
         target=None if target_loss is None else _target(fit, target_loss, confidence),
         key=key,
         burn_in=finite_or_none(fit.burn_in),
@@ -186,7 +193,8 @@ def forecast_answer(
         confidence=confidence,
         off_model=fit.off_model,
         useful_from_step=finite_or_none(fit.useful_from_step),
-        message=" ".join(m for m in (fit.message, _before_the_fit(fit, horizon, reached)) if m),
+        message=" ".join(m for m in (fit.message, _before_the_fit(fit, horizon, at_horizon))
+                         if m),
     )
 
 
@@ -242,7 +250,7 @@ def history_answer(
     horizon: int | None = None,
     confidence: float = 0.9,
     key: str | None = None,
-    reached: Mapping[str, float | None] | None = None,
+    reached: ReachedReader | None = None,
 ) -> ForecastHistory:
     """Each fit's forecast of the loss at one horizon, in the order given (oldest first), so
     one can watch the forecast settle.
@@ -255,12 +263,16 @@ def history_answer(
         horizon: the step to forecast; None: ``config.horizon(last_step)``.
         confidence: interval coverage in (0, 1).
         key: the series asked for (None: the default series).
-        reached: per series, the loss the run had at the horizon once it got there (the
-            caller reads it: :func:`loss_reached`); each row's ``final`` gives its series'.
+        reached: reads the loss the run had at the horizon once it got there
+            (:data:`ReachedReader`); each row's ``final`` gives its series' (the default series
+            may have switched mid-run: read once per series).
     """
     if horizon is None:
         horizon = config.horizon(last_step)
-    reached = reached or {}
+    fits = list(fits)
+    at_horizon: dict[str, float | None] = {}
+    if reached is not None and horizon is not None:
+        at_horizon = {k: reached(k, horizon) for k in {stored.key for stored in fits}}
     points = [
         ForecastHistoryPoint(
             fitted_upto_step=stored.fit.fitted_upto_step,
@@ -268,7 +280,7 @@ def history_answer(
             status=stored.fit.status,
             key=stored.key,
             created_at=stored.created_at,
-            final=_prediction(stored.fit, horizon, confidence, reached.get(stored.key)),
+            final=_prediction(stored.fit, horizon, confidence, at_horizon.get(stored.key)),
             f_star=_f_star(stored.fit, confidence),
         )
         for stored in fits

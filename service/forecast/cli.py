@@ -172,15 +172,10 @@ def forecast_result(steps: Sequence[float], losses: Sequence[float], *, cut: flo
     """
     config = config or RunConfig()
     pts = [(s, v) for s, v in zip(steps, losses, strict=True) if s <= cut]
-    fit = fit_curve([s for s, _ in pts], [v for _, v in pts], burn_in=burn_in, config=config,
+    cut_steps, cut_values = [s for s, _ in pts], [v for _, v in pts]
+    fit = fit_curve(cut_steps, cut_values, burn_in=burn_in, config=config,
                     confidence=confidence, lr=lr)
     last_step = max((s for s in steps if math.isfinite(s)), default=None)
-    if horizon is None:
-        horizon = config.horizon(None if last_step is None else round(last_step))
-    # The loss at the horizon once the points given (up to the cut) got there, as the API
-    # answers it from the stored points.
-    reached = (loss_reached([s for s, _ in pts], [v for _, v in pts], horizon)
-               if horizon is not None and pts else None)
     answer = forecast_answer(
         fit,
         config=config,
@@ -189,7 +184,9 @@ def forecast_result(steps: Sequence[float], losses: Sequence[float], *, cut: flo
         confidence=confidence,
         target_loss=target,
         key=key,
-        reached=reached,
+        # The loss at the horizon once the points given (up to the cut) got there, as the API
+        # answers it from the stored points.
+        reached=lambda _key, step: loss_reached(cut_steps, cut_values, step),
     )
     return offline_json(answer), fit
 

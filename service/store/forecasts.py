@@ -13,7 +13,7 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -467,13 +467,15 @@ def loss_reached(session: Session, run_id: uuid.UUID, key: str, step: int,
     return value if math.isfinite(value) else None
 
 
-def losses_reached(session: Session, run_id: uuid.UUID, keys: Iterable[str], step: int | None,
-                   last_step: int | None) -> dict[str, float | None]:
-    """:func:`loss_reached` of each of ``keys`` (the series a fit history's rows fitted: the
-    default one may have switched mid-run) at ``step``; ``{}`` without a step."""
-    if step is None:
-        return {}
-    return {key: loss_reached(session, run_id, key, step, last_step) for key in set(keys)}
+def reached_reader(session: Session, run_id: uuid.UUID, last_step: int | None
+                   ) -> Callable[[str | None, int], float | None]:
+    """:func:`loss_reached` for one run, as the answer builders take it (``(key, step)``: they
+    resolve the horizon, and a history reads each series its rows fitted; no key, no series)."""
+
+    def read(key: str | None, step: int) -> float | None:
+        return None if key is None else loss_reached(session, run_id, key, step, last_step)
+
+    return read
 
 
 def latest_fit(

@@ -66,21 +66,14 @@ def _forecast(session: Session, stored: StoredFit | None, run: RunOut,
               horizon: int | None = None) -> ForecastOut:
     """The forecast answer for a run's stored fit, as ``GET .../forecast`` gives it (with the
     loss reached at a horizon the run is past)."""
-    config = RunConfig.read(run.config)
-    if horizon is None:
-        horizon = config.horizon(run.last_step)
-    reached = None
-    if stored is not None and horizon is not None:
-        reached = forecast_store.loss_reached(session, run.id, stored.key, horizon,
-                                              run.last_step)
     return forecast_answer(
         stored.fit if stored else None,
-        config=config,
+        config=RunConfig.read(run.config),
         last_step=run.last_step,
         horizon=horizon,
         key=stored.key if stored else None,
         fitted_at=stored.created_at if stored else None,
-        reached=reached,
+        reached=forecast_store.reached_reader(session, run.id, run.last_step),
     )
 
 
@@ -128,12 +121,10 @@ def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: 
         fits, _run = forecast_store.fit_history(session, run_id=run_id,
                                                 allowed_project=principal.project,
                                                 limit=HISTORY_FITS)
-        config = RunConfig.read(run.config)
-        horizon = config.horizon(run.last_step)
-        reached = forecast_store.losses_reached(session, run_id, (f.key for f in fits),
-                                                horizon, run.last_step)
-        history = history_answer(run_id, fits, config=config, last_step=run.last_step,
-                                 horizon=horizon, reached=reached).model_dump(mode="json")
+        history = history_answer(
+            run_id, fits, config=RunConfig.read(run.config), last_step=run.last_step,
+            reached=forecast_store.reached_reader(session, run_id, run.last_step),
+        ).model_dump(mode="json")
         latest = fits[-1] if fits else None  # oldest first: the newest is the latest fit
     elif "loss" in charts:
         latest, _run = forecast_store.latest_fit(session, run_id=run_id,

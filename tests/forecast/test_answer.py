@@ -83,7 +83,7 @@ def test_a_step_before_the_fitted_range_has_no_forecast_and_says_why() -> None:
             "the loss from there on, not before; the loss logged there is in GET .../metrics")
     # With the loss logged there (the caller read it), the answer carries it and says so.
     logged = forecast_answer(fit, config=RunConfig(total_steps=2000), last_step=2000,
-                             horizon=700, reached=1.85)
+                             horizon=700, reached=lambda _key, _step: 1.85)
     assert logged.prediction is not None and logged.prediction.reached == 1.85
     assert logged.message.endswith("the loss logged there is in prediction.reached")
     values, _, _ = fit.predict_many([700, 760, 1000])
