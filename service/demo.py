@@ -45,7 +45,7 @@ from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_charlm.py"
-# d_model, layers. "small" (0.4M parameters) trains 2,000 steps in 70-95 s on 2 cores
+# d_model, layers. "small" (0.4M parameters) trains 2,000 steps in 70-105 s on 2 cores
 # (BENCHMARKS.md, "demo_run").
 SIZES = {"tiny": ("32", "1"), "small": ("128", "2")}
 #: Long enough for the eval curve to bend after averaging starts, so the forecast leaves
