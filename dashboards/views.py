@@ -335,6 +335,10 @@ class CompareRun:
     forecast: Mapping[str, Any] | None
     band: Sequence[Mapping[str, Any] | Prediction | None]
     at_horizon: Mapping[str, Any] | None  # ``prediction`` at the common horizon
+    #: The series the page compares on when the user chose one (``?key=``), and whether this
+    #: run logs it.
+    key: str | None = None
+    logs_key: bool = True
 
 
 def common_horizon(runs: Sequence[Mapping[str, Any]], requested: int | None = None) -> int | None:
@@ -357,7 +361,8 @@ def compare_entries(runs: Sequence[CompareRun]) -> list[figures.CompareEntry]:
     for item, same_name in zip(runs, shared, strict=True):
         fit = ForecastData.from_api(item.forecast)
         series = series_by_key(item.metrics)
-        key = (fit.key if fit and fit.key in series else None) or (
+        # The series the run is compared on: the one asked for, else its fit's, else a loss.
+        key = item.key or (fit.key if fit and fit.key in series else None) or (
             TRAIN_LOSS_KEY if TRAIN_LOSS_KEY in series else next(iter(series), TRAIN_LOSS_KEY))
         entries.append(figures.CompareEntry(
             run=item.run,
@@ -367,6 +372,7 @@ def compare_entries(runs: Sequence[CompareRun]) -> list[figures.CompareEntry]:
             at_horizon=Prediction.from_api(item.at_horizon) if fit is not None else None,
             same_name=same_name,
             status=(item.forecast or {}).get("status"),
+            absent_key=None if item.logs_key else item.key,
         ))
     return entries
 
@@ -387,7 +393,9 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
         ended = index in ranking.ended
         train_last, eval_last = lasts[index]
         # As the runs list's cell: the forecast, or the loss reached once the run got there.
-        cell = _forecast_cell(entry.at_horizon, entry.reached, entry.status)
+        cell = ({"forecast": "—", "forecast_detail": f"logs no {entry.absent_key}"}
+                if entry.absent_key else
+                _forecast_cell(entry.at_horizon, entry.reached, entry.status))
         rows.append({
             "run_id": str(entry.run.get("id")),
             "name": entry.name,

@@ -69,6 +69,8 @@ class CompareEntry:
     #: The status of the run's fit (``forecast`` is None for a fit without a curve, e.g.
     #: ``diverged``); None before its first fit.
     status: str | None = None
+    #: The series the page compares on (the user's choice), where this run does not log it.
+    absent_key: str | None = None
 
     @property
     def name(self) -> str:
@@ -133,12 +135,22 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
                      if e.at_horizon is not None and i not in ended),
                     key=lambda i: entries[i].rank_value)
     without = [i for i, e in enumerate(entries) if e.at_horizon is None and i not in ended]
+    # Runs that do not log the series the user chose: named, apart from the runs whose
+    # forecast is still to come.
+    absent = [i for i in without if entries[i].absent_key]
+    without = [i for i in without if not entries[i].absent_key]
     ended_note = _ended_note([entries[i] for i in ended], horizon)
+    if absent:
+        ended_note = _absent_note([entries[i] for i in absent]) + ended_note
     if not ranked:
+        if absent and not without and not ended:
+            message = f"No run here logs {entries[absent[0]].absent_key}: choose another series."
+            return Ranking(horizon, absent, None, False, message, ended)
         message = ("No run has a forecast yet: the first fit comes seconds after a run's first "
                    "points." if not ended else "No run can be compared at step "
                    f"{fmt.step(horizon)}: choose an earlier horizon.")
-        return Ranking(horizon, without + ended, None, False, message + ended_note, ended)
+        return Ranking(horizon, without + absent + ended, None, False, message + ended_note,
+                       ended)
     best = ranked[0]
     best_pred = _pred(entries[best])
     best_reached = entries[best].reached is not None
@@ -163,8 +175,8 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
                         "earlier.")
         if without:
             message += f" {len(without)} run(s) have no forecast yet."
-        return Ranking(horizon, ranked + without + ended, None, False, message + ended_note,
-                       ended)
+        return Ranking(horizon, ranked + without + absent + ended, None,
+                       False, message + ended_note, ended)
     # A run that got to the horizon is best by the loss it had there, not "will be".
     opening = (f"At {where} {entries[best].name} has the lowest loss: " if best_reached
                else f"At {where} the forecasts say {entries[best].name} will be best: ")
@@ -189,8 +201,8 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
         message += f" {mixed}"
     if without:
         message += f" {len(without)} run(s) have no forecast yet."
-    return Ranking(horizon, ranked + without + ended, best, clear, message + ended_note,
-                   ended)
+    return Ranking(horizon, ranked + without + absent + ended, best, clear,
+                   message + ended_note, ended)
 
 
 def _mixed_series(ranked: Sequence[CompareEntry]) -> str:
@@ -202,6 +214,14 @@ def _mixed_series(ranked: Sequence[CompareEntry]) -> str:
     return (f"Not like with like: the runs are forecast on different series ({each}), and no "
             "series has a forecast in every run; an evaluation loss and a training loss are "
             "apart by the generalisation gap.")
+
+
+def _absent_note(absent: Sequence[CompareEntry]) -> str:
+    """Names the runs that do not log the series the page compares on."""
+    key = absent[0].absent_key
+    names = ", ".join(e.name for e in absent)
+    verb = "logs" if len(absent) == 1 else "log"
+    return f" Not compared: {names} {verb} no {key}."
 
 
 def _standing(entry: CompareEntry) -> str:

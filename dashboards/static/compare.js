@@ -11,6 +11,7 @@
     return CFG.data + "/compare" + query({
       runs: (CFG.run_ids || []).join(","),
       horizon: CFG.horizon,
+      key: CFG.key,
       start: range ? range[0] : null,
       end: range ? range[1] : null,
     });
@@ -112,7 +113,7 @@
   }
 
   function addRun(id) {
-    window.location.href = cc.compareHref((CFG.run_ids || []).concat([id]), CFG.horizon);
+    window.location.href = cc.compareHref((CFG.run_ids || []).concat([id]), CFG.horizon, CFG.key);
   }
 
   function renderPicker() {

@@ -201,11 +201,12 @@
     return null;
   }
 
-  function compareHref(ids, horizon) {
+  function compareHref(ids, horizon, key) {
     // The compare page's address; pages.compare_href builds the same on the server, so the
     // runs list, the run page and the compare page's picker all agree on it.
     return "/compare?runs=" + ids.map(encodeURIComponent).join(",") +
-      (horizon ? "&horizon=" + encodeURIComponent(String(horizon)) : "");
+      (horizon ? "&horizon=" + encodeURIComponent(String(horizon)) : "") +
+      (key ? "&key=" + encodeURIComponent(key) : "");
   }
 
   function onReady(fn) {

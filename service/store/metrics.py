@@ -43,7 +43,7 @@ from sqlalchemy.orm import Session
 
 from curvecast.contract import MAX_STEP
 from curvecast.service.errors import InvalidInput, ReadTooLarge, RunNotFound
-from curvecast.service.models import MetricPoint, Run
+from curvecast.service.models import MetricPoint, Run, Series
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
 from curvecast.service.store._common import (
     is_postgres,
@@ -613,6 +613,21 @@ def _read_downsampled(
         max=buckets.vmax,
         count=buckets.count,
     )
+
+
+def logged_keys(session: Session, *, run_ids: Sequence[uuid.UUID], keys: Sequence[str]
+                ) -> dict[uuid.UUID, set[str]]:
+    """Which of ``keys`` each of ``run_ids`` logs (one statement over the runs' series; the
+    caller has checked that it may see the runs)."""
+    out: dict[uuid.UUID, set[str]] = {run_id: set() for run_id in run_ids}
+    if not run_ids or not keys:
+        return out
+    rows = session.execute(
+        select(Series.run_id, Series.key).where(Series.run_id.in_(list(run_ids)),
+                                                Series.key.in_(list(keys))))
+    for run_id, key in rows:
+        out[run_id].add(key)
+    return out
 
 
 def read_series(

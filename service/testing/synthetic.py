@@ -35,9 +35,11 @@ def batch(start: int, stop: int, *, total_steps: int, warmup_steps: int = 200,
           weight_decay: float = 5.0, prefix: str = LEGACY_PREFIX, norms_every: int = 10,
           eval_every: int | None = None, seed: int = 0, spikes: bool = True,
           wall0: float = 1.7e9, seconds_per_step: float = 0.05,
-          curve: tuple[float, float, float] = (A, B, C)) -> dict[str, Any]:
+          curve: tuple[float, float, float] = (A, B, C), eval_offset: float = -0.05
+          ) -> dict[str, Any]:
     """Steps [start, stop) as one columnar batch body (``null`` where a key is not logged);
-    the loss follows ``a / sqrt(t + b) + c`` (``curve``) plus noise and rare spikes."""
+    the loss follows ``a / sqrt(t + b) + c`` (``curve``) plus noise and rare spikes, the eval
+    loss (every ``eval_every`` steps) the same curve shifted by ``eval_offset``."""
     a, b, c0 = curve
     t = np.arange(start, stop, dtype=np.float64)
     rng = np.random.default_rng([seed, start])
@@ -79,7 +81,7 @@ def batch(start: int, stop: int, *, total_steps: int, warmup_steps: int = 200,
                                  for v, ok in zip(arr, logged, strict=True)]
     if eval_every:
         on = (t.astype(np.int64) % eval_every) == 0
-        ev = a / np.sqrt(t + b) + c0 - 0.05 + rng.normal(0, 0.005, n)
+        ev = a / np.sqrt(t + b) + c0 + eval_offset + rng.normal(0, 0.005, n)
         values["eval_loss"] = [float(v) if ok else None for v, ok in zip(ev, on, strict=True)]
     return {"steps": t.astype(np.int64).tolist(),
             "wall_time": (wall0 + t * seconds_per_step).tolist(), "values": values}

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from curvecast.contract import MAX_STEP
 from curvecast.dashboards import views
+from curvecast.service.api import forecast as forecast_api
 from curvecast.service.api._route import OneHopRoute
 from curvecast.service.deps import SessionDep
 from curvecast.service.errors import InvalidInput
@@ -66,11 +67,13 @@ def compare_figures(
     principal: PagePrincipal,
     runs: Annotated[str, Query(max_length=2000)],
     horizon: Annotated[int | None, Query(ge=1, le=MAX_STEP)] = None,
+    key: forecast_api.Key = None,
     start: Step = None,
     end: Step = None,
 ) -> Response:
-    """The compare page's figures: losses and forecasts overlaid, the ranking and verdict."""
+    """The compare page's figures: losses and forecasts overlaid, the ranking and verdict
+    (on the series ``key``, else on one every run has a forecast on)."""
     span, x_range = _span(start, end)
     items, common = reads.compare_runs(session, principal, reads.parse_run_ids(runs), horizon,
-                                       span)
+                                       span, key)
     return chart_json(views.compare_payload(items, common, x_range))

@@ -17,12 +17,13 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from markupsafe import Markup
+from pydantic import BeforeValidator
 
-from curvecast.contract import MAX_STEP
+from curvecast.contract import KEY_MAX_LENGTH, MAX_STEP, is_valid_key
 from curvecast.dashboards import figures, palette, views
 from curvecast.dashboards.figures.static_svg import static_svg
 from curvecast.service.deps import SessionDep, SettingsDep
-from curvecast.service.errors import ServiceError
+from curvecast.service.errors import InvalidInput, ServiceError
 from curvecast.service.schemas import PROJECT_FILTER_PATTERN, Principal, RunStatus
 from curvecast.service.web import reads
 from curvecast.service.web.login import page_principal, token_login
@@ -64,14 +65,16 @@ def _config(settings: SettingsDep, page_id: str, **extra: Any) -> dict[str, Any]
             "data": "/dashboards/api", "poll_ms": POLL_MS, **extra}
 
 
-def compare_href(run_ids: Sequence[str], horizon: int | None = None) -> str:
-    """The compare page's address for ``run_ids``: ``/compare?runs=ID1,ID2[&horizon=N]``.
+def compare_href(run_ids: Sequence[str], horizon: int | None = None,
+                 key: str | None = None) -> str:
+    """The compare page's address for ``run_ids``: ``/compare?runs=ID1,ID2[&horizon=N][&key=K]``.
 
     The one format every link to the page uses (the runs list's "Compare selected" and the
     compare page's picker build the same in ``dashboards.js``: ``cc.compareHref``).
     """
     href = "/compare?runs=" + ",".join(quote(i, safe="") for i in run_ids)
-    return href + (f"&horizon={horizon}" if horizon else "")
+    return (href + (f"&horizon={horizon}" if horizon else "")
+            + (f"&key={quote(key, safe='')}" if key else ""))
 
 
 def _rows(session: SessionDep, principal: Principal, project: str | None, status: str | None,
@@ -134,37 +137,65 @@ def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
     return _serve(request, settings, render)
 
 
+#: The compare form's horizon: its field left empty ("planned end") submits ``horizon=``.
+FormHorizon = Annotated[
+    int | None, BeforeValidator(lambda v: None if v == "" else v),
+    Query(description="Step to forecast to (default: the largest planned end)"),
+]
+
+
+def _check_horizon(horizon: int | None) -> int | None:
+    if horizon is not None and not 1 <= horizon <= MAX_STEP:
+        raise InvalidInput(f"horizon: a step from 1 to 2**62, got {horizon}")
+    return horizon
+
+
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(
     request: Request,
     settings: SettingsDep,
     session: SessionDep,
     runs: Annotated[str, Query(max_length=2000, description="Comma-separated run ids")] = "",
-    horizon: Annotated[int | None, Query(ge=1, le=MAX_STEP)] = None,
+    horizon: FormHorizon = None,
+    key: Annotated[str, Query(max_length=KEY_MAX_LENGTH,
+                              description="The series to compare on (default: one every run "
+                              "has a forecast on)")] = "",
 ) -> Response:
     """Several runs overlaid with their forecasts to a common horizon, which will be best, and
     a picker to add or drop runs."""
 
     def render(principal: Principal) -> Response:
         ids = reads.parse_run_ids(runs)
-        found = [reads.get_run(session, principal, i).model_dump(mode="json") for i in ids]
+        _check_horizon(horizon)
+        if key and not is_valid_key(key):  # "" is the form's "default"
+            raise InvalidInput(f"key: {key[:40]!r} is not a metric name; choose a series from "
+                               "the list, or leave it at the default")
+        chosen_runs = [reads.get_run(session, principal, i) for i in ids]
+        found = [run.model_dump(mode="json") for run in chosen_runs]
         keys = [str(i) for i in ids]
         listed = ",".join(keys)
         first = "/dashboards/api/compare?" + urlencode(
-            {"runs": listed, **({"horizon": horizon} if horizon else {})})
+            {"runs": listed, **({"horizon": horizon} if horizon else {}),
+             **({"key": key} if key else {})})
         # The picker: each run in the chart's colour with a link that drops it (the last
         # one stays: a comparison needs a run), and runs of the first run's project first.
         # Two runs of one name carry their short ids, as in the chart and the verdict.
         shared = figures.shared_names(found)
         chosen = [{**run, "name": figures.run_label(run, shared[index]),
                    "colour": palette.run_colour(index),
-                   "remove": compare_href([k for k in keys if k != run["id"]], horizon)
+                   "remove": compare_href([k for k in keys if k != run["id"]], horizon, key)
                    if len(keys) > 1 else None}
                   for index, run in enumerate(found)]
-        config = _config(settings, "compare", run_ids=keys, horizon=horizon,
+        # The series to compare on: those the runs log, each saying how many runs log it.
+        series = [{"key": name, "label": name if n == len(found) else
+                   f"{name} ({n} of {len(found)} runs)"}
+                  for name, n in reads.compare_series(session, chosen_runs)]
+        if key and key not in {s["key"] for s in series}:
+            series.append({"key": key, "label": f"{key} (no run logs it)"})
+        config = _config(settings, "compare", run_ids=keys, horizon=horizon, key=key or None,
                          project=found[0]["project"], max_runs=reads.MAX_COMPARE)
         return page("compare.html", title="Compare runs", runs=chosen, horizon=horizon or "",
-                    run_ids=listed, config=config, first_data=first,
+                    run_ids=listed, config=config, first_data=first, series=series, key=key,
                     max_runs=reads.MAX_COMPARE)
 
     return _serve(request, settings, render)

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from curvecast.contract import LOSS_KEYS, RunConfig
+from curvecast.contract import LOSS_KEYS, RunConfig, fit_candidates
 from curvecast.dashboards import views
 from curvecast.dashboards.data import Prediction, chart_horizon
 from curvecast.service.errors import InvalidInput, NotFound
@@ -63,15 +63,16 @@ def get_run(session: Session, principal: Principal, run_id: uuid.UUID) -> RunOut
 
 
 def _forecast(session: Session, stored: StoredFit | None, run: RunOut,
-              horizon: int | None = None) -> ForecastOut:
+              horizon: int | None = None, key: str | None = None) -> ForecastOut:
     """The forecast answer for a run's stored fit, as ``GET .../forecast`` gives it (with the
-    loss reached at a horizon the run is past)."""
+    loss reached at a horizon the run is past); ``key``: the series asked for, named in the
+    answer while it has no fit."""
     return forecast_answer(
         stored.fit if stored else None,
         config=RunConfig.read(run.config),
         last_step=run.last_step,
         horizon=horizon,
-        key=stored.key if stored else None,
+        key=stored.key if stored else key,
         fitted_at=stored.created_at if stored else None,
         reached=forecast_store.reached_reader(session, run.id, run.last_step),
     )
@@ -145,18 +146,32 @@ def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: 
 
 
 def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.UUID],
-                 horizon: int | None, span: tuple[int | None, int | None]
-                 ) -> tuple[list[views.CompareRun], int | None]:
+                 horizon: int | None, span: tuple[int | None, int | None],
+                 key: str | None = None) -> tuple[list[views.CompareRun], int | None]:
     """Each run's loss and its forecast to a common horizon (as asked, else
-    :func:`views.common_horizon`), and that horizon."""
+    :func:`views.common_horizon`), and that horizon.
+
+    With ``key`` every run is compared on that series (a run that does not log it is shown
+    as such); without, on the series :func:`_fits_on_one_series` picks.
+    """
     runs = [get_run(session, principal, i) for i in run_ids]
     common = views.common_horizon([r.model_dump(mode="json") for r in runs], horizon)
+    if key is None:
+        fits = _fits_on_one_series(session, principal, runs)
+        logged = [True] * len(runs)
+    else:
+        has = metric_store.logged_keys(session, run_ids=[r.id for r in runs], keys=[key])
+        logged = [key in has[run.id] for run in runs]
+        fits = [forecast_store.latest_fit(session, run_id=run.id, key=key,
+                                          allowed_project=principal.project)[0]
+                if logs else None for run, logs in zip(runs, logged, strict=True)]
     out = []
-    for run, stored in zip(runs, _fits_on_one_series(session, principal, runs), strict=True):
+    for run, stored, logs in zip(runs, fits, logged, strict=True):
         keys = views.chart_keys("loss")
-        if stored is not None and stored.key not in keys:  # the run's own fit_key
-            keys.append(stored.key)
-        forecast = _forecast(session, stored, run, common)
+        for wanted in (stored.key if stored is not None else None, key):  # the fit's, the asked
+            if wanted is not None and wanted not in keys:
+                keys.append(wanted)
+        forecast = _forecast(session, stored, run, common, key=key)
         out.append(views.CompareRun(
             run=run.model_dump(mode="json"),
             metrics=_series(session, principal, run.id, keys, span, views.MAX_POINTS["compare"]),
@@ -164,6 +179,8 @@ def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.
             band=_band(stored, common, forecast.confidence, COMPARE_BAND_SAMPLES),
             at_horizon=forecast.prediction.model_dump(mode="json") if forecast.prediction
             else None,
+            key=key,
+            logs_key=logs,
         ))
     return out, common
 
@@ -197,6 +214,20 @@ def _fits_on_one_series(session: Session, principal: Principal, runs: Sequence[R
         else:
             return shared
     return fits
+
+
+def compare_series(session: Session, runs: Sequence[RunOut]) -> list[tuple[str, int]]:
+    """The series the compare page offers to compare ``runs`` on: every series a forecast may
+    fit (the contract's loss names, and the runs' own ``fit_key``) that one of the runs logs,
+    in the contract's order, each with how many of the runs log it."""
+    candidates = list(LOSS_KEYS)
+    for run in runs:
+        for key in fit_candidates(RunConfig.read(run.config)):
+            if key not in candidates:
+                candidates.append(key)
+    has = metric_store.logged_keys(session, run_ids=[r.id for r in runs], keys=candidates)
+    counts = [(key, sum(key in keys for keys in has.values())) for key in candidates]
+    return [(key, n) for key, n in counts if n]
 
 
 def runs_rows(session: Session, principal: Principal, project: str | None,

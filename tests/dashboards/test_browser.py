@@ -584,6 +584,37 @@ def test_log_y_on_a_run_with_a_forecast_shows_the_losses(
 # --- compare: the picker -------------------------------------------------------------------
 
 
+def test_compare_on_the_series_chosen_in_the_list(
+    tab: Tab, live: str, client: httpx.Client,
+) -> None:
+    """Two runs that both evaluate open compared on their eval losses; choosing "loss" in the
+    "Series" list compares their training losses, and adding a run keeps the choice."""
+    project = f"series-{uuid.uuid4().hex[:8]}"
+    runs = [make_run(client, project, name=name, steps=1500, eval_every=150, seed=i)
+            for i, name in enumerate(("alpha", "beta", "gamma"))]
+    for run in runs:
+        wait_for_fit(client, run, key="loss")
+    page = tab.page
+    page.goto(f"{live}/compare?runs={runs[0]},{runs[1]}")
+    tab.wait_for_charts(("compare", "ranking"))
+    drawn = """() => [...new Set(document.getElementById('chart-compare').data
+        .filter(t => t.meta && t.meta.role === 'last').map(t => t.meta.key))]"""
+    assert page.evaluate(drawn) == ["eval_loss"]
+    page.select_option("#compare-key", "loss")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url(f"{live}/compare?runs={runs[0]}%2C{runs[1]}&horizon=&key=loss")
+    tab.wait_for_charts(("compare", "ranking"))
+    assert page.evaluate(drawn) == ["loss"]
+    assert page.locator("#compare-key").input_value() == "loss"
+    page.fill("#picker-search", "gamma")
+    page.wait_for_function("() => document.querySelectorAll('.picker-item').length === 1")
+    page.click(".picker-item")
+    page.wait_for_url(f"{live}/compare?runs={runs[0]},{runs[1]},{runs[2]}&key=loss")
+    tab.wait_for_charts(("compare", "ranking"))
+    assert page.evaluate(drawn) == ["loss"]
+    tab.no_errors()
+
+
 def test_compare_picker_adds_a_run_of_the_same_project_first(
     tab: Tab, live: str, client: httpx.Client, artifacts_dir: Path,
 ) -> None:

@@ -235,6 +235,67 @@ def test_runs_with_no_series_in_common_are_compared_with_a_warning(
             "loss; eval-only: eval_loss)") in verdict["message"]
 
 
+def test_compare_on_the_series_the_user_chooses(
+        dash: str, project: str, client_for: Clients) -> None:
+    """Two runs that both evaluate are compared on their eval losses by default; ``?key=loss``
+    compares their training losses instead (the page offers the series the runs log). A run
+    that does not log the chosen series is named, not ranked; a bad name is a 4xx."""
+    client = client_for(dash)
+    # The training losses rank the other way round from the eval losses.
+    first = make_run(client, project, name="first", steps=3000, eval_every=250,
+                     curve=(60.0, 300.0, 1.8), eval_offset=0.6)
+    second = make_run(client, project, name="second", steps=3000, eval_every=250,
+                      curve=(60.0, 300.0, 2.1), eval_offset=0.1)
+    for run in (first, second):
+        wait_for_fit(client, run, key="eval_loss")
+        wait_for_fit(client, run, key="loss")
+    runs = f"{first},{second}"
+
+    def compare(**params: Any) -> dict[str, Any]:
+        resp = client.get("/dashboards/api/compare",
+                          params={"runs": runs, "horizon": 10_000, **params})
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def keys(body: dict[str, Any]) -> set[str]:
+        return {t["meta"]["key"] for t in body["charts"]["compare"]["data"]
+                if t["meta"].get("role") == "last"}
+
+    default = compare()
+    assert keys(default) == {"eval_loss"} and default["verdict"]["best"] == str(second)
+    train = compare(key="loss")
+    assert keys(train) == {"loss"} and train["verdict"]["best"] == str(first)
+    assert train["charts"]["compare"]["layout"]["yaxis"]["title"]["text"] == "training loss"
+    # As the form submits it, the horizon left empty ("planned end"): that was a 422.
+    html = client.get("/compare", params={"runs": runs, "horizon": "", "key": "loss"}).text
+    assert '<option value="loss" selected>loss</option>' in html
+    assert '<option value="eval_loss">eval_loss</option>' in html
+    assert config_of(html)["key"] == "loss"
+    assert "&amp;key=loss" in html  # the links that drop a run keep the choice
+    # A third run logs no eval loss: with key=eval_loss it is named, and the others ranked.
+    third = make_run(client, project, name="third", steps=3000, eval_every=None,
+                     curve=(60.0, 300.0, 1.5))
+    wait_for_fit(client, third)
+    body = client.get("/dashboards/api/compare", params={
+        "runs": f"{runs},{third}", "horizon": 10_000, "key": "eval_loss"}).json()
+    assert body["verdict"]["best"] == str(second)
+    assert "Not compared: third logs no eval_loss." in body["verdict"]["message"]
+    row = next(r for r in body["rows"] if r["name"] == "third")
+    assert (row["forecast"], row["interval"]) == ("—", "logs no eval_loss")
+    html = client.get("/compare", params={"runs": f"{runs},{third}"}).text
+    assert '<option value="eval_loss">eval_loss (2 of 3 runs)</option>' in html
+    none = client.get("/dashboards/api/compare", params={"runs": str(third),
+                                                         "key": "eval_loss"}).json()
+    assert none["verdict"]["message"] == "No run here logs eval_loss: choose another series."
+    for bad in ("no spaces", "x" * 201):
+        assert client.get("/dashboards/api/compare",
+                          params={"runs": runs, "key": bad}).status_code == 422
+        page = client.get("/compare", params={"runs": runs, "key": bad})
+        assert page.status_code in (400, 422), bad
+    assert "is not a metric name" in client.get(
+        "/compare", params={"runs": runs, "key": "no spaces"}).text
+
+
 def test_compare_endpoint_names_the_best_run(dash: str, project: str,
                                              client_for: Clients) -> None:
     client = client_for(dash)
