@@ -495,6 +495,14 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         loss_key = item.get("loss_key")
         firing = item.get("firing")
         status = (item.get("forecast") or {}).get("status")
+        cell = _forecast_cell(pred, pred.reached if pred else None, status,
+                              key=fit.key if fit and len(fitted) > 1 else None)
+        if (pred is not None and RunConfig.read(run.get("config")).total_steps is None
+                and run.get("status") not in FINAL_RUN_STATUSES):
+            # No planned end: the contract's horizon is the last step logged, where the cell
+            # would show the loss just logged as "reached", a final that is not one.
+            cell = {"forecast": "—", "forecast_detail": "no planned end (total_steps)",
+                    "forecast_sort": ""}
         rows.append({
             "id": str(run["id"]),
             "name": figures.run_label(run, same_name),
@@ -506,8 +514,7 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "last_loss_sort": _sort_value(last_loss),
             # The column is the training loss; a run that logs only an eval loss says so.
             "last_loss_key": "" if loss_key in (None, *TRAIN_LOSS_KEYS) else str(loss_key),
-            **_forecast_cell(pred, pred.reached if pred else None, status,
-                             key=fit.key if fit and len(fitted) > 1 else None),
+            **cell,
             "off_model": bool(fit and fit.off_model),
             "f_star": fmt.loss(star.value) if star else "—",
             "f_star_sort": _sort_value(star.value if star else None),

@@ -765,7 +765,8 @@ def test_sparkline_is_numbers_only() -> None:
 def test_runs_rows() -> None:
     rows = views.runs_rows([
         {"run": {"id": "a", "name": "<b>x</b>", "project": "p", "status": "running",
-                 "last_step": 1234, "updated_at": "2026-01-01T00:00:00+00:00"},
+                 "last_step": 1234, "updated_at": "2026-01-01T00:00:00+00:00",
+                 "config": {"total_steps": 20_000}},
          "last_loss": 2.5, "spark_steps": [0, 1, 2], "spark_values": [3.0, 2.8, 2.5],
          "forecast": FORECAST, "firing": 2},
         {"run": {"id": "b", "name": "y", "project": "p", "status": "finished",
@@ -786,11 +787,25 @@ def test_runs_rows() -> None:
     assert float(done["forecast_sort"]) == 2.451
     # Forecasts of different series on one page (one run evaluates, one does not): each cell
     # names its series; where they are all of one, none does (as above).
-    mixed = views.runs_rows([{"run": {"id": i, "name": i, "last_step": 10},
+    mixed = views.runs_rows([{"run": {"id": i, "name": i, "last_step": 10,
+                                      "config": {"total_steps": 20_000}},
                               "forecast": dict(FORECAST, key=key)}
                              for i, key in (("e", "eval_loss"), ("t", "loss"))])
     assert [r["forecast_detail"] for r in mixed] == ["[2.38, 2.47] @ 20k · eval_loss",
                                                      "[2.38, 2.47] @ 20k · loss"]
+    # A running run with no planned end: its forecast's horizon is the step just logged, so
+    # there is no final to show (the cell showed the loss just logged as "reached"); once it
+    # has ended, its last step is its end.
+    at_last = dict(FORECAST, prediction=dict(FORECAST["prediction"], step=1234, reached=2.5))
+    (open_ended,) = views.runs_rows([{"run": {"id": "o", "name": "o", "status": "running",
+                                              "last_step": 1234, "config": {}},
+                                      "forecast": at_last}])
+    assert (open_ended["forecast"], open_ended["forecast_detail"]) == (
+        "—", "no planned end (total_steps)")
+    (ended,) = views.runs_rows([{"run": {"id": "o", "name": "o", "status": "finished",
+                                         "last_step": 1234, "config": {}},
+                                 "forecast": at_last}])
+    assert ended["forecast"] == "2.5" and ended["forecast_detail"] == "reached @ 1.23k; fit 2.42"
     (nan,) = views.runs_rows([{"run": {"id": "n", "name": "n", "last_step": 2_000},
                                "forecast": dict(FORECAST, status="diverged", a=None, b=None,
                                                 c=None, prediction=None)}])
