@@ -336,7 +336,9 @@
           nodes.push(" — this step is already behind the run: this is the fitted curve's value.");
         }
         if (f.off_model) nodes.push(" Warning: the recent loss departs from the fitted curve.");
-        if (f.status === "too_early" || f.status === "no_asymptote") nodes.push(" (" + f.status.replace(/_/g, " ") + ": " + f.message + ")");
+        // The statuses whose answers extend the current loss (contract.LEVEL_EXTENDING_STATUSES,
+        // from the page's config): the number is not the fitted curve's, and the message says why.
+        if (CFG.level_extending.indexOf(f.status) >= 0) nodes.push(" (" + f.status.replace(/_/g, " ") + ": " + f.message + ")");
         answer("ask-step-answer", nodes);
       }, function (err) { answer("ask-step-answer", [err.message], true); });
     });

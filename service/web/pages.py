@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, Response
 from markupsafe import Markup
 from pydantic import BeforeValidator
 
-from curvecast.contract import KEY_MAX_LENGTH, MAX_STEP, is_valid_key
+from curvecast.contract import KEY_MAX_LENGTH, LEVEL_EXTENDING_STATUSES, MAX_STEP, is_valid_key
 from curvecast.dashboards import figures, palette, views
 from curvecast.dashboards.figures.static_svg import static_svg
 from curvecast.service.deps import SessionDep, SettingsDep
@@ -123,7 +123,8 @@ def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
         config_rows = [(k, v if isinstance(v, str) else json.dumps(v))
                        for k, v in sorted(run.config.items())]
         config = _config(settings, "run", run_id=str(run_id), run_status=run.status,
-                         charts=list(views.RUN_CHARTS))
+                         charts=list(views.RUN_CHARTS),
+                         level_extending=list(LEVEL_EXTENDING_STATUSES))
         # The loss chart drawn by the server too: it shows at first paint, before plotly.js
         # (megabytes of JavaScript on a first visit) has loaded and drawn the real one.
         loss = views.run_figures(reads.run_page(session, principal, run_id, ["loss"],

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from curvecast.contract import LEVEL_EXTENDING_STATUSES
 from curvecast.dashboards import fmt
 from curvecast.service.testing import create_token
 from curvecast.service.testing import synthetic as syn
@@ -251,6 +252,12 @@ def test_forecast_box_answers_through_the_rest_api(
     answer = ask("step", "15000", "interval")
     assert answer.startswith("Loss at step 15,000: 2.") and "90% interval" in answer
     assert "logged" not in answer  # ahead of the run: nothing logged there yet
+    # A status whose answer extends the current loss says why (the page's list of them is
+    # the contract's, from its config).
+    status = rest("", horizon=15000)["status"]
+    assert page.evaluate("() => window.cc.CFG.level_extending") == list(
+        LEVEL_EXTENDING_STATUSES)
+    assert (f"({status.replace('_', ' ')}: " in answer) == (status in LEVEL_EXTENDING_STATUSES)
     assert page.locator("#ask-rest").inner_text() == (
         f"GET /api/v1/runs/{run_id}/forecast?horizon=15000")
     # A step the run is past: the loss it logged there too, the value REST answers.
