@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -47,6 +47,7 @@ __all__ = [
     "TargetEstimate",
     "as_float",
     "curve_gradient",
+    "ends_diverged",
     "finite_or_none",
     "level_points",
     "model",
@@ -70,6 +71,15 @@ STATUSES: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT, INSUFFICIENT, D
 #: Trailing non-finite points (NaN, ±inf) that make a series ``diverged``: one alone may be a
 #: skipped mixed-precision step (an inf loss, and the next one finite).
 DIVERGED_MIN_POINTS: Final = 3
+
+
+def ends_diverged(latest: Sequence[float | None]) -> bool:
+    """Whether a series whose latest values are ``latest`` (the newest
+    :data:`DIVERGED_MIN_POINTS`, or all of a shorter series) ends ``diverged``: that many of
+    them, none finite. The rule the solver applies to a whole series, for a caller that reads
+    only its tail (the worker's store)."""
+    return (len(latest) >= DIVERGED_MIN_POINTS
+            and not any(v is not None and math.isfinite(v) for v in latest))
 #: The statuses whose forecast has a value.
 _WITH_FORECAST: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT)
 

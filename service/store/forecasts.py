@@ -33,7 +33,7 @@ from curvecast.contract import (
 )
 from curvecast.service.errors import NotFound, RunNotFound
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS
-from curvecast.service.forecast.fit import DIVERGED_MIN_POINTS, Fit, FloatArray
+from curvecast.service.forecast.fit import DIVERGED_MIN_POINTS, Fit, FloatArray, ends_diverged
 from curvecast.service.models import (
     FitRecord,
     MetricPoint,
@@ -334,8 +334,7 @@ def _read_one(session: Session, job: FitJob, run: Hashable, key: str, sid: int, 
         is_default=is_default,
         steps_per_second=rate,
         lr=lr,
-        ends_non_finite=(len(latest) == DIVERGED_MIN_POINTS
-                         and not any(v is not None and math.isfinite(v) for v in latest)),
+        ends_non_finite=ends_diverged(latest),
     )
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from curvecast.service.forecast import Fit, model
+from curvecast.service.forecast.fit import ends_diverged
 from curvecast.service.forecast.solver import fit_curve
 
 
@@ -327,6 +328,10 @@ def test_a_series_that_ends_in_nan_is_diverged() -> None:
     assert two.status == "ok"
     assert fit_curve(t, y, config={"c_warmup": 20}, ends_non_finite=True).status == "diverged"
     assert fit_curve([1.0, 2.0, 3.0], [math.nan] * 3).status == "diverged"
+    # The same rule on a series' tail, as the worker reads it (NULL: a NaN stored).
+    assert ends_diverged([math.nan, math.inf, None])
+    assert not ends_diverged([math.nan, 2.5, math.nan])  # one finite point among them
+    assert not ends_diverged([math.nan, math.inf])  # two may be skipped mixed-precision steps
 
 
 def test_statuses_round_trip_through_storage(falling: Fit) -> None:
