@@ -154,7 +154,11 @@ class RunPage:
         return alerts_list(self.alerts)
 
     def eval_series(self) -> SeriesData | None:
-        """The evaluation-loss series, if the run logs one."""
+        """The evaluation-loss series, if the run logs one: the forecast's, where it is of one
+        (a run may log two, e.g. ``eval_loss`` and ``val_loss``, and the user pick either)."""
+        fitted = (self.forecast or {}).get("key")
+        if fitted in EVAL_LOSS_KEYS and len(self._series.get(fitted, ())):
+            return self._series[fitted]
         key = eval_key(k for k, s in self._series.items() if len(s))
         return self._series.get(key) if key else None
 

@@ -13,6 +13,7 @@
   function runFiguresUrl(charts, range) {
     return CFG.data + "/runs/" + CFG.run_id + "/figures" + query({
       charts: charts ? charts.join(",") : null,
+      key: CFG.key,
       start: range ? range[0] : null,
       end: range ? range[1] : null,
     });
@@ -236,7 +237,7 @@
     // One request for the run, its new points, the forecast and the alerts (each as its REST
     // route answers it, read together): four requests every 2 s per open page cost the
     // service more than the answers themselves.
-    var params = { horizon: run.state.horizon };
+    var params = { horizon: run.state.horizon, key: CFG.key };
     if (keys.length) {
       params.keys = keys.join(",");
       params.start = Math.max(0, maxCursor - LAG + 1);
@@ -309,7 +310,7 @@
       ev.preventDefault();
       var step = parseInt(document.getElementById("ask-step-input").value, 10);
       if (!(step >= 0)) { answer("ask-step-answer", ["Enter a step (a whole number ≥ 0)."], true); return; }
-      var path = base + query({ horizon: step });
+      var path = base + query({ horizon: step, key: CFG.key });
       setRest("/api/v1" + path);
       answer("ask-step-answer", ["Asking…"]);
       getJSON(CFG.api + path).then(function (f) {
@@ -346,7 +347,7 @@
       ev.preventDefault();
       var loss = parseFloat(document.getElementById("ask-loss-input").value);
       if (!isFinite(loss)) { answer("ask-loss-answer", ["Enter a loss value."], true); return; }
-      var path = base + "/target" + query({ loss: loss });
+      var path = base + "/target" + query({ loss: loss, key: CFG.key });
       setRest("/api/v1" + path);
       answer("ask-loss-answer", ["Asking…"]);
       getJSON(CFG.api + path).then(function (t) {

@@ -46,18 +46,20 @@ def run_figures(
     session: SessionDep,
     principal: PagePrincipal,
     charts: Annotated[str | None, Query(description="Comma-separated chart ids")] = None,
+    key: forecast_api.Key = None,
     start: Step = None,
     end: Step = None,
 ) -> Response:
     """The run page's figures (all, or ``charts``), optionally for the steps [start, end],
-    with the headline numbers and the live-update cursor."""
+    with the headline numbers and the live-update cursor; the forecast of the series ``key``
+    (default: the run's default series)."""
     wanted = [c for c in (charts or "").split(",") if c] or list(views.RUN_CHARTS)
     unknown = [c for c in wanted if c not in views.RUN_CHARTS]
     if unknown:
         raise InvalidInput(f"charts: unknown {unknown[0]!r}; choose from "
                            f"{', '.join(views.RUN_CHARTS)}")
     span, x_range = _span(start, end)
-    page = reads.run_page(session, principal, run_id, wanted, span)
+    page = reads.run_page(session, principal, run_id, wanted, span, key)
     return chart_json(views.run_payload(page, wanted, x_range))
 
 

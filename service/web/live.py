@@ -55,9 +55,10 @@ def live_poll(
     start: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
     max_points: Annotated[int | None, Query(ge=10, le=100_000)] = None,
     horizon: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
+    key: forecast_api.Key = None,
 ) -> LivePoll:
     """``GET /api/v1/runs/{id}``, ``.../metrics?keys&start&max_points`` (only with ``keys``),
-    ``.../forecast?horizon`` and ``.../alerts``, answered together."""
+    ``.../forecast?horizon&key`` and ``.../alerts``, answered together."""
     run = runs_api.get_run(run_id, session, principal)
     wanted = metrics_api.parse_keys(keys)
     metrics = (
@@ -66,6 +67,6 @@ def live_poll(
         if wanted else MetricsOut(run_id=run_id, series=[])
     )
     forecast = forecast_api.get_forecast(run_id, session, principal, horizon=horizon,
-                                         confidence=0.9, key=None)
+                                         confidence=0.9, key=key)
     alerts = alerts_api.run_alerts(run_id, session, principal, state=None, limit=100)
     return LivePoll(run=run, metrics=metrics, forecast=forecast, alerts=alerts)

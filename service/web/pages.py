@@ -24,7 +24,7 @@ from curvecast.dashboards import figures, palette, views
 from curvecast.dashboards.figures.static_svg import static_svg
 from curvecast.service.deps import SessionDep, SettingsDep
 from curvecast.service.errors import InvalidInput, ServiceError
-from curvecast.service.schemas import PROJECT_FILTER_PATTERN, Principal, RunStatus
+from curvecast.service.schemas import PROJECT_FILTER_PATTERN, Principal, RunOut, RunStatus
 from curvecast.service.web import reads
 from curvecast.service.web.login import page_principal, token_login
 from curvecast.service.web.responses import PAGE_HEADERS, error_page, fragment, page
@@ -112,28 +112,55 @@ def runs_table(request: Request, settings: SettingsDep, session: SessionDep,
     return fragment("_runs_rows.html", rows=rows)
 
 
+#: A page's "Series" list: "" is its default entry (the run's, or the runs', default series).
+SeriesChoice = Annotated[str, Query(max_length=KEY_MAX_LENGTH,
+                                    description="The loss series to forecast (empty: the "
+                                    "page's default)")]
+
+
+def _series_options(session: SessionDep, runs: Sequence[RunOut], key: str
+                    ) -> list[dict[str, str]]:
+    """The entries of a page's "Series" list: the loss series the runs log (with how many of
+    them log each, where not all do), and ``key`` however it came."""
+    if key and not is_valid_key(key):
+        raise InvalidInput(f"key: {key[:40]!r} is not a metric name; choose a series from "
+                           "the list, or leave it at the default")
+    options = [{"key": name, "label": name if n == len(runs) else
+                f"{name} ({n} of {len(runs)} runs)"}
+               for name, n in reads.loss_series(session, runs)]
+    if key and key not in {o["key"] for o in options}:
+        options.append({"key": key, "label": f"{key} (no run logs it)"})
+    return options
+
+
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
-             session: SessionDep) -> Response:
-    """One run: headline numbers, loss and forecast, optimizer telemetry, alerts, forecast
-    evolution, live."""
+             session: SessionDep, key: SeriesChoice = "") -> Response:
+    """One run: headline numbers, loss and forecast (of ``key``, else of the run's default
+    series), optimizer telemetry, alerts, forecast evolution, live."""
 
     def render(principal: Principal) -> Response:
         run = reads.get_run(session, principal, run_id)
+        series = _series_options(session, [run], key)
         config_rows = [(k, v if isinstance(v, str) else json.dumps(v))
                        for k, v in sorted(run.config.items())]
         config = _config(settings, "run", run_id=str(run_id), run_status=run.status,
-                         charts=list(views.RUN_CHARTS),
+                         charts=list(views.RUN_CHARTS), key=key or None,
                          level_extending=list(LEVEL_EXTENDING_STATUSES))
         # The loss chart drawn by the server too: it shows at first paint, before plotly.js
         # (megabytes of JavaScript on a first visit) has loaded and drawn the real one.
         loss = views.run_figures(reads.run_page(session, principal, run_id, ["loss"],
-                                                (None, None)), ["loss"])["loss"]
+                                                (None, None), key or None), ["loss"])["loss"]
+        first = f"/dashboards/api/runs/{run_id}/figures" + (
+            "?" + urlencode({"key": key}) if key else "")
+        # The list's default entry names the series it stands for (the default switches from
+        # the training loss to the eval loss once that has enough points).
+        default = reads.default_fit_key(session, principal, run_id) if len(series) > 1 else None
         return page("run.html", title=run.name or str(run_id), run=run.model_dump(mode="json"),
-                    config_rows=config_rows, config=config,
-                    compare_href=compare_href([str(run_id)]),
-                    first_data=f"/dashboards/api/runs/{run_id}/figures",
-                    loss_preview=Markup(static_svg(loss)))
+                    config_rows=config_rows, config=config, series=series, key=key,
+                    default_key=default,
+                    compare_href=compare_href([str(run_id)], key=key or None),
+                    first_data=first, loss_preview=Markup(static_svg(loss)))
 
     return _serve(request, settings, render)
 
@@ -158,9 +185,7 @@ def compare_page(
     session: SessionDep,
     runs: Annotated[str, Query(max_length=2000, description="Comma-separated run ids")] = "",
     horizon: FormHorizon = None,
-    key: Annotated[str, Query(max_length=KEY_MAX_LENGTH,
-                              description="The series to compare on (default: one every run "
-                              "has a forecast on)")] = "",
+    key: SeriesChoice = "",
 ) -> Response:
     """Several runs overlaid with their forecasts to a common horizon, which will be best, and
     a picker to add or drop runs."""
@@ -168,10 +193,8 @@ def compare_page(
     def render(principal: Principal) -> Response:
         ids = reads.parse_run_ids(runs)
         _check_horizon(horizon)
-        if key and not is_valid_key(key):  # "" is the form's "default"
-            raise InvalidInput(f"key: {key[:40]!r} is not a metric name; choose a series from "
-                               "the list, or leave it at the default")
         chosen_runs = [reads.get_run(session, principal, i) for i in ids]
+        series = _series_options(session, chosen_runs, key)
         found = [run.model_dump(mode="json") for run in chosen_runs]
         keys = [str(i) for i in ids]
         listed = ",".join(keys)
@@ -187,12 +210,6 @@ def compare_page(
                    "remove": compare_href([k for k in keys if k != run["id"]], horizon, key)
                    if len(keys) > 1 else None}
                   for index, run in enumerate(found)]
-        # The series to compare on: those the runs log, each saying how many runs log it.
-        series = [{"key": name, "label": name if n == len(found) else
-                   f"{name} ({n} of {len(found)} runs)"}
-                  for name, n in reads.compare_series(session, chosen_runs)]
-        if key and key not in {s["key"] for s in series}:
-            series.append({"key": key, "label": f"{key} (no run logs it)"})
         config = _config(settings, "compare", run_ids=keys, horizon=horizon, key=key or None,
                          project=found[0]["project"], max_runs=reads.MAX_COMPARE)
         return page("compare.html", title="Compare runs", runs=chosen, horizon=horizon or "",

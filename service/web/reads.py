@@ -103,17 +103,20 @@ def _series(session: Session, principal: Principal, run_id: uuid.UUID, keys: Seq
 
 
 def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: Sequence[str],
-             span: tuple[int | None, int | None]) -> views.RunPage:
+             span: tuple[int | None, int | None], key: str | None = None) -> views.RunPage:
     """Everything the run page's ``charts`` need, for steps in ``span`` (``(None, None)``: all).
 
-    The forecast is for the contract's horizon (the number the page prints); its band reaches
-    the loss chart's horizon (further ahead when the run plans no ``total_steps``).
+    The forecast is for the contract's horizon (the number the page prints), of the series
+    ``key`` (default: the run's default series); its band reaches the loss chart's horizon
+    (further ahead when the run plans no ``total_steps``).
     """
     run = get_run(session, principal, run_id)
     telemetry = [key for chart in charts if chart != "loss" for key in views.chart_keys(chart)]
+    loss_keys = views.chart_keys("loss") if "loss" in charts else []
+    if key is not None and loss_keys and key not in loss_keys:
+        loss_keys.append(key)
     metrics = [
-        *_series(session, principal, run_id, views.chart_keys("loss") if "loss" in charts else [],
-                 span, views.MAX_POINTS["loss"]),
+        *_series(session, principal, run_id, loss_keys, span, views.MAX_POINTS["loss"]),
         *_series(session, principal, run_id, telemetry, span, views.DEFAULT_MAX_POINTS),
     ]
     history = None
@@ -121,17 +124,17 @@ def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: 
     if "evolution" in charts:
         fits, _run = forecast_store.fit_history(session, run_id=run_id,
                                                 allowed_project=principal.project,
-                                                limit=HISTORY_FITS)
+                                                limit=HISTORY_FITS, key=key)
         history = history_answer(
-            run_id, fits, config=RunConfig.read(run.config), last_step=run.last_step,
+            run_id, fits, config=RunConfig.read(run.config), last_step=run.last_step, key=key,
             reached=forecast_store.reached_reader(session, run_id, run.last_step),
         ).model_dump(mode="json")
         latest = fits[-1] if fits else None  # oldest first: the newest is the latest fit
     elif "loss" in charts:
-        latest, _run = forecast_store.latest_fit(session, run_id=run_id,
+        latest, _run = forecast_store.latest_fit(session, run_id=run_id, key=key,
                                                  allowed_project=principal.project)
     wanted = "loss" in charts or "evolution" in charts
-    forecast = _forecast(session, latest, run) if wanted else None
+    forecast = _forecast(session, latest, run, key=key) if wanted else None
     end, _planned = chart_horizon(run.config, run.last_step)
     alerts = alert_store.run_alerts(session, run_id=run_id, state=None, limit=RUN_ALERTS,
                                     allowed_project=principal.project)
@@ -216,10 +219,18 @@ def _fits_on_one_series(session: Session, principal: Principal, runs: Sequence[R
     return fits
 
 
-def compare_series(session: Session, runs: Sequence[RunOut]) -> list[tuple[str, int]]:
-    """The series the compare page offers to compare ``runs`` on: every series a forecast may
-    fit (the contract's loss names, and the runs' own ``fit_key``) that one of the runs logs,
-    in the contract's order, each with how many of the runs log it."""
+def default_fit_key(session: Session, principal: Principal, run_id: uuid.UUID) -> str | None:
+    """The series a run's forecast is of when nobody chose one (None before its first fit)."""
+    stored, _run = forecast_store.latest_fit(session, run_id=run_id,
+                                             allowed_project=principal.project)
+    return stored.key if stored is not None else None
+
+
+def loss_series(session: Session, runs: Sequence[RunOut]) -> list[tuple[str, int]]:
+    """The series the pages offer to forecast ``runs`` on (the run page's and the compare
+    page's "Series" lists): every series a forecast may fit (the contract's loss names, and
+    the runs' own ``fit_key``) that one of the runs logs, in the contract's order, each with
+    how many of the runs log it."""
     candidates = list(LOSS_KEYS)
     for run in runs:
         for key in fit_candidates(RunConfig.read(run.config)):

@@ -281,6 +281,37 @@ def test_forecast_box_answers_through_the_rest_api(
     tab.no_errors()
 
 
+def test_run_page_shows_the_forecast_of_the_series_chosen_in_the_list(
+    tab: Tab, live: str, client: httpx.Client, streaming_run: tuple[uuid.UUID, str],
+) -> None:
+    """The run evaluates, so its forecast is of the eval loss; choosing "loss" in the list
+    shows the training loss's forecast, and the ask box asks REST about that series."""
+    run_id, _ = streaming_run
+    wait_for_fit(client, run_id, key="loss")
+    page = tab.page
+    page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(("loss",))
+    fit_name = """() => document.getElementById('chart-loss').data
+        .find(t => t.meta && t.meta.role === 'fit').name"""
+    assert page.evaluate(fit_name).endswith("to eval loss")
+    page.select_option("#run-key", "loss")
+    page.click("#series-form button[type=submit]")
+    page.wait_for_url(f"{live}/runs/{run_id}?key=loss")
+    tab.wait_for_charts(("loss", "evolution"))
+    assert page.evaluate(fit_name).endswith("to training loss")
+    page.fill("#ask-step-input", "15000")
+    page.click("#ask-step button")
+    page.wait_for_function(
+        "() => document.getElementById('ask-step-answer').textContent.includes('interval')")
+    assert page.locator("#ask-rest").inner_text() == (
+        f"GET /api/v1/runs/{run_id}/forecast?horizon=15000&key=loss")
+    value = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast",
+                      params={"horizon": 15000, "key": "loss"}).json()["prediction"]["value"]
+    assert page.locator("#ask-step-answer").inner_text().startswith(
+        f"Loss at step 15,000: {fmt.loss(value)}")
+    tab.no_errors()
+
+
 def test_a_target_the_fit_passed_but_the_data_did_not_reads_due_now(
     tab: Tab, live: str, client: httpx.Client, streaming_run: tuple[uuid.UUID, str],
 ) -> None:

@@ -14,6 +14,7 @@ import httpx
 import plotly
 import pytest
 
+from curvecast.dashboards import fmt
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.store import dashboard as dashboard_store
@@ -174,6 +175,56 @@ def test_run_figures_endpoint_and_zoom(dash: str, project: str, client_for: Clie
     missing = client.get(f"/dashboards/api/runs/{uuid.uuid4()}/figures")
     assert missing.status_code == 404 and missing.json()["error_code"] == "run_not_found"
     assert client.get(f"/runs/{uuid.uuid4()}").status_code == 404
+
+
+def test_run_page_forecasts_the_series_the_user_chooses(
+        dash: str, project: str, client_for: Clients) -> None:
+    """A run that evaluates is forecast on its eval loss; ``?key=loss`` shows the forecast of
+    its training loss instead: the headline numbers, the loss chart's fit, the evolution, the
+    live poll and the page's config (which the ask box sends on) all of that series."""
+    client = client_for(dash)
+    run_id = make_run(client, project, name="both", steps=3000, eval_every=250,
+                      curve=(60.0, 300.0, 1.8), eval_offset=0.6)
+    wait_for_fit(client, run_id, key="loss")
+    rest = {key: client.get(f"/api/v1/runs/{run_id}/forecast", params={"key": key}).json()
+            for key in ("loss", "eval_loss")}
+    assert rest["eval_loss"]["key"] == "eval_loss"  # the default
+
+    def figures(**params: Any) -> dict[str, Any]:
+        resp = client.get(f"/dashboards/api/runs/{run_id}/figures", params=params)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    for key, params in (("eval_loss", {}), ("loss", {"key": "loss"})):
+        body = figures(**params)
+        forecast = next(k for k in body["kpis"] if k["id"] == "forecast")
+        assert forecast["value"] == fmt.loss(rest[key]["prediction"]["value"]), key
+        fit = next(t for t in body["charts"]["loss"]["data"] if t["meta"]["role"] == "fit")
+        assert fit["name"].endswith("eval loss" if key == "eval_loss" else "training loss")
+        (drawn,) = [t for t in body["charts"]["evolution"]["data"]
+                    if t["meta"].get("role") == "forecast"]
+        history = client.get(f"/api/v1/runs/{run_id}/forecast/history",
+                             params={"key": key}).json()
+        assert _decode(drawn["y"])[-1] == pytest.approx(history["points"][-1]["final"]["value"])
+        live = client.get(f"/dashboards/api/runs/{run_id}/live",
+                          params={"horizon": 20_000, **params}).json()
+        assert live["forecast"]["key"] == key
+    html = client.get(f"/runs/{run_id}", params={"key": "loss"}).text
+    assert '<option value="loss" selected>loss</option>' in html
+    assert config_of(html)["key"] == "loss"
+    assert "figures?key=loss" in html  # the first data the page asks for
+    assert f"/compare?runs={run_id}&amp;key=loss" in html
+    default = client.get(f"/runs/{run_id}", params={"key": ""}).text
+    assert config_of(default)["key"] is None
+    assert '<option value="" selected>default: eval_loss</option>' in default
+    # A run that logs one loss series offers no list.
+    single = make_run(client, project, name="one", steps=1000, eval_every=None)
+    assert 'id="run-key"' not in client.get(f"/runs/{single}").text
+    missing = client.get(f"/runs/{run_id}", params={"key": "val_loss"})
+    assert missing.status_code == 404 and "has no series &#39;val_loss&#39;" in missing.text
+    assert client.get(f"/runs/{run_id}", params={"key": "a b"}).status_code == 422
+    assert client.get(f"/dashboards/api/runs/{run_id}/figures",
+                      params={"key": "a b"}).status_code == 422
 
 
 def _decode(array: object) -> list[float]:
