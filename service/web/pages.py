@@ -18,6 +18,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from markupsafe import Markup
 from pydantic import BeforeValidator
+from sqlalchemy.orm import Session
 
 from curvecast.contract import KEY_MAX_LENGTH, LEVEL_EXTENDING_STATUSES, MAX_STEP, is_valid_key
 from curvecast.dashboards import figures, palette, views
@@ -118,7 +119,7 @@ SeriesChoice = Annotated[str, Query(max_length=KEY_MAX_LENGTH,
                                     "page's default)")]
 
 
-def _series_options(session: SessionDep, runs: Sequence[RunOut], key: str
+def _series_options(session: Session, runs: Sequence[RunOut], key: str
                     ) -> list[dict[str, str]]:
     """The entries of a page's "Series" list: the loss series the runs log (with how many of
     them log each, where not all do), and ``key`` however it came."""
@@ -172,10 +173,11 @@ FormHorizon = Annotated[
 ]
 
 
-def _check_horizon(horizon: int | None) -> int | None:
+def _check_horizon(horizon: int | None) -> None:
+    """The bounds the form's horizon has once a blank one is None (checked here: the query's
+    own ``ge`` would also be applied to None)."""
     if horizon is not None and not 1 <= horizon <= MAX_STEP:
         raise InvalidInput(f"horizon: a step from 1 to 2**62, got {horizon}")
-    return horizon
 
 
 @router.get("/compare", response_class=HTMLResponse)
