@@ -185,7 +185,7 @@ def format_location(loc: tuple[int | str, ...]) -> str:
     return out or "body"
 
 
-def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     """Summarise pydantic errors: the first few, each naming the field and index."""
     if any(e.get("type") == "json_invalid" for e in errors):
         detail = next(e for e in errors if e.get("type") == "json_invalid")
@@ -237,7 +237,7 @@ def install_handlers(app: FastAPI, retry_after_s: int) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        code, message = _validation_message(list(exc.errors()))
+        code, message = validation_message(list(exc.errors()))
         return error_response(code, message)
 
     @app.exception_handler(StarletteHTTPException)

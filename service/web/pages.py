@@ -28,9 +28,9 @@ from curvecast.service.errors import InvalidInput, ServiceError
 from curvecast.service.schemas import PROJECT_FILTER_PATTERN, Principal, RunOut, RunStatus
 from curvecast.service.web import reads
 from curvecast.service.web.login import page_principal, token_login
-from curvecast.service.web.responses import PAGE_HEADERS, error_page, fragment, page
+from curvecast.service.web.responses import PAGE_HEADERS, PageRoute, error_page, fragment, page
 
-router = APIRouter()
+router = APIRouter(route_class=PageRoute)
 
 #: Where the pages' scripts reach the REST API: directly, or with auth on through the proxy
 #: that adds the login cookie's token (:mod:`.proxy`).

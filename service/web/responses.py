@@ -1,15 +1,20 @@
 """The answers every page route gives: HTML with the pages' security headers, error pages, and
-chart data as uncached JSON."""
+chart data as uncached JSON; and :class:`PageRoute`, which gives a page's unreadable query an
+error page too."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from typing import Any
 
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response
+from fastapi.routing import APIRoute
 
 from curvecast.dashboards import html
 from curvecast.service.config import Settings
-from curvecast.service.errors import ServiceError
+from curvecast.service.errors import InvalidInput, ServiceError, validation_message
 from curvecast.service.web.static import plotly_url
 
 # plotly.js compiles shader code with new Function (WebGL traces): 'unsafe-eval' is needed;
@@ -55,3 +60,24 @@ def error_page(settings: Settings, error: ServiceError) -> HTMLResponse:
 def chart_json(body: str) -> Response:
     """Chart data (already JSON): never cached, it changes with every new point."""
     return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
+
+
+class PageRoute(APIRoute):
+    """The route of a page a person opens (not ``/dashboards/api/...``, which scripts read):
+    a query FastAPI cannot read (``/compare?horizon=abc``, ``/?status=bogus``) is answered
+    with the error page and the same message the API would give, as every other error of a
+    page is, rather than with the API's JSON error body."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.path.startswith("/dashboards/api/"):
+            return handler
+
+        async def page_handler(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                _code, message = validation_message(list(exc.errors()))
+                return error_page(request.app.state.settings, InvalidInput(message))
+
+        return page_handler

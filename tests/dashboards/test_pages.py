@@ -98,7 +98,18 @@ def test_runs_list_shows_progress_loss_forecast_and_trend(dash: str, project: st
     form = client.get("/", params={"project": project, "status": "", "page_token": ""})
     assert form.status_code == 200 and str(fitted) in form.text
     assert client.get("/", params={"project": "", "status": ""}).status_code == 200
-    assert client.get("/", params={"status": "bogus"}).status_code == 422
+    # A query the page cannot read gets the error page, as every other error of a page does
+    # (it was the API's JSON body), with the API's message; the pages' scripts still get JSON.
+    for path, params, message in (
+            ("/", {"status": "bogus"}, "status: String should match pattern"),
+            ("/compare", {"runs": str(fitted), "horizon": "abc"},
+             "horizon: Input should be a valid integer"),
+            ("/runs/not-a-run", {}, "run_id: Input should be a valid UUID")):
+        resp = client.get(path, params=params)
+        assert resp.status_code == 422 and resp.headers["content-type"].startswith("text/html")
+        assert message in resp.text and "Content-Security-Policy" in resp.headers
+    api = client.get("/dashboards/api/compare", params={"runs": str(fitted), "horizon": "abc"})
+    assert api.status_code == 422 and api.json()["message"].startswith("horizon: ")
 
 
 def test_runs_list_gives_a_finished_run_the_loss_it_reached(dash: str, project: str,
