@@ -257,7 +257,11 @@ def run_kpis(page: RunPage) -> list[Kpi]:
             detail += ("; no asymptote yet: the current loss extended at the pace runs like "
                        "this one kept")
         tone = "good" if status == "ok" and not fit.off_model else "warn"
-        kpis.append(Kpi("forecast", f"Forecast at {where}", fmt.loss(pred.value), detail, tone))
+        # Named: beside the "Last train loss" card, an eval-loss forecast above the training
+        # loss read as a forecast that the loss will rise.
+        label = (f"Forecast of {fit.key} at {fmt.short_step(end)}" if fit.key and end is not None
+                 else f"Forecast at {where}")
+        kpis.append(Kpi("forecast", label, fmt.loss(pred.value), detail, tone))
     else:
         message = (page.forecast or {}).get("message") or "waiting for the first fit"
         kpis.append(Kpi("forecast", f"Forecast at {where}", "pending" if status == "pending"

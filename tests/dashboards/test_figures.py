@@ -484,6 +484,12 @@ def test_the_forecast_card_says_what_the_run_reached_at_the_horizon() -> None:
         return next(k.detail for k in views.run_kpis(page) if k.id == "forecast")
 
     assert card([5000, 20_000]).endswith("; reached 2.5 there")  # the prediction is at 20,000
+    # The card names its series: an eval-loss forecast above the training loss on the card
+    # beside it read as a loss going up.
+    page = views.RunPage(run={"id": "r", "config": {"total_steps": 20_000}, "last_step": 5000},
+                         metrics=[downsampled("loss")], forecast=dict(FORECAST, key="eval_loss"))
+    label = next(k.label for k in views.run_kpis(page) if k.id == "forecast")
+    assert label == "Forecast of eval_loss at 20k"
     assert "reached" not in card([5000, 10_000])
     # Before the status's long explanation: the card shows two lines of its detail (a finished
     # 600-step run's "reached" was cut off behind "no asymptote yet: ...").
