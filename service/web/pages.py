@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Query, Request
@@ -41,7 +41,9 @@ POLL_MS = 2000
 _STATUSES = ["running", "finished", "failed", "crashed"]
 
 #: A run status, or "" for any (what the filter form sends).
-StatusFilter = Annotated[str | None, Query(pattern=r"^(|running|finished|failed|crashed)$")]
+#: "" is the filter form's "any status"; a Literal, so that a bad value's message lists the
+#: statuses (a pattern's message quoted the regular expression).
+StatusFilter = Annotated[Literal["running", "finished", "failed", "crashed", ""] | None, Query()]
 ProjectFilter = Annotated[str | None, Query(pattern=PROJECT_FILTER_PATTERN)]
 PageToken = Annotated[str | None, Query(max_length=500)]
 
