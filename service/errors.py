@@ -19,7 +19,15 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from curvecast.service.schemas import ErrorOut
+from curvecast.contract import (
+    KEY_CHARS,
+    KEY_MAX_LENGTH,
+    KEY_PATTERN,
+    PROJECT_CHARS,
+    PROJECT_MAX_LENGTH,
+    PROJECT_PATTERN,
+)
+from curvecast.service.schemas import PROJECT_FILTER_PATTERN, ErrorOut
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +193,24 @@ def format_location(loc: tuple[int | str, ...]) -> str:
     return out or "body"
 
 
+def _chars(chars: str) -> str:
+    """A character class in words: ``A-Za-z0-9_.-`` -> ``A-Z a-z 0-9 _ . -``."""
+    rest = chars.removeprefix("A-Za-z0-9")
+    return "A-Z a-z 0-9 " + " ".join(rest) if rest != chars else chars
+
+
+#: What the names' patterns ask for, in words: a pattern's own message quotes the regular
+#: expression ("String should match pattern '^[A-Za-z0-9_.-]{0,100}$'").
+_PATTERN_WORDS = {
+    KEY_PATTERN: f"a metric name is 1-{KEY_MAX_LENGTH} characters from {_chars(KEY_CHARS)} "
+                 "(e.g. 'loss' or 'eval/loss')",
+    PROJECT_PATTERN: f"a project name is 1-{PROJECT_MAX_LENGTH} characters from "
+                     f"{_chars(PROJECT_CHARS)}",
+    PROJECT_FILTER_PATTERN: f"a project name is 1-{PROJECT_MAX_LENGTH} characters from "
+                            f"{_chars(PROJECT_CHARS)}",
+}
+
+
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     """Summarise pydantic errors: the first few, each naming the field and index."""
     if any(e.get("type") == "json_invalid" for e in errors):
@@ -198,6 +224,11 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str]:
     for err in errors[:5]:
         loc = tuple(err.get("loc", ()))
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        words = _PATTERN_WORDS.get(str((err.get("ctx") or {}).get("pattern")))
+        if err.get("type") == "string_pattern_mismatch" and words is not None:
+            # A dict key is named below already; another value is named here.
+            named = "" if loc and loc[-1] == "[key]" else f"{err.get('input')!r} is "
+            msg = f"{named}not valid: {words}"
         if loc and loc[-1] == "[key]":
             # A dict key failed (e.g. a metric name): name the key itself.
             where, msg = format_location(loc[:-2]), f"key {loc[-2]!r}: {msg}"

@@ -95,7 +95,9 @@ def test_wall_time_round_trip(run_url: str) -> None:
         ({"steps": [1, "2"], "values": {"loss": [1.0, 2.0]}}, 422, "steps[1]"),
         ({"steps": [1, 2], "values": {"loss": [1.0, "abc"]}}, 422, "values.loss: item 1"),
         ({"steps": [1, 2], "values": {"loss": [1.0, True]}}, 422, "values.loss: item 1"),
-        ({"steps": [1], "values": {"bad key!": [1.0]}}, 422, "key 'bad key!'"),
+        ({"steps": [1], "values": {"bad key!": [1.0]}}, 422,
+         "values: key 'bad key!': not valid: a metric name is 1-200 characters from A-Z a-z "
+         "0-9 _ . / - (e.g. 'loss' or 'eval/loss')"),
         ({"steps": [1], "values": {"x" * 201: [1.0]}}, 422, "key"),
         ({"steps": [1], "values": {}}, 422, "at least one metric key"),
         ({"steps": [1], "wall_time": [1.0, 2.0], "values": {"a": [1]}}, 422, "wall_time has 2"),

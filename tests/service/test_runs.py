@@ -62,6 +62,11 @@ def test_config_validation_names_the_field(server: str, project: str) -> None:
     assert "config.total_steps" in resp.json()["message"]
     bad_name = put_run(server, "bad project!")
     assert bad_name.status_code == 422 and "project" in bad_name.json()["message"]
+    # A pattern's message says what the name may hold, not the regular expression.
+    listed = httpx.get(f"{server}/api/v1/runs", params={"project": "my project"})
+    assert listed.status_code == 422 and listed.json()["message"] == (
+        "project: 'my project' is not valid: a project name is 1-100 characters from "
+        "A-Z a-z 0-9 _ . -")
 
 
 def test_list_paginates_and_filters(server: str, project: str) -> None:
