@@ -27,7 +27,7 @@ from curvecast.contract import (
     PROJECT_MAX_LENGTH,
     PROJECT_PATTERN,
 )
-from curvecast.service.schemas import PROJECT_FILTER_PATTERN, ErrorOut
+from curvecast.service.schemas import PRINTABLE_PATTERN, PROJECT_FILTER_PATTERN, ErrorOut
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,7 @@ _PATTERN_WORDS = {
                      f"{_chars(PROJECT_CHARS)}",
     PROJECT_FILTER_PATTERN: f"a project name is 1-{PROJECT_MAX_LENGTH} characters from "
                             f"{_chars(PROJECT_CHARS)}",
+    PRINTABLE_PATTERN: "control characters (a newline, a tab, ...) are not allowed here",
 }
 
 

@@ -51,9 +51,8 @@ TokenScope = Literal["read", "ingest", "admin"]
 MetricKey = Annotated[str, StringConstraints(pattern=KEY_PATTERN)]
 ProjectName = Annotated[str, StringConstraints(pattern=PROJECT_PATTERN)]
 # Names are free text (escaped wherever shown) but without control characters.
-RunName = Annotated[
-    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
-]
+PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+RunName = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=PRINTABLE_PATTERN)]
 Step = Annotated[StrictInt, Field(ge=0, le=MAX_STEP)]
 # Strict: a JSON number (int or float), never a boolean or a numeric string.
 WallTime = Annotated[float, Field(allow_inf_nan=False, strict=True)]

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 AlertState = Literal["pending", "firing", "resolved"]
 DeliveryStatus = Literal["pending", "delivered", "failed"]
-_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
+_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"  # schemas.PRINTABLE_PATTERN (errors say it in words)
 
 
 

@@ -67,6 +67,10 @@ def test_config_validation_names_the_field(server: str, project: str) -> None:
     assert listed.status_code == 422 and listed.json()["message"] == (
         "project: 'my project' is not valid: a project name is 1-100 characters from "
         "A-Z a-z 0-9 _ . -")
+    newline = put_run(server, project, name="lm\nv2")
+    assert newline.status_code == 422 and newline.json()["message"] == (
+        "name: 'lm\\nv2' is not valid: control characters (a newline, a tab, ...) are not "
+        "allowed here")
 
 
 def test_list_paginates_and_filters(server: str, project: str) -> None:
