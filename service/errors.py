@@ -199,15 +199,15 @@ def _chars(chars: str) -> str:
     return "A-Z a-z 0-9 " + " ".join(rest) if rest != chars else chars
 
 
+_PROJECT_WORDS = (f"a project name is 1-{PROJECT_MAX_LENGTH} characters from "
+                  f"{_chars(PROJECT_CHARS)}")
 #: What the names' patterns ask for, in words: a pattern's own message quotes the regular
 #: expression ("String should match pattern '^[A-Za-z0-9_.-]{0,100}$'").
 _PATTERN_WORDS = {
     KEY_PATTERN: f"a metric name is 1-{KEY_MAX_LENGTH} characters from {_chars(KEY_CHARS)} "
                  "(e.g. 'loss' or 'eval/loss')",
-    PROJECT_PATTERN: f"a project name is 1-{PROJECT_MAX_LENGTH} characters from "
-                     f"{_chars(PROJECT_CHARS)}",
-    PROJECT_FILTER_PATTERN: f"a project name is 1-{PROJECT_MAX_LENGTH} characters from "
-                            f"{_chars(PROJECT_CHARS)}",
+    PROJECT_PATTERN: _PROJECT_WORDS,
+    PROJECT_FILTER_PATTERN: _PROJECT_WORDS,  # a filter may be empty; a name may not
     PRINTABLE_PATTERN: "control characters (a newline, a tab, ...) are not allowed here",
 }
 

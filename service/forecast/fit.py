@@ -71,15 +71,6 @@ STATUSES: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT, INSUFFICIENT, D
 #: Trailing non-finite points (NaN, ±inf) that make a series ``diverged``: one alone may be a
 #: skipped mixed-precision step (an inf loss, and the next one finite).
 DIVERGED_MIN_POINTS: Final = 3
-
-
-def ends_diverged(latest: Sequence[float | None]) -> bool:
-    """Whether a series whose latest values are ``latest`` (the newest
-    :data:`DIVERGED_MIN_POINTS`, or all of a shorter series) ends ``diverged``: that many of
-    them, none finite. The rule the solver applies to a whole series, for a caller that reads
-    only its tail (the worker's store)."""
-    return (len(latest) >= DIVERGED_MIN_POINTS
-            and not any(v is not None and math.isfinite(v) for v in latest))
 #: The statuses whose forecast has a value.
 _WITH_FORECAST: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT)
 
@@ -93,6 +84,15 @@ LEVEL_MIN_POINTS: Final = 3
 def level_points(n_points: int) -> int:
     """How many of the latest ``n_points`` fitted points the current level is the median of."""
     return min(n_points, max(LEVEL_MIN_POINTS, int(round(LEVEL_FRACTION * n_points))))
+
+
+def ends_diverged(latest: Sequence[float | None]) -> bool:
+    """Whether a series whose latest values are ``latest`` (the newest
+    :data:`DIVERGED_MIN_POINTS`, or all of a shorter series) ends ``diverged``: that many of
+    them, none finite. The rule the solver applies to a whole series, for a caller that reads
+    only its tail (the worker's store)."""
+    return (len(latest) >= DIVERGED_MIN_POINTS
+            and not any(v is not None and math.isfinite(v) for v in latest))
 
 
 # --- small value types --------------------------------------------------------------------------

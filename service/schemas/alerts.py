@@ -17,9 +17,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from curvecast.service.schemas import PRINTABLE_PATTERN
+
 AlertState = Literal["pending", "firing", "resolved"]
 DeliveryStatus = Literal["pending", "delivered", "failed"]
-_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"  # schemas.PRINTABLE_PATTERN (errors say it in words)
+_PRINTABLE = PRINTABLE_PATTERN  # the run names' (errors say it in words)
 
 
 

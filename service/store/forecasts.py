@@ -13,7 +13,7 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,6 +32,7 @@ from curvecast.contract import (
     lr_key,
 )
 from curvecast.service.errors import NotFound, RunNotFound
+from curvecast.service.forecast.answer import ReachedReader
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS
 from curvecast.service.forecast.fit import DIVERGED_MIN_POINTS, Fit, FloatArray, ends_diverged
 from curvecast.service.models import (
@@ -467,7 +468,7 @@ def loss_reached(session: Session, run_id: uuid.UUID, key: str, step: int,
 
 
 def reached_reader(session: Session, run_id: uuid.UUID, last_step: int | None
-                   ) -> Callable[[str | None, int], float | None]:
+                   ) -> ReachedReader:
     """:func:`loss_reached` for one run, as the answer builders take it (``(key, step)``: they
     resolve the horizon, and a history reads each series its rows fitted; no key, no series)."""
 

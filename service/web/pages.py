@@ -121,13 +121,17 @@ SeriesChoice = Annotated[str, Query(max_length=KEY_MAX_LENGTH,
                                     "page's default)")]
 
 
+def _check_key(key: str) -> None:
+    """A "Series" choice is "" (the default) or a metric name (the API's ``?key=`` pattern)."""
+    if key and not is_valid_key(key):
+        raise InvalidInput(f"key: {key[:40]!r} is not a metric name; choose a series from "
+                           "the list, or leave it at the default")
+
+
 def _series_options(session: Session, runs: Sequence[RunOut], key: str
                     ) -> list[dict[str, str]]:
     """The entries of a page's "Series" list: the loss series the runs log (with how many of
     them log each, where not all do), and ``key`` however it came."""
-    if key and not is_valid_key(key):
-        raise InvalidInput(f"key: {key[:40]!r} is not a metric name; choose a series from "
-                           "the list, or leave it at the default")
     options = [{"key": name, "label": name if n == len(runs) else
                 f"{name} ({n} of {len(runs)} runs)"}
                for name, n in reads.loss_series(session, runs)]
@@ -144,6 +148,7 @@ def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
 
     def render(principal: Principal) -> Response:
         run = reads.get_run(session, principal, run_id)
+        _check_key(key)
         series = _series_options(session, [run], key)
         config_rows = [(k, v if isinstance(v, str) else json.dumps(v))
                        for k, v in sorted(run.config.items())]
@@ -198,6 +203,7 @@ def compare_page(
         ids = reads.parse_run_ids(runs)
         _check_horizon(horizon)
         chosen_runs = [reads.get_run(session, principal, i) for i in ids]
+        _check_key(key)
         series = _series_options(session, chosen_runs, key)
         found = [run.model_dump(mode="json") for run in chosen_runs]
         keys = [str(i) for i in ids]

@@ -163,11 +163,15 @@ def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.
         fits = _fits_on_one_series(session, principal, runs)
         logged = [True] * len(runs)
     else:
-        has = metric_store.logged_keys(session, run_ids=[r.id for r in runs], keys=[key])
-        logged = [key in has[run.id] for run in runs]
-        fits = [forecast_store.latest_fit(session, run_id=run.id, key=key,
-                                          allowed_project=principal.project)[0]
-                if logs else None for run, logs in zip(runs, logged, strict=True)]
+        fits, logged = [], []
+        for run in runs:
+            try:  # one statement: the run's newest fit of the series, and whether it has one
+                fits.append(forecast_store.latest_fit(session, run_id=run.id, key=key,
+                                                      allowed_project=principal.project)[0])
+                logged.append(True)
+            except NotFound:  # the run does not log this series
+                fits.append(None)
+                logged.append(False)
     out = []
     for run, stored, logs in zip(runs, fits, logged, strict=True):
         keys = views.chart_keys("loss")
