@@ -151,7 +151,8 @@ class Prediction:
     value: float
     lo: float
     hi: float
-    #: The loss logged at ``step``, once the run got there (``PredictionOut.reached``).
+    #: The loss the run had at ``step``, once it got there (``PredictionOut.reached``: the
+    #: series smoothed over the last 1% of the steps up to it).
     reached: float | None = None
 
     @classmethod

@@ -183,7 +183,7 @@ def evolution_figure(history: Mapping[str, Any], *, observed: float | None = Non
              p["final"].get("value") is not None and p.get("fitted_upto_step") is not None]
     key = history.get("key") or (every[-1].get("key") if every else None)
     points = [p for p in every if p.get("key", key) == key]
-    if observed is None:  # the answer's own: the loss logged at the horizon, for its series
+    if observed is None:  # the answer's own: the loss reached at the horizon, for its series
         observed = next((r for r in (to_float(p["final"].get("reached")) for p in points)
                          if math.isfinite(r)), None)
     where = f"step {fmt.short_step(horizon)}" if horizon else "the horizon"

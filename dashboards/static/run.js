@@ -315,12 +315,13 @@
       answer("ask-step-answer", ["Asking…"]);
       getJSON(CFG.api + path).then(function (f) {
         var p = f.prediction;
-        // A step the run is past: the loss it logged there (REST's prediction.reached).
+        // A step the run is past: the loss it had there (REST's prediction.reached: the series
+        // smoothed over the last 1% of the steps up to it).
         var logged = p && p.reached !== null && p.reached !== undefined ? p.reached : null;
         if (!p || p.value === null) {
           var why = f.status === "pending" ? "No forecast yet: " + f.message : "No forecast: " + (f.message || f.status);
           if (logged !== null) {
-            answer("ask-step-answer", ["Logged at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(logged) }),
+            answer("ask-step-answer", ["Reached at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(logged) }),
               " (" + (f.key || "loss") + ", data). " + why]);
           } else {
             answer("ask-step-answer", [why], true);
@@ -331,7 +332,7 @@
         var nodes = ["Loss at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(p.value) }),
           " (" + Math.round(f.confidence * 100) + "% interval " + fmtLoss(p.lo) + " – " + fmtLoss(p.hi) + ")"];
         if (logged !== null) {
-          nodes.push(" — the fitted curve's value; the run is past this step and logged ",
+          nodes.push(" — the fitted curve's value; the run is past this step and had ",
             el("b", { text: fmtLoss(logged) }), " there (" + (f.key || "loss") + ").");
         } else if (last !== null && last !== undefined && step <= last) {
           nodes.push(" — this step is already behind the run: this is the fitted curve's value.");

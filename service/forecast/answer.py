@@ -14,8 +14,8 @@ Functions:
   wall-clock ETA from the run's step rate.
 * :func:`history_answer` -- a :class:`ForecastHistory`: each stored fit's forecast at one horizon.
 * :func:`band` -- the forecast interval at many steps at once (the pages' band), as arrays.
-* :func:`loss_reached` -- the loss a series had at a step it got to (the answers give it
-  beside the forecast for that step).
+* :func:`loss_reached` -- the loss a series had at a step it got to, smoothed
+  (:func:`smoothed_reached`; the answers give it beside the forecast for that step).
 * :func:`offline_json` -- the subset of a :class:`ForecastOut` that ``curvecast forecast --json``
   prints (:data:`~curvecast.service.schemas.forecast.OFFLINE_KEYS`).
 
@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -50,6 +50,8 @@ from curvecast.service.schemas.forecast import (
 
 __all__ = [
     "PENDING",
+    "REACHED_MAX_POINTS",
+    "REACHED_WINDOW",
     "Band",
     "ReachedReader",
     "DatedFit",
@@ -58,12 +60,14 @@ __all__ = [
     "history_answer",
     "loss_reached",
     "offline_json",
+    "smoothed_reached",
     "target_answer",
 ]
 
-#: Reads the loss a run logged for series ``key`` (None: the one at hand) at ``step`` once it
-#: got there, else None: :func:`loss_reached` over the points at hand, or the store's over the
-#: database. The builders call it for the horizon they resolve, so no caller resolves it again.
+#: Reads the loss a run had for series ``key`` (None: the one at hand) at ``step`` once it
+#: got there (:func:`smoothed_reached`), else None: :func:`loss_reached` over the points at
+#: hand, or the store's over the database. The builders call it for the horizon they
+#: resolve, so no caller resolves it again.
 ReachedReader = Callable[[str | None, int], float | None]
 
 #: The status of a run the worker has not fitted yet (not a fit status: there is no fit).
@@ -98,19 +102,46 @@ def _prediction(fit: Fit, step: int | None, confidence: float,
     )
 
 
+#: The loss a run "reached" at a step is its series smoothed there: the median of the points
+#: logged over the last ``REACHED_WINDOW`` of the steps up to it (as the target answers'
+#: smoothing: medians over ~1% of a run), so one noisy training batch is not "the final loss".
+#: A sparse series (an eval every few percent) has one point there: its value is that point.
+REACHED_WINDOW: Final = 0.01
+#: ... at most this many of them, the latest (a dense series' window stays a cheap read).
+REACHED_MAX_POINTS: Final = 256
+
+
+def smoothed_reached(latest: Sequence[tuple[float, float]], step: float) -> float | None:
+    """The loss a series had at ``step`` (:data:`REACHED_WINDOW`'s rule), from its latest
+    points at or before ``step``, newest first (at least the :data:`REACHED_MAX_POINTS` latest
+    of them, or all there are).
+
+    The median of the finite values over ``(step * (1 - REACHED_WINDOW), step]``, or, where no
+    point falls there, the newest point alone. None with no point, or where the newest is NaN
+    or infinite (the series has no loss there: it diverged).
+    """
+    if not latest or not math.isfinite(latest[0][1]):
+        return None
+    start = step * (1.0 - REACHED_WINDOW)
+    window = [v for s, v in latest[:REACHED_MAX_POINTS] if s > start and math.isfinite(v)]
+    return float(np.median(window)) if len(window) > 1 else latest[0][1]
+
+
 def loss_reached(steps: Sequence[float], values: Sequence[float], step: float) -> float | None:
-    """The loss a series had at ``step`` once it got there: its last point at or before
-    ``step``, provided it has a point at or after it. None before that, with no point at or
-    before ``step``, or where that point is NaN or infinite.
+    """The loss a series had at ``step`` once it got there (:func:`smoothed_reached`),
+    provided it has a point at or after ``step``; else None.
 
     The offline CLI reads it from the points it fits; the store reads the same from the
     database (``store.forecasts.loss_reached``).
     """
-    at_or_before = [(s, v) for s, v in zip(steps, values, strict=True) if s <= step]
-    if not at_or_before or max(steps) < step:
+    t = np.asarray(steps, dtype=np.float64)
+    y = np.asarray(values, dtype=np.float64)
+    if t.size == 0 or t.max() < step:
         return None
-    value = max(at_or_before, key=lambda point: point[0])[1]
-    return value if math.isfinite(value) else None
+    before = np.flatnonzero(t <= step)
+    newest = before[np.argsort(-t[before], kind="stable")[:REACHED_MAX_POINTS]]
+    return smoothed_reached(list(zip(t[newest].tolist(), y[newest].tolist(), strict=True)),
+                            step)
 
 
 def _before_the_fit(fit: Fit, step: int | None, reached: float | None = None) -> str:
@@ -121,7 +152,7 @@ def _before_the_fit(fit: Fit, step: int | None, reached: float | None = None) ->
     where = "prediction.reached" if reached is not None else "GET .../metrics"
     return (f"step {step} is before the fitted range (steps {start:.0f} to "
             f"{fit.fitted_upto_step or start:.0f}): the model describes the loss from there on, "
-            f"not before; the loss logged there is in {where}")
+            f"not before; the loss the run had there is in {where}")
 
 
 def _f_star(fit: Fit, confidence: float) -> IntervalOut:

@@ -234,15 +234,16 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
         lines.append(f"forecast: the current loss {_fmt(fit.level)} extended at the pace runs "
                      "like this one kept, not the curve above")
     p = out["prediction"]
+    # The loss the points had there (smoothed: answer.smoothed_reached).
     logged = "" if p is None or p["reached"] is None else f"{_fmt(p['reached'])} (data)"
     if p is not None and p["value"] is None and fit.before_fitted_range(p["step"]):
         lines.append(f"loss at step {_fmt_step(p['step'])}: no forecast: it is before the fitted "
                      f"range (from step {_fmt_step(fit.fitted_from_step)}), which the model "
-                     "describes; the loss logged there is " + (logged or "in the file"))
+                     "describes; the loss there is " + (logged or "in the file"))
     elif p is not None:  # None only without a horizon (every step in the file is 0)
         lines.append(f"loss at step {_fmt_step(p['step'])}: {_fmt(p['value'])}  "
                      f"[{pct}: {_fmt(p['lo'])} – {_fmt(p['hi'])}]"
-                     + (f"; logged there: {logged}" if logged else ""))
+                     + (f"; reached there: {logged}" if logged else ""))
     s = out["f_star"]
     if s["value"] is None:
         lines.append(f"asymptote f*: not identifiable yet, at most {_fmt(s['hi'])}")

@@ -39,8 +39,10 @@ class PredictionOut(IntervalOut):
     step: int
     reached: float | None = Field(
         default=None,
-        description="The loss logged at `step` (the fitted series' last point at or before it) "
-        "once the run has a point at or after it; null before that, or where it is NaN",
+        description="The loss the run had at `step`, once the series has a point at or after "
+        "it: the median of its points over the last 1% of the steps up to `step` (where none "
+        "falls there, its last point before it), so one noisy batch is not taken for the "
+        "loss; null before that, or where the series' last value there is NaN or infinite",
     )
 
 

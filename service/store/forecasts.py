@@ -32,7 +32,12 @@ from curvecast.contract import (
     lr_key,
 )
 from curvecast.service.errors import NotFound, RunNotFound
-from curvecast.service.forecast.answer import ReachedReader
+from curvecast.service.forecast.answer import (
+    REACHED_MAX_POINTS,
+    REACHED_WINDOW,
+    ReachedReader,
+    smoothed_reached,
+)
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS
 from curvecast.service.forecast.fit import DIVERGED_MIN_POINTS, Fit, FloatArray, ends_diverged
 from curvecast.service.models import (
@@ -445,26 +450,36 @@ def _no_such_series(run_id: uuid.UUID, key: str) -> str:
 def loss_reached(session: Session, run_id: uuid.UUID, key: str, step: int,
                  last_step: int | None) -> float | None:
     """The loss ``key`` had at ``step`` once the run got there (``answer.loss_reached``'s rule,
-    read from the database): its last point at or before ``step``, provided the series has a
-    point at or after it. None before that, or where that value is NaN or infinite.
+    read from the database): the series smoothed over the last ``REACHED_WINDOW`` of the steps
+    up to ``step`` (:func:`~curvecast.service.forecast.answer.smoothed_reached`), provided the
+    series has a point at or after ``step``. None before that, or where its point at or before
+    ``step`` is NaN or infinite.
 
     Forecast answers give it beside the forecast for a step the run is past. The run's
     ``last_step`` (already read) decides whether to look at all: the horizon asked about is
-    usually ahead of the run, and those answers cost no statement more.
+    usually ahead of the run, and those answers cost no statement more. Past it, one statement
+    reads the window's points (at most ``REACHED_MAX_POINTS``, by the series' step index).
     """
     if last_step is None or last_step < step:
         return None
     sid = select(Series.id).where(Series.run_id == run_id, Series.key == key).scalar_subquery()
     points = MetricPoint.__table__.c
-    before = (select(points.value).where(points.series_id == sid, points.step <= step)
-              .order_by(points.step.desc()).limit(1).scalar_subquery())
+    newest = select(func.max(points.step)).where(points.series_id == sid, points.step <= step)
     after = select(points.step).where(points.series_id == sid, points.step >= step).exists()
-    row = session.execute(select(before, after)).one()
-    value, got_there = row
-    if not got_there or value is None:
+    # Steps are whole numbers: "above step * (1 - window)" is "above its floor", an integer
+    # bound the step index can use on PostgreSQL.
+    start = math.floor(step * (1.0 - REACHED_WINDOW))
+    rows = session.execute(
+        select(points.step, points.value, after)
+        .where(points.series_id == sid, points.step <= step,
+               or_(points.step > start, points.step == newest.scalar_subquery()))
+        .order_by(points.step.desc()).limit(REACHED_MAX_POINTS)
+    ).all()
+    if not rows or not rows[0][2]:
         return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+    # A non-finite value may be stored as NULL (a backend without NaN): NaN here.
+    return smoothed_reached(
+        [(float(s), math.nan if v is None else float(v)) for s, v, _ in rows], step)
 
 
 def reached_reader(session: Session, run_id: uuid.UUID, last_step: int | None

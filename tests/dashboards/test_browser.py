@@ -251,7 +251,7 @@ def test_forecast_box_answers_through_the_rest_api(
 
     answer = ask("step", "15000", "interval")
     assert answer.startswith("Loss at step 15,000: 2.") and "90% interval" in answer
-    assert "logged" not in answer  # ahead of the run: nothing logged there yet
+    assert "had" not in answer  # ahead of the run: it has no loss there yet
     # A status whose answer extends the current loss says why (the page's list of them is
     # the contract's, from its config).
     status = rest("", horizon=15000)["status"]
@@ -260,16 +260,16 @@ def test_forecast_box_answers_through_the_rest_api(
     assert (f"({status.replace('_', ' ')}: " in answer) == (status in LEVEL_EXTENDING_STATUSES)
     assert page.locator("#ask-rest").inner_text() == (
         f"GET /api/v1/runs/{run_id}/forecast?horizon=15000")
-    # A step the run is past: the loss it logged there too, the value REST answers.
-    behind = ask("step", "1500", "logged")
+    # A step the run is past: the loss it had there too, the value REST answers.
+    behind = ask("step", "1500", "had")
     reached = rest("", horizon=1500)["prediction"]["reached"]
     assert reached is not None
-    assert f"the run is past this step and logged {fmt.loss(reached)} there" in behind
-    # Before the fitted range: no forecast, but the loss logged there (it was an error line).
+    assert f"the run is past this step and had {fmt.loss(reached)} there" in behind
+    # Before the fitted range: no forecast, but the loss it had there (it was an error line).
     early = rest("", horizon=250)["prediction"]
     assert early["value"] is None and early["reached"] is not None
-    assert ask("step", "250", "Logged").startswith(
-        f"Logged at step 250: {fmt.loss(early['reached'])} (eval_loss, data). "
+    assert ask("step", "250", "Reached").startswith(
+        f"Reached at step 250: {fmt.loss(early['reached'])} (eval_loss, data). "
         "No forecast: step 250 is before the fitted range")
     assert "is forecast at step" in ask("loss", "2.6", "step")
     assert ask("loss", "0.5", "reachable").startswith("Not reachable")

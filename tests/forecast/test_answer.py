@@ -80,12 +80,13 @@ def test_a_step_before_the_fitted_range_has_no_forecast_and_says_why() -> None:
         assert out.prediction is not None and out.prediction.value is None
         assert out.message.endswith(
             f"step {step} is before the fitted range (steps 760 to 2000): the model describes "
-            "the loss from there on, not before; the loss logged there is in GET .../metrics")
+            "the loss from there on, not before; the loss the run had there is in GET "
+            ".../metrics")
     # With the loss logged there (the caller read it), the answer carries it and says so.
     logged = forecast_answer(fit, config=RunConfig(total_steps=2000), last_step=2000,
                              horizon=700, reached=lambda _key, _step: 1.85)
     assert logged.prediction is not None and logged.prediction.reached == 1.85
-    assert logged.message.endswith("the loss logged there is in prediction.reached")
+    assert logged.message.endswith("the loss the run had there is in prediction.reached")
     values, _, _ = fit.predict_many([700, 760, 1000])
     assert math.isnan(values[0]) and np.isfinite(values[1:]).all()
     assert values[1:] == pytest.approx([fit.predict(760).value, fit.predict(1000).value])

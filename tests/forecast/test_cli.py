@@ -352,23 +352,25 @@ def test_a_horizon_before_the_fitted_range_is_no_forecast_with_the_reason(
     assert main([str(csv_file), "--horizon", "50"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("loss at step"))
     assert line.startswith("loss at step 50: no forecast: it is before the fitted range (from "
-                           "step ") and line.endswith("the loss logged there is in the file")
+                           "step ") and line.endswith("the loss there is in the file")
 
 
-def test_a_horizon_the_points_got_to_is_answered_with_the_loss_logged_there(
+def test_a_horizon_the_points_got_to_is_answered_with_the_loss_reached_there(
         csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """"Loss at step N?" for a step the run is past: beside the fit's value, the loss logged
-    there (its last point at or before N), as the API answers it; only from the points the
-    command fits (``--upto``), and not for a step past the last of them."""
+    """"Loss at step N?" for a step the run is past: beside the fit's value, the loss the
+    points had there (the median of those over the last 1% of the steps up to N), as the API
+    answers it; only from the points the command fits (``--upto``), and not for a step past
+    the last of them."""
     t, y = _curve()
-    at = int(t[120])  # between two points: the one before it is the answer
+    at = int(t[120])  # between two points; the window (0.99 N, N] holds this one and one more
+    window = y[(t > 0.99 * at) & (t <= at)]
+    assert window.size == 2
     out = run_json(capsys, str(csv_file), "--horizon", str(at))
-    before = int(np.searchsorted(t, at, side="right")) - 1
-    assert out["prediction"]["reached"] == pytest.approx(float(y[before]), abs=1e-6)
+    assert out["prediction"]["reached"] == pytest.approx(float(np.median(window)), abs=1e-6)
     assert out["prediction"]["value"] is not None  # the fit's value stays the forecast
     assert main([str(csv_file), "--horizon", str(at)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("loss at step"))
-    assert line.endswith(f"; logged there: {float(y[before]):.4g} (data)")
+    assert line.endswith(f"; reached there: {float(np.median(window)):.4g} (data)")
     cut = run_json(capsys, str(csv_file), "--horizon", str(at), "--upto-step", str(int(t[100])))
     assert cut["prediction"]["reached"] is None  # at the cut, the run was not there yet
     assert run_json(capsys, str(csv_file), "--horizon", "30000")["prediction"]["reached"] is None
