@@ -266,16 +266,19 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         message = (page.forecast or {}).get("message") or "waiting for the first fit"
         kpis.append(Kpi("forecast", f"Forecast at {where}", "pending" if status == "pending"
                         else "—", str(message)))
+    # Named as the forecast card is: f* is the asymptote of the series that card forecasts.
+    # (The label fits a card; "asymptote c" goes to the detail.)
+    star = f"f* of {fit.key}" if fit is not None and fit.key else "f* (asymptote c)"
     if fit is not None and fit.f_star is not None:
-        kpis.append(Kpi("f_star", "f* (asymptote c)", fmt.loss(fit.f_star.value),
-                        f"{fit.confidence:.0%} interval "
+        kpis.append(Kpi("f_star", star, fmt.loss(fit.f_star.value),
+                        f"the asymptote c, {fit.confidence:.0%} interval "
                         f"{fmt.interval(fit.f_star.lo, fit.f_star.hi)}"))
     elif fit is not None:
         # The same truth as REST's f_star (value null, hi = at most): not identifiable yet.
         detail = f"not identifiable yet ({str(status).replace('_', ' ')})"
         if fit.f_star_at_most is not None:
             detail += f": at most {fmt.loss(fit.f_star_at_most)}"
-        kpis.append(Kpi("f_star", "f* (asymptote c)", "—", detail, "warn"))
+        kpis.append(Kpi("f_star", star, "—", detail, "warn"))
     else:
         waiting = "no fit yet" if status == "pending" else str(status).replace("_", " ")
         kpis.append(Kpi("f_star", "f* (asymptote c)", "—", waiting))

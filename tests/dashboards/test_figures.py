@@ -488,8 +488,9 @@ def test_the_forecast_card_says_what_the_run_reached_at_the_horizon() -> None:
     # beside it read as a loss going up.
     page = views.RunPage(run={"id": "r", "config": {"total_steps": 20_000}, "last_step": 5000},
                          metrics=[downsampled("loss")], forecast=dict(FORECAST, key="eval_loss"))
-    label = next(k.label for k in views.run_kpis(page) if k.id == "forecast")
-    assert label == "Forecast of eval_loss at 20k"
+    labels = {k.id: k.label for k in views.run_kpis(page)}
+    assert labels["forecast"] == "Forecast of eval_loss at 20k"
+    assert labels["f_star"] == "f* of eval_loss"  # the same series' asymptote
     assert "reached" not in card([5000, 10_000])
     # Before the status's long explanation: the card shows two lines of its detail (a finished
     # 600-step run's "reached" was cut off behind "no asymptote yet: ...").
@@ -847,6 +848,7 @@ def test_headline_and_chart_tell_the_statuses_truth() -> None:
                          metrics=metrics, forecast=no_asym, band=BAND)
     kpis = {k.id: k for k in views.run_kpis(page)}
     assert kpis["f_star"].value == "—" and "at most 2.5" in kpis["f_star"].detail
+    assert kpis["f_star"].label == f"f* of {no_asym['key']}"
     assert "no asymptote" in kpis["fit"].value and kpis["forecast"].value == "2.42"
     roles = by_role(views.run_figures(page, ["loss"])["loss"].figure())
     assert "f_star" not in roles and "forecast" in roles
