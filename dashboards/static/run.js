@@ -366,8 +366,16 @@
             " — the run is not forecast to get there."]);
           return;
         }
-        var nodes = ["Loss " + fmtLoss(loss) + " is forecast at step ", el("b", { text: fmtStep(target.step) }),
-          " (interval " + fmtStep(target.lo) + " – " + (target.hi === null ? "beyond reach" : fmtStep(target.hi)) + ")"];
+        var interval = " (interval " + fmtStep(target.lo) + " – " + (target.hi === null ? "beyond reach" : fmtStep(target.hi)) + ")";
+        if (target.reason) {
+          // A reachable target with a reason: the run ended before the data got there (REST's
+          // reason says so), so the step is where it was heading, not a forecast.
+          answer("ask-loss-answer", ["Not reached: the run ended before its smoothed " + (t.key || "loss") +
+            " got to " + fmtLoss(loss) + ". Had it gone on, the fitted curve puts it at step ",
+            el("b", { text: fmtStep(target.step) }), interval + "."]);
+          return;
+        }
+        var nodes = ["Loss " + fmtLoss(loss) + " is forecast at step ", el("b", { text: fmtStep(target.step) }), interval];
         if (t.status && t.status !== "ok") nodes.push(" [fit status: " + t.status.replace(/_/g, " ") + "]");
         var eta = t.eta;
         if (eta && eta.seconds !== null && eta.seconds !== undefined) {

@@ -259,6 +259,10 @@ def target_answer(
     if fit is None:
         return TargetAnswer(status=PENDING, key=key, target=None, eta=None)
     target = _target(fit, loss, confidence)
+    if finished and target.reachable and not target.reached and target.step is not None:
+        # The run will not get there unless resumed: the step is the fitted curve's, had it
+        # gone on ("forecast at step 2,000" read as a promise on a run that ended there).
+        target = target.model_copy(update={"reason": _ended_before(fit, key, last_step)})
     eta = None
     if target.step is not None and not target.reached and not finished:
         seconds = None
@@ -270,6 +274,13 @@ def target_answer(
             at=now + timedelta(seconds=seconds) if seconds is not None else None,
         )
     return TargetAnswer(status=fit.status, key=key, target=target, eta=eta)
+
+
+def _ended_before(fit: Fit, key: str | None, last_step: int | None) -> str:
+    """``reason`` of a target a run that ended did not reach (the data never got there)."""
+    where = f" at step {last_step:,}" if last_step is not None else ""
+    return (f"not reached: the run ended{where} before its smoothed {key or 'loss'} got "
+            "there; step is where the fitted curve puts it, had the run gone on")
 
 
 def history_answer(

@@ -346,6 +346,38 @@ def test_a_target_the_fit_passed_but_the_data_did_not_reads_due_now(
     tab.no_errors()
 
 
+def test_a_target_a_finished_run_did_not_reach_reads_not_reached(
+    tab: Tab, live: str, client: httpx.Client,
+) -> None:
+    """A run that ended above a target: REST's answer keeps the fitted curve's step, with a
+    reason; the page says the run did not get there (it said "is forecast at step 1,500" of a
+    run that ended at 1,500)."""
+    run_id = make_run(client, f"ended-{uuid.uuid4().hex[:6]}", name="ended", steps=1501,
+                      total=1500, eval_every=None)
+    wait_for_fit(client, run_id, upto=1496)  # the last refit (binned: up to a bin's centre)
+    base = f"{live}/api/v1/runs/{run_id}"
+    assert client.patch(f"/api/v1/runs/{run_id}", json={"status": "finished"}).status_code == 200
+    reached = httpx.get(f"{base}/forecast").json()["prediction"]["reached"]
+    loss = round(reached * 0.9, 3)  # below where the run ended: not reached
+    answer = httpx.get(f"{base}/forecast/target", params={"loss": loss}).json()
+    target = answer["target"]
+    assert target["reachable"] and not target["reached"] and answer["eta"] is None
+    assert target["reason"].startswith("not reached: the run ended at step 1,500")
+    page = tab.page
+    page.goto(f"{live}/runs/{run_id}")
+    tab.wait_for_charts(("loss",))
+    page.fill("#ask-loss-input", str(loss))
+    page.click("#ask-loss button")
+    page.wait_for_function(
+        "() => document.getElementById('ask-loss-answer').textContent.includes('step')")
+    text = page.locator("#ask-loss-answer").inner_text()
+    assert text.startswith(f"Not reached: the run ended before its smoothed loss got to "
+                           f"{fmt.loss(loss)}. Had it gone on, the fitted curve puts it at step "
+                           f"{target['step']:,.0f} (interval ")
+    assert "is forecast" not in text
+    tab.no_errors()
+
+
 def test_names_render_as_text_everywhere(
     tab: Tab, live: str, client: httpx.Client, artifacts_dir: Path,
 ) -> None:

@@ -262,10 +262,18 @@ def test_series_choice_history_rows_and_passed_targets(worker_server: str, proje
 
     future = httpx.get(f"{base}/forecast/target", params={"loss": 2.2, "key": "loss"}).json()
     assert future["target"]["reachable"] and future["eta"] is not None
+    assert future["target"]["reason"] == ""
     assert httpx.patch(base, json={"status": "finished"}).status_code == 200
     finished = httpx.get(f"{base}/forecast/target", params={"loss": 2.2, "key": "loss"}).json()
     assert finished["target"]["step"] == future["target"]["step"]
     assert finished["eta"] is None  # no "current pace" for a run that has ended
+    # ... and the answer says the run will not get there: the step is where it was heading.
+    last_step = httpx.get(base).json()["last_step"]
+    assert finished["target"]["reason"] == (
+        f"not reached: the run ended at step {last_step:,} before its smoothed loss got there; "
+        "step is where the fitted curve puts it, had the run gone on")
+    again = httpx.get(f"{base}/forecast/target", params={"loss": 2.5, "key": "loss"}).json()
+    assert again["target"]["reached"] and again["target"]["reason"] == ""  # data: no caveat
 
 
 def test_a_logged_decaying_learning_rate_makes_the_served_forecast_off_model(
