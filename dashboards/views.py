@@ -496,7 +496,10 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     shared = figures.shared_names([item["run"] for item in items])
     # Where the page's forecasts are of different series (one run evaluates, another does
     # not), each forecast cell names its own: the column would set unlike losses side by side.
+    # A forecast of another series than the training loss is named anyway: beside the "Last
+    # train loss" column, an eval loss reached above it read as a loss that went up.
     fitted = {(item.get("forecast") or {}).get("key") for item in items} - {None}
+    named = len(fitted) > 1 or bool(fitted - set(TRAIN_LOSS_KEYS))
     for item, same_name in zip(items, shared, strict=True):
         run = item["run"]
         fit = ForecastData.from_api(item.get("forecast"))
@@ -507,7 +510,7 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         firing = item.get("firing")
         status = (item.get("forecast") or {}).get("status")
         cell = _forecast_cell(pred, pred.reached if pred else None, status,
-                              key=fit.key if fit and len(fitted) > 1 else None)
+                              key=fit.key if fit and named else None)
         if (pred is not None and RunConfig.read(run.get("config")).total_steps is None
                 and run.get("status") not in FINAL_RUN_STATUSES):
             # No planned end: the contract's horizon is the last step logged, where the cell

@@ -800,6 +800,14 @@ def test_runs_rows() -> None:
                              for i, key in (("e", "eval_loss"), ("t", "loss"))])
     assert [r["forecast_detail"] for r in mixed] == ["[2.38, 2.47] @ 20k · eval_loss",
                                                      "[2.38, 2.47] @ 20k · loss"]
+    # ... and a forecast of an eval loss is named beside the training loss column even alone
+    # (the demo's finished run: "1.359 reached" next to a last train loss of 1.233).
+    (evaluated,) = views.runs_rows([{"run": {"id": "v", "name": "v", "status": "finished",
+                                             "last_step": 20_000},
+                                     "last_loss": 2.3,
+                                     "forecast": dict(FORECAST, key="eval_loss", prediction=dict(
+                                         FORECAST["prediction"], reached=2.451))}])
+    assert evaluated["forecast_detail"] == "reached @ 20k; fit 2.42 · eval_loss"
     # A running run with no planned end: its forecast's horizon is the step just logged, so
     # there is no final to show (the cell showed the loss just logged as "reached"); once it
     # has ended, its last step is its end.
