@@ -191,8 +191,7 @@ def replay(
             if fit_key is not None and n >= 4 and n >= fitted_n * (1 + refit_growth) \
                     and n > fitted_n:
                 fs = series[fit_key]
-                warm = fit.params if fit else None
-                fit = fit_curve(fs.steps[:n], fs.values[:n], config=config, warm_start=warm)
+                fit = fit_curve(fs.steps[:n], fs.values[:n], config=config)  # as the worker
                 fitted_n = n
         ctx = EvalContext(config=config, last_step=upto, after_step=after, fit=fit,
                           fit_key=fit_key)

@@ -21,8 +21,9 @@ Usage (stable; see docs/forecast.md)::
     fit.steps_to(2.1)           # TargetEstimate(loss, step, lo, hi, reachable)
     Fit.from_dict(fit.to_dict())
 
-The service's worker calls ``fit_curve`` (``warm_start=previous.params``) and stores
-``fit.to_dict()``; readers rebuild it once with :meth:`Fit.from_dict`.
+The service's worker calls ``fit_curve`` on each series' points (not warm-started: its answer is
+the offline CLI's and the backtests') and stores ``fit.to_dict()``; readers rebuild it once with
+:meth:`Fit.from_dict`.
 """
 
 from curvecast.service.forecast.fit import (

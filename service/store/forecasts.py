@@ -144,7 +144,8 @@ class FitJob:
 
 @dataclass(frozen=True)
 class FitInput:
-    """What a refit of one series needs: its points and its previous fit (for a warm start).
+    """What a refit of one series needs: its points and its previous fit (a refit whose status,
+    points and range equal it is not stored again).
 
     ``is_default``: the series is the run's default (the contract's ``fit_key``);
     ``steps_per_second``: the run's recent step rate (stored with the fit, for target ETAs);

@@ -138,3 +138,43 @@ def test_api_cli_and_pages_agree(worker_server: str, project: str, tmp_path: Pat
                      timeout=30).text
     assert fmt.loss(api["prediction"]["value"]) in rows
     assert f"@ {fmt.short_step(horizon)}" in rows
+
+
+def test_the_service_fits_the_points_alone_as_the_cli_does(
+        worker_server: str, project: str, tmp_path: Path) -> None:
+    """A run without ``c_warmup`` whose loss sits on a plateau before it falls: the refits made
+    on the plateau chose an early burn-in, and a refit warm-started from them kept it for good
+    (``no_asymptote``, burn-in ``warm_start``). The worker fits the points alone: its answer is
+    the CLI's on the run's export, with the burn-in the data give."""
+    url = worker_server
+    run_id = uuid.uuid4()
+    base = f"{url}/api/v1/runs/{run_id}"
+    httpx.put(base, json={"project": project, "name": "plateau", "config": {}},
+              timeout=30).raise_for_status()
+    rng = np.random.default_rng(1)
+    steps = np.arange(10, 3_001, 10)
+    fall = 2.0 + 9.0 / np.sqrt(np.maximum(steps - 900, 0) + 81.0)
+    loss = np.where(steps < 900, 3.0 + 0.05 * np.sin(steps / 50), fall)
+    loss = loss + rng.normal(0, 0.01, steps.size)
+
+    def post(part: np.ndarray) -> None:
+        httpx.post(f"{base}/metrics", json={"steps": steps[part].tolist(),
+                                            "values": {"loss": loss[part].tolist()}},
+                   timeout=30).raise_for_status()
+
+    def fitted_upto(step: int) -> dict[str, Any] | None:
+        answer: dict[str, Any] = httpx.get(f"{base}/forecast", timeout=30).json()
+        return answer if (answer["fitted_upto_step"] or 0) >= step else None
+
+    post(steps < 900)
+    wait_for(lambda: fitted_upto(890), timeout=60, what="a fit of the plateau")
+    post(steps >= 900)
+    api = wait_for(lambda: fitted_upto(3_000), timeout=60, what="the fit of every point")
+    export = tmp_path / "metrics.csv"
+    export.write_bytes(httpx.get(f"{base}/metrics.csv", timeout=30).content)
+    cli = json.loads(_cli(export, "--json", config=False))
+    for field in ("status", "n_points", "fitted_upto_step", "a", "b", "c", "prediction",
+                  "f_star"):
+        assert cli[field] == api[field], field
+    assert api["status"] == "ok" and api["burn_in_source"] == "data" and api["burn_in"] > 800
+    assert f"burn-in: step {api['burn_in']:,.0f} (data)" in _cli(export, config=False)
