@@ -317,11 +317,11 @@
         var p = f.prediction;
         // A step the run is past: the loss it had there (REST's prediction.reached: the series
         // smoothed over the last 1% of the steps up to it).
-        var logged = p && p.reached !== null && p.reached !== undefined ? p.reached : null;
+        var had = p && p.reached !== null && p.reached !== undefined ? p.reached : null;
         if (!p || p.value === null) {
           var why = f.status === "pending" ? "No forecast yet: " + f.message : "No forecast: " + (f.message || f.status);
-          if (logged !== null) {
-            answer("ask-step-answer", ["Reached at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(logged) }),
+          if (had !== null) {
+            answer("ask-step-answer", ["Reached at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(had) }),
               " (" + (f.key || "loss") + ", data). " + why]);
           } else {
             answer("ask-step-answer", [why], true);
@@ -331,9 +331,9 @@
         var last = run.lastRun ? run.lastRun.last_step : (run.state && run.state.last_step);
         var nodes = ["Loss at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(p.value) }),
           " (" + Math.round(f.confidence * 100) + "% interval " + fmtLoss(p.lo) + " – " + fmtLoss(p.hi) + ")"];
-        if (logged !== null) {
+        if (had !== null) {
           nodes.push(" — the fitted curve's value; the run is past this step and had ",
-            el("b", { text: fmtLoss(logged) }), " there (" + (f.key || "loss") + ").");
+            el("b", { text: fmtLoss(had) }), " there (" + (f.key || "loss") + ").");
         } else if (last !== null && last !== undefined && step <= last) {
           nodes.push(" — this step is already behind the run: this is the fitted curve's value.");
         }

@@ -262,7 +262,7 @@ def target_answer(
     if finished and target.reachable and not target.reached and target.step is not None:
         # The run will not get there unless resumed: the step is the fitted curve's, had it
         # gone on ("forecast at step 2,000" read as a promise on a run that ended there).
-        target = target.model_copy(update={"reason": _ended_before(fit, key, last_step)})
+        target = target.model_copy(update={"reason": _ended_before(key, last_step)})
     eta = None
     if target.step is not None and not target.reached and not finished:
         seconds = None
@@ -276,7 +276,7 @@ def target_answer(
     return TargetAnswer(status=fit.status, key=key, target=target, eta=eta)
 
 
-def _ended_before(fit: Fit, key: str | None, last_step: int | None) -> str:
+def _ended_before(key: str | None, last_step: int | None) -> str:
     """``reason`` of a target a run that ended did not reach (the data never got there)."""
     where = f" at step {last_step:,}" if last_step is not None else ""
     return (f"not reached: the run ended{where} before its smoothed {key or 'loss'} got "
