@@ -281,7 +281,7 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         kpis.append(Kpi("f_star", star, "—", detail, "warn"))
     else:
         waiting = "no fit yet" if status == "pending" else str(status).replace("_", " ")
-        kpis.append(Kpi("f_star", "f* (asymptote c)", "—", waiting))
+        kpis.append(Kpi("f_star", star, "—", waiting))
 
     if page.forecast and status != "pending":
         fitted_on = page.forecast.get("key") or "?"

@@ -88,6 +88,15 @@ class Tab:
         self.page.wait_for_function(
             f"document.querySelectorAll({selector!r}).length === {len(charts)}")
 
+    def ask(self, form: str, value: str, until: str) -> str:
+        """Type ``value`` into the run page's "ask the forecast" box ``form`` ("step" or
+        "loss"), submit, and return the answer once it contains ``until``."""
+        self.page.fill(f"#ask-{form}-input", value)
+        self.page.click(f"#ask-{form} button")
+        self.page.wait_for_function(f"""() => document.getElementById('ask-{form}-answer')
+            .textContent.includes({until!r})""")
+        return str(self.page.locator(f"#ask-{form}-answer").inner_text())
+
     def traces(self, chart: str) -> list[dict[str, Any]]:
         """What Plotly is drawing: each trace's meta, type and x-range, read from the DOM."""
         return list(self.page.evaluate(
@@ -235,14 +244,7 @@ def test_forecast_box_answers_through_the_rest_api(
     page.goto(f"{live}/runs/{run_id}")
     tab.wait_for_charts(("loss",))
 
-    def ask(form: str, value: str, until: str) -> str:
-        """Type ``value`` into the box's ``form`` ("step" or "loss"), submit, and return the
-        answer once it contains ``until``."""
-        page.fill(f"#ask-{form}-input", value)
-        page.click(f"#ask-{form} button")
-        page.wait_for_function(f"""() => document.getElementById('ask-{form}-answer')
-            .textContent.includes({until!r})""")
-        return page.locator(f"#ask-{form}-answer").inner_text()
+    ask = tab.ask
 
     def rest(path: str, **params: float) -> dict[str, Any]:
         answer: dict[str, Any] = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast{path}",
@@ -299,16 +301,12 @@ def test_run_page_shows_the_forecast_of_the_series_chosen_in_the_list(
     page.wait_for_url(f"{live}/runs/{run_id}?key=loss")
     tab.wait_for_charts(("loss", "evolution"))
     assert page.evaluate(fit_name).endswith("to training loss")
-    page.fill("#ask-step-input", "15000")
-    page.click("#ask-step button")
-    page.wait_for_function(
-        "() => document.getElementById('ask-step-answer').textContent.includes('interval')")
+    answer = tab.ask("step", "15000", "interval")
     assert page.locator("#ask-rest").inner_text() == (
         f"GET /api/v1/runs/{run_id}/forecast?horizon=15000&key=loss")
     value = httpx.get(f"{live}/api/v1/runs/{run_id}/forecast",
                       params={"horizon": 15000, "key": "loss"}).json()["prediction"]["value"]
-    assert page.locator("#ask-step-answer").inner_text().startswith(
-        f"Loss at step 15,000: {fmt.loss(value)}")
+    assert answer.startswith(f"Loss at step 15,000: {fmt.loss(value)}")
     tab.no_errors()
 
 
@@ -337,11 +335,7 @@ def test_a_target_the_fit_passed_but_the_data_did_not_reads_due_now(
     page = tab.page
     page.goto(f"{live}/runs/{run_id}")
     tab.wait_for_charts(("loss",))
-    page.fill("#ask-loss-input", str(due))
-    page.click("#ask-loss button")
-    page.wait_for_function(
-        "() => document.getElementById('ask-loss-answer').textContent.includes('step')")
-    text = page.locator("#ask-loss-answer").inner_text()
+    text = tab.ask("loss", str(due), "step")
     assert "due now by the fitted curve" in text and "already reached" not in text
     tab.no_errors()
 
@@ -366,11 +360,7 @@ def test_a_target_a_finished_run_did_not_reach_reads_not_reached(
     page = tab.page
     page.goto(f"{live}/runs/{run_id}")
     tab.wait_for_charts(("loss",))
-    page.fill("#ask-loss-input", str(loss))
-    page.click("#ask-loss button")
-    page.wait_for_function(
-        "() => document.getElementById('ask-loss-answer').textContent.includes('step')")
-    text = page.locator("#ask-loss-answer").inner_text()
+    text = tab.ask("loss", str(loss), "step")
     assert text.startswith(f"Not reached: the run ended before its smoothed loss got to "
                            f"{fmt.loss(loss)}. Had it gone on, the fitted curve puts it at step "
                            f"{target['step']:,.0f} (interval ")
@@ -490,10 +480,7 @@ def test_pages_with_auth_on(browser: Any, tab: Tab, sqlite_url: str) -> None:
         cookies = {c["name"]: c for c in browser.cookies(url)}
         assert cookies["curvecast_token"]["httpOnly"] is True
         assert page.evaluate("() => document.cookie") == ""
-        page.fill("#ask-step-input", "10000")
-        page.click("#ask-step button")
-        page.wait_for_function(
-            "() => document.getElementById('ask-step-answer').textContent.includes('interval')")
+        tab.ask("step", "10000", "interval")
         page.goto(f"{url}/compare?runs={run_id}")  # the picker lists runs through the proxy
         page.wait_for_function("""() => document.getElementById('picker-results')
             .textContent === 'No other runs yet.'""")
