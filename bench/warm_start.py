@@ -50,9 +50,10 @@ final loss in 4 of 9 runs against 7. On the public anytime curves the errors are
 lower (1.9% against 2.4% at 50%), the coverage lower (85–91% against 89–95%), and still within
 #14's 85–95%. The cost: about twice the fitting CPU over this replay, where the burn-in comes
 from the data (each refit searches it again): in `bench.forecast_latency`, the fit of a
-10^6-point run without a config takes 6.6 ms median and 13.0 ms p95 against 2.2 and 3.6
-warm-started, over #14's 10 ms. With `c_warmup`, as every ScheduleFree+ run the hook sends,
-bin + fit is 7.9 ms of CPU at p95 (`bench.forecast_backtest`)."""
+10^6-point run without a config took 6.6 ms median and 13.0 ms p95 against 2.2 and 3.6
+warm-started, over #14's 10 ms. The fitting core's cheaper arithmetic (2026-11-27: the same
+fits, about 0.65x the CPU) brought it to 6.3 and 8.1 ms against 2.2 and 3.1 (section
+"Forecast query latency and refit time")."""
 MODES = ("warm", "alone")
 
 
