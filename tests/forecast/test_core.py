@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,15 @@ import pytest
 from curvecast.service.forecast import STATUSES, Fit, FitParams, model
 from curvecast.service.forecast import calibration as cal
 from curvecast.service.forecast.binning import bin_series
-from curvecast.service.forecast.solver import _suffix_medians, choose_burn_in, fit_curve
+from curvecast.service.forecast.solver import (
+    _data_burn_in,
+    _LineFit,
+    _median,
+    _solve_ac,
+    _suffix_medians,
+    choose_burn_in,
+    fit_curve,
+)
 
 DATA = Path(__file__).parent / "data"
 
@@ -350,3 +359,70 @@ def test_suffix_medians_equal_numpy_medians_of_every_suffix() -> None:
         lengths = sorted({min(int(round(3 * 1.25**i)), n) for i in range(40)})
         expected = np.array([np.median(x[-m:]) for m in lengths])
         assert np.array_equal(_suffix_medians(x, lengths), expected)
+
+
+def test_median_equals_numpy_median() -> None:
+    # The fit's medians (dozens per fit) skip np.median's generic path: the same values exactly.
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        x = rng.standard_normal(int(rng.integers(1, 90))) * 10 ** rng.uniform(-5, 3)
+        if trial % 3 == 0:
+            x = np.round(x, 1)  # ties
+        assert _median(x) == float(np.median(x))
+
+
+def _line_fit_by_residuals(x: np.ndarray, y: np.ndarray, w: np.ndarray, cmin: float
+                           ) -> tuple[float, float, float]:
+    """The constrained weighted fit y ~ a x + c (a >= 0, c >= cmin) the textbook way: centred
+    normal equations, then the residuals themselves."""
+    mx, my = np.average(x, weights=w), np.average(y, weights=w)
+    a = max(float(np.sum(w * (x - mx) * (y - my)) / np.sum(w * (x - mx) ** 2)), 0.0)
+    c = my - a * mx
+    if c < cmin:
+        c = cmin
+        a = max(float(np.sum(w * x * (y - cmin)) / np.sum(w * x * x)), 0.0)
+    r = y - (a * x + c)
+    return a, c, float(np.sum(w * r * r))
+
+
+@pytest.mark.parametrize("cmin", [-np.inf, 0.0, 0.9])
+def test_grid_and_polish_solves_match_the_residuals(cmin: float) -> None:
+    # The grid's (a, c, SSE) come from weighted sums, the polish's from sums formed once per
+    # pass: both must be the fit the residuals give, the asymptote's bound included (cmin 0.9
+    # binds on most rows of this curve, whose c is about 0.5).
+    rng = np.random.default_rng(3)
+    t = np.linspace(100.0, 20_000.0, 300)
+    y = model(t, 30.0, 500.0, 0.5) + rng.normal(0.0, 0.01, t.size)
+    w = rng.uniform(0.2, 1.0, t.size)
+    qs = np.linspace(np.log(100.0) - 3, np.log(100.0) + 6, 40)
+    x = 1.0 / np.sqrt(np.exp(qs)[:, None] + (t - t[0])[None, :])
+    a, c, sse = _solve_ac(x, y, w, cmin)
+    line = _LineFit(y, w, cmin)
+    for i, row in enumerate(x):
+        ea, ec, esse = _line_fit_by_residuals(row, y, w, cmin)
+        assert a[i] == pytest.approx(ea, rel=1e-7, abs=1e-12)
+        assert c[i] == pytest.approx(ec, rel=1e-7, abs=1e-12)
+        # The grid only ranks rows by SSE: a few digits lost to cancellation are allowed.
+        assert sse[i] == pytest.approx(esse, rel=1e-6, abs=1e-12)
+        assert line.ac(row) == pytest.approx((ea, ec), rel=1e-9, abs=1e-12)
+        assert line.sse(row) == pytest.approx(esse, rel=1e-9, abs=1e-15)
+
+
+def test_data_burn_in_fits_a_repeated_start_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Evaluated at 10% of the run the first step logged is at 12%: the 5% and 10% candidates
+    # start at the same point and are one fit; a transient before 20% still moves the start.
+    import curvecast.service.forecast.solver as solver
+
+    t = np.linspace(1_200.0, 10_000.0, 120)
+    y = np.where(t < 2_000.0, 4.0, model(t, 40.0, 100.0, 1.0))
+    starts: list[float] = []
+    real = solver._fit_vp
+
+    def spy(tt: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        starts.append(float(tt[0]))
+        return real(tt, *args, **kwargs)
+
+    monkeypatch.setattr(solver, "_fit_vp", spy)
+    start = _data_burn_in(t, y, np.ones_like(t), cmin=0.0)
+    assert len(starts) == len(set(starts)) == 3  # 12% (for 5% and 10%), 20%, 30%
+    assert start >= 2_000.0
