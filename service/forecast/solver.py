@@ -474,7 +474,9 @@ def _reached(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | 
     if t.size == 0:
         return None
     binned = bin_sorted(t, y, _REACHED_BINS)
-    bt, by = binned.steps, binned.values
+    # Each bin stands at its last step, a logged one: its median is known there, not at the
+    # bin's mean step (which read as "reached at step 1180.5", half a bin before the data).
+    bt, by = t[np.cumsum(binned.counts) - 1], binned.values
     k = min(_REACHED_SMOOTH, by.size)
     if k > 1:
         if k == 3:  # the median of three, elementwise (np.median's machinery costs more)
@@ -482,7 +484,7 @@ def _reached(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | 
             by = np.maximum(np.minimum(p, q), np.minimum(np.maximum(p, q), r))
         else:
             by = np.median(np.lib.stride_tricks.sliding_window_view(by, k), axis=1)
-        bt = bt[k - 1:]  # a window's value is known at its last step
+        bt = bt[k - 1:]  # a window's value is known at its last bin's last step
     low = np.minimum.accumulate(by)
     fell = np.concatenate(([True], low[1:] < low[:-1]))
     return tuple(zip(bt[fell].tolist(), low[fell].tolist(), strict=True))

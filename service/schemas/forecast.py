@@ -49,9 +49,10 @@ class PredictionOut(IntervalOut):
 class TargetOut(BaseModel):
     """When the run reaches ``loss``: central ``step`` and interval [``lo``, ``hi``].
 
-    ``reached``: the data already got there (``step`` is the first step where the smoothed series
-    was at or below ``loss``). ``reachable`` is false when the target is below the loss floor,
-    below f*'s interval or at or below the fitted asymptote; ``reason`` says which. For a run
+    ``reached``: the data already got there (``step`` is the first logged step by which the
+    smoothed series was at or below ``loss``). ``reachable`` is false when the target is below
+    the loss floor, below f*'s interval or at or below the fitted asymptote; ``reason`` says
+    which. For a run
     that ended without reaching it, ``reason`` says so, and ``step`` is where the fitted curve
     puts it had the run gone on.
     """

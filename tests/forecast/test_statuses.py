@@ -276,6 +276,9 @@ def test_passed_target_is_answered_from_the_data(falling: Fit) -> None:
     assert est.reached and est.reachable
     assert est.step == pytest.approx(1300, abs=60)
     assert est.lo == est.hi == est.step
+    # A logged step, the one by which the smoothed data had got there (it said 1313.5: the mean
+    # step of a bin, half a bin before the data showed it).
+    assert est.step is not None and est.step.is_integer()
     above_all = falling.steps_to(10.0)  # above the first point: reached at the start
     assert above_all.reached and above_all.step is not None and above_all.step >= 0
 
