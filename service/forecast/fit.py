@@ -182,7 +182,9 @@ class Fit:
             flat fit, which has ``a == 0``).
         n_points: raw points used (after burn-in, before binning).
         n_fitted: points the optimiser saw (bins when the series was binned).
-        fitted_from_step, fitted_upto_step: the step range of the fitted data.
+        fitted_from_step: the first fitted step (the first bin's mean step when the series
+            was binned: ``cov`` is parametrised there).
+        fitted_upto_step: the last step fitted, a step of the data (not a bin's centre).
         residual_scale: robust (MAD) standard deviation of the fit residuals (of the fitted
             points: bins when the series was binned).
         off_model: the recent data left the model in a sustained way.

@@ -637,8 +637,12 @@ def _fit_curve(t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
     sigma = raw.sigma * y_scale
     level, level_step = _level(t_raw, y_raw)
     base: dict[str, Any] = {
+        # From the first bin's centre (the fit's q is parametrised there) up to the last point
+        # fitted: the data's own last step, not its bin's centre ("up to step 1,998" for a run
+        # at step 2,000; a block's centre, thousands of steps back, on a long run).
         "n_points": n_raw, "n_fitted": int(t.size), "fitted_from_step": float(t[0]),
-        "fitted_upto_step": float(t[-1]), "residual_scale": sigma, "burn_in": finite_or_none(b_in),
+        "fitted_upto_step": float(t_raw[-1]), "residual_scale": sigma,
+        "burn_in": finite_or_none(b_in),
         "burn_in_source": source, "n_eff": n_eff, "confidence": conf,
         "level": level, "level_step": level_step,
         "decay_rate": _decay_rate(t, y * y_scale + y_mid, counts),

@@ -334,6 +334,8 @@ def test_million_points_fit_through_bins() -> None:
     assert fit.n_points == n - 49_999
     assert fit.n_fitted <= 400
     assert fit.c == pytest.approx(1.88, abs=0.01)
+    # Fitted up to the data's last step, not to its last bin's centre (1,250 steps back here).
+    assert fit.fitted_upto_step == n
 
 
 # --- calibration table ---------------------------------------------------------------------------
