@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, cast, get_args
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Query, Request
@@ -38,12 +38,12 @@ _API = "/api/v1"
 _API_VIA_COOKIE = "/dashboards/api/v1"
 #: Poll interval of the live pages.
 POLL_MS = 2000
-_STATUSES = ["running", "finished", "failed", "crashed"]
+_STATUSES: list[str] = list(get_args(RunStatus))
 
-#: A run status, or "" for any (what the filter form sends).
-#: "" is the filter form's "any status"; a Literal, so that a bad value's message lists the
-#: statuses (a pattern's message quoted the regular expression).
-StatusFilter = Annotated[Literal["running", "finished", "failed", "crashed", ""] | None, Query()]
+#: A run status, or "" for any (what the filter form sends). One Literal (nested Literals
+#: flatten), so that a bad value's message lists the statuses (a pattern's message quoted the
+#: regular expression), and the statuses are RunStatus's, not a copy of them.
+StatusFilter = Annotated[Literal[RunStatus, ""] | None, Query()]
 ProjectFilter = Annotated[str | None, Query(pattern=PROJECT_FILTER_PATTERN)]
 PageToken = Annotated[str | None, Query(max_length=500)]
 
