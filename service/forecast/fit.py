@@ -47,6 +47,7 @@ __all__ = [
     "TargetEstimate",
     "as_float",
     "curve_gradient",
+    "curve_gradients",
     "ends_diverged",
     "finite_or_none",
     "level_points",
@@ -390,13 +391,7 @@ class Fit:
         v = self._values(tm)
         se2 = np.zeros(tm.size)
         if self.cov is not None and self.b is not None and self.fitted_from_step is not None:
-            u = tm + self.b
-            ok = u > 0
-            inv = 1.0 / np.sqrt(np.where(ok, u, 1.0))
-            grad = np.column_stack([
-                inv, -0.5 * self.a * inv / np.where(ok, u, 1.0) * (self.fitted_from_step + self.b),
-                np.ones(tm.size),
-            ]) * ok[:, None]
+            grad = curve_gradients(tm, self.a, self.b, self.fitted_from_step)
             cov = np.asarray(self.cov, dtype=np.float64)
             se2 = np.maximum(np.einsum("ij,jk,ik->i", grad, cov, grad), 0.0)
         sigma = self.residual_scale or 0.0
@@ -680,4 +675,15 @@ def curve_gradient(t: float, a: float, b: float, t0: float) -> FloatArray:
         return np.zeros(3)
     inv = 1.0 / math.sqrt(u)
     return np.array([inv, -0.5 * a * inv / u * (t0 + b), 1.0])
+
+
+def curve_gradients(t: FloatArray, a: float, b: float, t0: float) -> FloatArray:
+    """:func:`curve_gradient` at every step of ``t`` (one row each), in one numpy pass."""
+    u = t + b
+    ok = u > 0
+    safe = np.where(ok, u, 1.0)
+    inv = 1.0 / np.sqrt(safe)
+    grads: FloatArray = np.column_stack([inv, -0.5 * a * inv / safe * (t0 + b),
+                                         np.ones(t.size)]) * ok[:, None]
+    return grads
 

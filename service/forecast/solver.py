@@ -58,6 +58,7 @@ from curvecast.service.forecast.fit import (
     FitParams,
     FloatArray,
     as_float,
+    curve_gradients,
     finite_or_none,
     level_points,
     model,
@@ -213,9 +214,9 @@ def _fit_vp(t: FloatArray, y: FloatArray, w0: FloatArray, cmin: float,
     w = w0.copy()
     scale_y = max(float(np.max(np.abs(y))), 1.0)  # data are normalised: O(1)
     best: _Raw | None = None
-    x, x_qs = None, None
+    x, x_qs = _design(t, qs), qs
     for it in range(iters):
-        if x is None or x_qs is None or not np.array_equal(qs, x_qs):
+        if qs is not x_qs and not np.array_equal(qs, x_qs):
             # A pass whose optimum is the previous grid's centre scans the same grid again
             # (only the weights changed): the design is reused.
             x, x_qs = _design(t, qs), qs
@@ -776,7 +777,7 @@ def _off_model_stats(t: FloatArray, y: FloatArray, w: FloatArray, cmin: float, q
     pred = model(tr, raw.a, raw.b, raw.c)
     resid = y[recent] - pred
     if cov is not None:
-        grads = _curve_gradients(tr, raw.a, raw.b, raw.t0)
+        grads = curve_gradients(tr, raw.a, raw.b, raw.t0)
         se2 = np.maximum(np.einsum("ij,jk,ik->i", grads, cov, grads), 0.0)
     else:
         se2 = np.zeros(tr.size)
@@ -801,17 +802,6 @@ def _off_model_stats(t: FloatArray, y: FloatArray, w: FloatArray, cmin: float, q
         if abs(z) > abs(best[0]):
             best = (z, med / decay)
     return best
-
-
-def _curve_gradients(t: FloatArray, a: float, b: float, t0: float) -> FloatArray:
-    """``curve_gradient`` at every step of ``t`` (rows), in one numpy pass, the same values."""
-    u = t + b
-    ok = u > 0
-    safe = np.where(ok, u, 1.0)
-    inv = 1.0 / np.sqrt(safe)
-    grads = np.column_stack([inv, -0.5 * a * inv / safe * (t0 + b), np.ones_like(t)])
-    grads[~ok] = 0.0
-    return grads
 
 
 def _suffix_medians(x: FloatArray, lengths: Sequence[int]) -> FloatArray:
