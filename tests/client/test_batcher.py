@@ -166,8 +166,8 @@ def test_shapes_are_columns_and_first_values_win_in_record_order() -> None:
 
 
 def test_columns_of_tensors_are_read_exactly_in_one_go() -> None:
-    """A column of 0-d tensors (a loss logged as a tensor every step) is read with one stack per
-    dtype; values are exact (no float32 detour) and a column mixing dtypes or numbers works."""
+    """A column of 0-d CPU tensors (a loss logged as a tensor every step) is read in one C loop;
+    values are exact (no float32 detour) and a column mixing dtypes or numbers works."""
     big = 2**40 + 1  # exact in float64, not in float32
     records = [
         (s, 0.0, {"f32": torch.tensor(s / 3, dtype=torch.float32),
@@ -186,6 +186,24 @@ def test_columns_of_tensors_are_read_exactly_in_one_go() -> None:
     assert v["i64"] == [float(big + s) for s in range(6)]
     assert v["mixed"] == [s / 3 if s % 2 == 0 else float(torch.tensor(s / 3)) for s in range(6)]
     assert v["dtypes"] == [float(s) if s % 2 else float(torch.tensor(s / 4)) for s in range(6)]
+
+
+def test_a_column_of_tensors_with_an_unreadable_one_keeps_the_others() -> None:
+    """A column whose CPU tensors cannot all be read as scalars (one holds two values, as an
+    optimizer's stats might) falls back to reading value by value: the readable values are
+    kept, the other is dropped and counted. A column on a device that cannot be read (meta)
+    is dropped and counted value by value, without failing the batch."""
+    records = [
+        (s, 0.0, {"cpu": torch.tensor([1.0, 2.0]) if s == 1 else torch.tensor(s / 4),
+                  "meta": torch.tensor(float(s), device="meta"), "ok": float(s)}, None)
+        for s in range(3)
+    ]
+    batches, unreadable = encode_records(records)
+    [data] = decode(batches)
+    assert unreadable == 1 + 3
+    assert data["values"]["cpu"] == [0.0, None, 0.5]
+    assert data["values"]["meta"] == [None, None, None]  # no points, nothing else lost
+    assert data["values"]["ok"] == [0.0, 1.0, 2.0]
 
 
 def test_rows_are_in_step_order_when_shapes_interleave() -> None:
