@@ -21,7 +21,10 @@ needs no fit at all:
 Windows: anytime curves (constant LR, schedule-free; diverged runs left out) fitted on
 ``[5%, k]`` of the run for k = 20/30/50/100%; decaying curves on ``[5% of the run, 50% of the
 decay phase]`` (``bench.forecast_backtest.decay_window``), and for the shipped detector also to
-60/75/90/100% of it: whether waiting longer would reach #14's 90%.
+60/75/90/100% of it: whether waiting longer would reach #14's 90%. The rows "validation
+curves" and "training curves" split the same windows by series: most decaying curves are
+schaipp's runs, each as a validation curve and as a training curve of single-minibatch losses,
+far noisier; a run that evaluates is forecast on its validation loss by default.
 
 Usage: ``python -m bench.off_model_loss_only [--no-write]``
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import time
 from collections import defaultdict
 
@@ -47,6 +51,19 @@ ANYTIME_CUTS = (0.2, 0.3, 0.5, 1.0)
 DECAY_FRACTIONS = (0.5, 0.6, 0.75, 0.9, 1.0)
 #: Concavity thresholds tried (z below it flags).
 THRESHOLDS = (-2.0, -3.0)
+#: A sticky ``off_model`` (a decay, once begun, does not end, so a run flagged once would stay
+#: flagged): the refits where it is asked, in fractions of the decay phase (decaying curves)
+#: and of the run (anytime curves: each refit of the run is one more chance of a false alarm
+#: that would then stick).
+STICKY_DECAY_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
+STICKY_ANYTIME_CUTS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def series_kind(name: str) -> str:
+    """``"validation"`` for a curve of held-out loss (``...:val``, ``...:validation/loss``),
+    ``"training"`` otherwise: schaipp's training curves are single-minibatch losses, far noisier
+    than the validation curves of the same runs, which is what a decay has to show through."""
+    return "validation" if re.search(r":(val|validation)(/|$)", name) else "training"
 
 
 def concavity_z(t: np.ndarray, y: np.ndarray, frac: float = 1 / 3) -> float | None:
@@ -107,19 +124,36 @@ def main() -> None:
         flags[group, "either"].append(shipped or (z is not None and z < -3.0))
         ratios[group].append(noise_ratio(t, y))
 
+    # group -> (flagged at the last refit, flagged at any refit) per curve: the sticky candidate
+    sticky: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+
+    def ever(groups: tuple[str, ...], windows: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        offs = [bool(fit_curve(t, y).off_model) for t, y in windows if t.size >= 20]
+        if offs:
+            for group in groups:
+                sticky[group].append((offs[-1], any(offs)))
+
     for c in curves:
+        kind = series_kind(c.name)
         if c.anytime:
             if diverged(c):
                 continue
+            ever(("anytime", f"anytime: {kind} curves"),
+                 [prefix(c, k) for k in STICKY_ANYTIME_CUTS])
             for k in ANYTIME_CUTS:
                 t, y = prefix(c, k)
                 if t.size >= 20:
                     score(f"anytime {k:.0%}", t, y)
+                    score(f"anytime, all cuts: {kind} curves", t, y)
             continue
         window = decay_window(c)
         if window is None:
             continue
         family = f"{c.source} {c.schedule.split('(')[0].replace('decay:', '')}"
+        start = c.steps >= 0.05 * float(c.steps[-1])
+        ever(("all decaying", f"all decaying: {kind} curves"),
+             [(c.steps[m], c.losses[m]) for frac in STICKY_DECAY_FRACTIONS
+              for m in [start & (c.steps <= window[0] + frac * (window[1] - window[0]))]])
         for frac in DECAY_FRACTIONS:
             cut = window[0] + frac * (window[1] - window[0])
             keep = (c.steps >= 0.05 * float(c.steps[-1])) & (c.steps <= cut)
@@ -128,25 +162,26 @@ def main() -> None:
             if frac == 0.5:
                 score(family, c.steps[keep], c.losses[keep])
                 score("all decaying", c.steps[keep], c.losses[keep])
+                score(f"all decaying: {kind} curves", c.steps[keep], c.losses[keep])
             else:  # how late the shipped detector gets there: itself only
                 off = bool(fit_curve(c.steps[keep], c.losses[keep]).off_model)
-                later[family, frac].append(off)
-                later["all decaying", frac].append(off)
-    anytime_ratios = [r for g, rs in ratios.items() if g.startswith("anytime") for r in rs
+                for group in (family, "all decaying", f"all decaying: {kind} curves"):
+                    later[group, frac].append(off)
+    anytime_ratios = [r for g, rs in ratios.items() if g.startswith("anytime ") for r in rs
                       if r is not None]
     quiet = float(np.percentile(anytime_ratios, 5))
     for group, rs in ratios.items():
         flags[group, "noise"] = [r is not None and r < quiet for r in rs]
     detectors = ["shipped", *(f"concave {thr:g}" for thr in THRESHOLDS), "either", "noise"]
     groups = sorted({g for g, _ in flags}, key=lambda g: (not g.startswith("anytime"),
-                                                          g != "all decaying", g))
+                                                          not g.startswith("all decaying"), g))
     rows = [[g, len(flags[g, "shipped"]),
              *(f"{np.mean(flags[g, d]):.0%}" for d in detectors)] for g in groups]
     table = markdown_table(["windows (n)", "n", "shipped detector",
                             *(f"concavity z < {thr:g}" for thr in THRESHOLDS),
                             "shipped or concavity z < -3",
                             f"noise ratio < {quiet:.2f}"], rows)
-    families = sorted({f for f, _ in later}, key=lambda f: (f != "all decaying", f))
+    families = sorted({f for f, _ in later}, key=lambda f: (not f.startswith("all decaying"), f))
     late_rows = [
         [f, *(f"{np.mean(flags[f, 'shipped']):.0%}" if frac == 0.5 else
               (f"{np.mean(later[f, frac]):.0%}" if later[f, frac] else "–")
@@ -155,6 +190,16 @@ def main() -> None:
     ]
     late_table = markdown_table(["decaying curves", *(f"{frac:.0%} of the decay"
                                                       for frac in DECAY_FRACTIONS)], late_rows)
+    def percents(fractions: tuple[float, ...]) -> str:
+        return "/".join(f"{f * 100:.0f}" for f in fractions) + "%"
+
+    sticky_rows = [[g, len(v), f"{np.mean([last for last, _ in v]):.0%}",
+                    f"{np.mean([any_ for _, any_ in v]):.0%}"]
+                   for g, v in sorted(sticky.items(), key=lambda kv: (kv[0] != "anytime",
+                                                                      kv[0].startswith("all"),
+                                                                      kv[0]))]
+    sticky_table = markdown_table(["curves", "n", "flagged at the last refit",
+                                   "flagged at any refit (sticky)"], sticky_rows)
     body = f"""{__doc__.split(chr(10) + chr(10), 1)[1].split("Usage:")[0].strip()}
 
 Share of windows flagged (anytime rows: false alarms, goal ≤ 5%; decaying rows at 50% of the
@@ -166,6 +211,13 @@ How late the shipped detector gets there: the share of decaying curves flagged w
 later point of their decay phase (from 5% of the run, as above; 100%: the whole run):
 
 {late_table}
+
+Tried and lost: a sticky ``off_model``. A decay, once begun, does not end, so a run flagged at
+one refit could stay flagged. The share of curves flagged at the last refit and at any refit,
+asked at {percents(STICKY_DECAY_FRACTIONS)} of the decay (decaying curves; the last is #14's
+point) and at {percents(STICKY_ANYTIME_CUTS)} of the run (anytime curves):
+
+{sticky_table}
 
 Wall time {time.perf_counter() - started:.0f} s."""
     print(body)
