@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from curvecast import contract, sfplus
-from curvecast.sfplus import NORM_STATS_KEYS, STATS_KEYS, ScheduleFreePlus
+from curvecast.sfplus import NORM_STATS_KEYS, STATS_KEYS, ScheduleFreePlus, _stats
 from curvecast.sfplus._stats import weight_norms
 
 from .conftest import VOCAB, batches, loss_fn, make_model, params_of, train
@@ -397,6 +397,48 @@ def test_bfloat16_parameters_step() -> None:
     losses = train(model, opt, batches(40))
     assert all(math.isfinite(v) for v in opt.stats(norms=True).values())
     assert sum(losses[-5:]) < sum(losses[:5])
+
+
+@pytest.mark.parametrize("join_numel", [_stats.JOIN_NUMEL, 300])
+def test_norm_stats_count_every_tensor_once_whichever_way_it_is_reduced(
+    monkeypatch: pytest.MonkeyPatch, join_numel: int
+) -> None:
+    """On the CPU small tensors are flattened together and reduced at once (in several goes
+    when they pass JOIN_NUMEL elements); big, strided and half-precision ones one by one; a
+    parameter without its ``z - y`` buffer or without a gradient adds no such sums. Every
+    tensor is counted once: the norms equal the iterates' norms computed directly."""
+    monkeypatch.setattr(_stats, "JOIN_NUMEL", join_numel)
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*shape))
+              for shape in [(64,), (300, 200), (10, 10), (7,), (128, 64), (3, 5)]]
+    params.append(torch.nn.Parameter(torch.randn(32, 16).t()))  # strided
+    params.append(torch.nn.Parameter(torch.randn(40, dtype=torch.bfloat16)))
+    params.append(torch.nn.Parameter(torch.randn(50, dtype=torch.float64)))
+    assert params[1].numel() >= _stats.SMALL_NUMEL > params[0].numel()
+    for p in params:
+        p.grad = torch.randn_like(p)
+    params[2].grad = None  # no gradient this step
+    # z - y buffers of the parameters' layout (the strided one strided), not small beside them
+    deltas: list[torch.Tensor | None] = [torch.randn_like(p) for p in params]
+    deltas[3] = None  # no buffer yet (a parameter before its first step)
+    beta = 0.8
+    stats = weight_norms(zip(params, deltas, strict=True), sf_beta_prev=beta,
+                         train_mode=True)  # the parameters hold y
+
+    def direct(k: float) -> float:
+        total = 0.0
+        for p, d in zip(params, deltas, strict=True):
+            v = p.detach().double() + (k * d.double() if d is not None else 0.0)
+            total += float((v * v).sum())
+        return math.sqrt(total)
+
+    assert stats["y_l2"] == pytest.approx(direct(0.0), rel=1e-6)
+    assert stats["z_l2"] == pytest.approx(direct(1.0), rel=1e-6)
+    assert stats["x_l2"] == pytest.approx(direct(1.0 - 1.0 / beta), rel=1e-6)
+    grads = [p.grad.double() for p in params if p.grad is not None]
+    assert len(grads) == len(params) - 1
+    assert stats["grad_l2"] == pytest.approx(math.sqrt(sum(float((g * g).sum()) for g in grads)),
+                                             rel=1e-6)
 
 
 def test_works_with_vocab_sized_logits() -> None:
