@@ -66,6 +66,11 @@ def series_kind(name: str) -> str:
     return "validation" if re.search(r":(val|validation)(/|$)", name) else "training"
 
 
+def run_of(name: str) -> str:
+    """The run a curve belongs to: its name without the ``:train`` / ``:val`` suffix."""
+    return re.sub(r":(train|val|validation)(/.*)?$", "", name)
+
+
 def concavity_z(t: np.ndarray, y: np.ndarray, frac: float = 1 / 3) -> float | None:
     """Curvature of a quadratic fitted to the recent ``frac`` of the step range, in standard
     errors (negative: the curve bends down, which ``a / sqrt(t + b) + c`` never does)."""
@@ -115,7 +120,11 @@ def main() -> None:
     ratios: dict[str, list[float | None]] = defaultdict(list)  # group -> noise ratio per window
     later: dict[tuple[str, float], list[bool]] = defaultdict(list)  # the shipped one, later cuts
 
-    def score(group: str, t: np.ndarray, y: np.ndarray) -> None:
+    # (anytime or decaying, run, cut) -> series kind -> the shipped detector's flag: a run with
+    # both a validation and a training curve, flagged when either is (the union candidate)
+    by_run: dict[tuple[str, str, float], dict[str, bool]] = defaultdict(dict)
+
+    def score(group: str, t: np.ndarray, y: np.ndarray) -> bool:
         z = concavity_z(t, y)
         shipped = bool(fit_curve(t, y).off_model)
         flags[group, "shipped"].append(shipped)
@@ -123,6 +132,7 @@ def main() -> None:
             flags[group, f"concave {thr:g}"].append(z is not None and z < thr)
         flags[group, "either"].append(shipped or (z is not None and z < -3.0))
         ratios[group].append(noise_ratio(t, y))
+        return shipped
 
     # group -> (flagged at the last refit, flagged at any refit) per curve: the sticky candidate
     sticky: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
@@ -144,7 +154,8 @@ def main() -> None:
                 t, y = prefix(c, k)
                 if t.size >= 20:
                     score(f"anytime {k:.0%}", t, y)
-                    score(f"anytime, all cuts: {kind} curves", t, y)
+                    by_run["anytime", run_of(c.name), k][kind] = score(
+                        f"anytime, all cuts: {kind} curves", t, y)
             continue
         window = decay_window(c)
         if window is None:
@@ -162,7 +173,8 @@ def main() -> None:
             if frac == 0.5:
                 score(family, c.steps[keep], c.losses[keep])
                 score("all decaying", c.steps[keep], c.losses[keep])
-                score(f"all decaying: {kind} curves", c.steps[keep], c.losses[keep])
+                by_run["decaying", run_of(c.name), frac][kind] = score(
+                    f"all decaying: {kind} curves", c.steps[keep], c.losses[keep])
             else:  # how late the shipped detector gets there: itself only
                 off = bool(fit_curve(c.steps[keep], c.losses[keep]).off_model)
                 for group in (family, "all decaying", f"all decaying: {kind} curves"):
@@ -200,6 +212,16 @@ def main() -> None:
                                                                       kv[0]))]
     sticky_table = markdown_table(["curves", "n", "flagged at the last refit",
                                    "flagged at any refit (sticky)"], sticky_rows)
+    union_rows = []
+    for what in ("anytime", "decaying"):
+        both = [f for (w, _, _), f in by_run.items() if w == what and len(f) == 2]
+        union_rows.append([
+            f"{what} ({'20/30/50/100% of the run' if what == 'anytime' else 'half the decay'})",
+            len(both), *(f"{np.mean([f[kind] for f in both]):.0%}"
+                         for kind in ("validation", "training")),
+            f"{np.mean([f['validation'] or f['training'] for f in both]):.0%}"])
+    union_table = markdown_table(["runs with both curves, cut at", "n", "validation curve",
+                                  "training curve", "either (union)"], union_rows)
     body = f"""{__doc__.split(chr(10) + chr(10), 1)[1].split("Usage:")[0].strip()}
 
 Share of windows flagged (anytime rows: false alarms, goal ≤ 5%; decaying rows at 50% of the
@@ -218,6 +240,12 @@ asked at {percents(STICKY_DECAY_FRACTIONS)} of the decay (decaying curves; the l
 point) and at {percents(STICKY_ANYTIME_CUTS)} of the run (anytime curves):
 
 {sticky_table}
+
+Tried and lost: a run flagged when either of its series is. The service fits a run's
+validation loss by default and its training loss on request; flagging the run when either fit
+leaves the model:
+
+{union_table}
 
 Wall time {time.perf_counter() - started:.0f} s."""
     print(body)
