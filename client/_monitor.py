@@ -40,6 +40,7 @@ from curvecast.client._spool import Spool, default_spool_dir
 from curvecast.client._transport import HTTPTransport, Transport
 from curvecast.client._validate import (
     NOT_REAL_DTYPES,
+    PLAIN_TENSOR_TYPES,
     TENSOR_TYPES,
     check_config,
     check_key,
@@ -249,8 +250,8 @@ class Monitor:
             metrics: optionally, a mapping of names to values (for names that are not Python
                 identifiers, e.g. ``{"eval/loss": v}``).
             **kwargs: more metrics by name. Values are ints, floats, NaN/inf included, or
-                0-d tensors (read in the background thread; don't modify them in place after
-                logging).
+                0-d tensors (a CPU tensor is read at once; others in the background thread,
+                so don't modify those in place after logging).
 
         Raises:
             ValueError, TypeError: an invalid name, a value that is not a number, a bad step.
@@ -270,9 +271,18 @@ class Monitor:
             kind = type(value)
             if kind is not float and kind is not int:
                 if kind in TENSOR_TYPES and not value.ndim and value.dtype not in NOT_REAL_DTYPES:
-                    # check_value's answer for a tensor type it has seen, without the calls:
-                    # the value without its autograd graph (.data: an alias that autograd does
-                    # not track, as detach() but cheaper; it is only read, in the background).
+                    # check_value's answer for a tensor type it has seen, without the calls. A
+                    # CPU tensor is read now: there is no device to wait for, tolist() is
+                    # cheaper than the alias below and spares the batcher a tensor (it also
+                    # does not warn about requires_grad, as float() does).
+                    if kind in PLAIN_TENSOR_TYPES and value.is_cpu:
+                        try:
+                            kwargs[key] = value.tolist()
+                            continue
+                        except RuntimeError:  # e.g. inside a functorch transform
+                            pass
+                    # Elsewhere the value without its autograd graph (.data: an alias that
+                    # autograd does not track, as detach() but cheaper), read in the background.
                     kwargs[key] = value.data
                 else:
                     kwargs[key] = check_value(key, value)

@@ -65,6 +65,10 @@ def check_step(step: object) -> int:
 # both sets to check a tensor of a type seen before without calling check_value.
 TENSOR_TYPES: set[type] = set()
 NOT_REAL_DTYPES: set[Any] = set()
+# ``torch.Tensor`` itself once seen: Monitor.log() reads such a tensor at once when it is on the
+# CPU (no device to wait for). Subclasses (DTensor, tensor wrappers) are left to the background
+# thread, whose read of them is the one they define.
+PLAIN_TENSOR_TYPES: set[type] = set()
 
 
 def _is_tensor(value: object) -> bool:
@@ -74,6 +78,8 @@ def _is_tensor(value: object) -> bool:
     torch: Any = sys.modules.get("torch")  # never import torch: a tensor implies it is loaded
     if torch is not None and isinstance(value, torch.Tensor):
         TENSOR_TYPES.add(kind)
+        if kind is torch.Tensor:
+            PLAIN_TENSOR_TYPES.add(kind)
         if not NOT_REAL_DTYPES:
             NOT_REAL_DTYPES.update(
                 {torch.bool, torch.complex32, torch.complex64, torch.complex128}
@@ -85,8 +91,9 @@ def _is_tensor(value: object) -> bool:
 def check_value(key: str, value: object) -> Any:
     """Validate a metric value that is not a plain ``float``/``int``; returns what to store.
 
-    Tensors are returned as they are (detached): reading them would force a device sync, so
-    the background thread does it. Other real numbers (numpy scalars, ``Fraction``) become floats.
+    A plain CPU tensor is read at once (there is no device to wait for); other tensors are
+    returned as they are (detached): reading them would force a device sync, so the background
+    thread does it. Other real numbers (numpy scalars, ``Fraction``) become floats.
     """
     if isinstance(value, bool) or value is None:
         raise TypeError(
@@ -106,6 +113,11 @@ def check_value(key: str, value: object) -> Any:
             )
         if tensor.dtype in NOT_REAL_DTYPES:
             raise TypeError(f"metric {key!r}: a {tensor.dtype} tensor is not a real number")
+        if type(tensor) in PLAIN_TENSOR_TYPES and tensor.is_cpu:
+            try:
+                return tensor.tolist()  # a Python number; unlike float(), no requires_grad warning
+            except RuntimeError:  # e.g. inside a functorch transform: read in the background
+                pass
         # A tensor that still carries its autograd graph would keep activations alive until the
         # background thread reads it; detaching is cheap and needs no sync.
         return tensor.detach() if tensor.requires_grad else tensor

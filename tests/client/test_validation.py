@@ -70,13 +70,23 @@ def test_accepted_values(mon: Monitor) -> None:
     mon.log(4, {"eval/loss": 1.0, "x-y.z_w": 2.0})
 
 
-def test_tensor_with_grad_is_detached(mon: Monitor) -> None:
+def test_a_cpu_tensor_is_read_at_once_without_its_graph_or_a_warning(mon: Monitor) -> None:
+    """A loss on the CPU is stored as its value (no graph, nothing left to read later), without
+    torch's warning about reading a tensor that requires grad, and what the loop does to the
+    tensor after log() does not change what was logged."""
     w = torch.ones((), requires_grad=True)
-    for step in (1, 2):  # the second call takes log()'s path for a tensor type seen before
-        loss = w * 2
-        mon.log(step, loss=loss)
-        _, _, stored, _ = mon._buffer[-1]
-        assert not stored["loss"].requires_grad and stored["loss"] == 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in (1, 2):  # the second call takes log()'s path for a tensor type seen before
+            loss = w * 2
+            mon.log(step, loss=loss, tokens=torch.tensor(7))
+            _, _, stored, _ = mon._buffer[-1]
+            assert stored == {"loss": 2.0, "tokens": 7}
+            assert type(stored["loss"]) is float
+    buffer = torch.tensor(0.5)
+    mon.log(3, acc=buffer)
+    buffer.fill_(0.25)  # a running metric updated in place
+    assert mon._buffer[-1][2] == {"acc": 0.5}
 
 
 def test_a_tensor_type_seen_before_is_still_checked(mon: Monitor) -> None:
@@ -185,7 +195,8 @@ class _Recorder(torch.Tensor):
 
 
 def test_logging_a_tensor_reads_it_only_in_the_background(spool_dir: Path) -> None:
-    """No value read (item/to/stack/tolist: a device sync on CUDA) in the training thread."""
+    """No value read (item/to/stack/tolist: a device sync on CUDA) in the training thread, for a
+    tensor that is not a plain CPU one (a subclass here, as DTensor or a CUDA tensor would be)."""
     transport = FakeTransport()
     monitor = Monitor(project="p", transport=transport, spool_dir=spool_dir)
     loss = torch.tensor(0.75).as_subclass(_Recorder)
