@@ -124,26 +124,40 @@ def main() -> None:
     # both a validation and a training curve, flagged when either is (the union candidate)
     by_run: dict[tuple[str, str, float], dict[str, bool]] = defaultdict(dict)
 
-    def score(group: str, t: np.ndarray, y: np.ndarray) -> bool:
+    # The shipped detector's flag for each window of the current curve: the tables ask for
+    # several windows more than once (a cut in two tables), and each is fitted once.
+    fitted: dict[tuple[int, float, float], bool] = {}
+
+    def shipped(t: np.ndarray, y: np.ndarray) -> bool:
+        key = (t.size, float(t[0]), float(t[-1]))
+        if key not in fitted:
+            fitted[key] = bool(fit_curve(t, y).off_model)
+        return fitted[key]
+
+    def score(groups: tuple[str, ...], t: np.ndarray, y: np.ndarray) -> bool:
+        """Every detector on one window, counted in each of ``groups``."""
         z = concavity_z(t, y)
-        shipped = bool(fit_curve(t, y).off_model)
-        flags[group, "shipped"].append(shipped)
-        for thr in THRESHOLDS:
-            flags[group, f"concave {thr:g}"].append(z is not None and z < thr)
-        flags[group, "either"].append(shipped or (z is not None and z < -3.0))
-        ratios[group].append(noise_ratio(t, y))
-        return shipped
+        off = shipped(t, y)
+        ratio = noise_ratio(t, y)
+        for group in groups:
+            flags[group, "shipped"].append(off)
+            for thr in THRESHOLDS:
+                flags[group, f"concave {thr:g}"].append(z is not None and z < thr)
+            flags[group, "either"].append(off or (z is not None and z < -3.0))
+            ratios[group].append(ratio)
+        return off
 
     # group -> (flagged at the last refit, flagged at any refit) per curve: the sticky candidate
     sticky: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
 
     def ever(groups: tuple[str, ...], windows: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        offs = [bool(fit_curve(t, y).off_model) for t, y in windows if t.size >= 20]
+        offs = [shipped(t, y) for t, y in windows if t.size >= 20]
         if offs:
             for group in groups:
                 sticky[group].append((offs[-1], any(offs)))
 
     for c in curves:
+        fitted.clear()
         kind = series_kind(c.name)
         if c.anytime:
             if diverged(c):
@@ -153,9 +167,8 @@ def main() -> None:
             for k in ANYTIME_CUTS:
                 t, y = prefix(c, k)
                 if t.size >= 20:
-                    score(f"anytime {k:.0%}", t, y)
                     by_run["anytime", run_of(c.name), k][kind] = score(
-                        f"anytime, all cuts: {kind} curves", t, y)
+                        (f"anytime {k:.0%}", f"anytime, all cuts: {kind} curves"), t, y)
             continue
         window = decay_window(c)
         if window is None:
@@ -167,17 +180,16 @@ def main() -> None:
               for m in [start & (c.steps <= window[0] + frac * (window[1] - window[0]))]])
         for frac in DECAY_FRACTIONS:
             cut = window[0] + frac * (window[1] - window[0])
-            keep = (c.steps >= 0.05 * float(c.steps[-1])) & (c.steps <= cut)
+            keep = start & (c.steps <= cut)
             if int(keep.sum()) < 20:
                 continue
+            decaying = (family, "all decaying", f"all decaying: {kind} curves")
             if frac == 0.5:
-                score(family, c.steps[keep], c.losses[keep])
-                score("all decaying", c.steps[keep], c.losses[keep])
                 by_run["decaying", run_of(c.name), frac][kind] = score(
-                    f"all decaying: {kind} curves", c.steps[keep], c.losses[keep])
+                    decaying, c.steps[keep], c.losses[keep])
             else:  # how late the shipped detector gets there: itself only
-                off = bool(fit_curve(c.steps[keep], c.losses[keep]).off_model)
-                for group in (family, "all decaying", f"all decaying: {kind} curves"):
+                off = shipped(c.steps[keep], c.losses[keep])
+                for group in decaying:
                     later[group, frac].append(off)
     anytime_ratios = [r for g, rs in ratios.items() if g.startswith("anytime ") for r in rs
                       if r is not None]
