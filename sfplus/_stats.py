@@ -78,14 +78,13 @@ class _Sums:
         parts = self.parts
         for ps, pds, ds, gs in self.joining.values():
             p = torch.cat(ps)
-            parts[_PP].append(torch.dot(p, p))
+            parts[_PP].append(F.sumsq(p))
             if ds:
                 d = torch.cat(ds)
-                parts[_PD].append(torch.dot(p if len(pds) == len(ps) else torch.cat(pds), d))
-                parts[_DD].append(torch.dot(d, d))
+                parts[_PD].append(F.dot(p if len(pds) == len(ps) else torch.cat(pds), d))
+                parts[_DD].append(F.sumsq(d))
             if gs:
-                g = torch.cat(gs)
-                parts[_GG].append(torch.dot(g, g))
+                parts[_GG].append(F.sumsq(torch.cat(gs)))
         self.joining.clear()
         self.joining_numel = 0
 
