@@ -166,8 +166,9 @@ def test_shapes_are_columns_and_first_values_win_in_record_order() -> None:
 
 
 def test_columns_of_tensors_are_read_exactly_in_one_go() -> None:
-    """A column of 0-d CPU tensors (a loss logged as a tensor every step) is read in one C loop;
-    values are exact (no float32 detour) and a column mixing dtypes or numbers works."""
+    """A column of 0-d CPU tensors (``log()`` reads plain ones itself; these come from tensor
+    subclasses or an optimizer's statistics) is read in one C loop; values are exact (no
+    float32 detour) and a column mixing dtypes or numbers works."""
     big = 2**40 + 1  # exact in float64, not in float32
     records = [
         (s, 0.0, {"f32": torch.tensor(s / 3, dtype=torch.float32),
