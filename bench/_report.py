@@ -48,6 +48,12 @@ def command_line() -> str:
 def checkout_commit(checkout: Path) -> str:
     """``<short hash> <subject>`` of a baseline checkout's commit (its path where git cannot
     tell), to name the baseline a section compares with."""
+    top = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    if not top or Path(top).resolve() != checkout.resolve():
+        # Not a checkout of its own (files copied into a folder of another repository, whose
+        # commit says nothing about them): its path.
+        return str(checkout)
     out = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h %s"],
                          capture_output=True, text=True, check=False).stdout.strip()
     return out[:90] if out else str(checkout)

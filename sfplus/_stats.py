@@ -178,7 +178,14 @@ def weight_norms(
         # No shard to combine across processes: every partial sum to the host in one read,
         # summed there in double precision.
         parts = buckets[None].parts
-        values = torch.stack([q for partials in parts for q in partials]).tolist()
+        if use_foreach:
+            # The foreach sums are in ``acc``, the dots in the parameters' dtype: one stack and
+            # cast per kind. Stacking them all at once casts value by value (on CUDA a kernel
+            # launch each: +11-14% on the norms of a 64-tensor model).
+            flat = torch.cat([torch.stack(partials).to(acc) for partials in parts if partials])
+        else:
+            flat = torch.stack([q for partials in parts for q in partials])
+        values = flat.tolist()
         totals, start = [], 0
         for partials in parts:
             totals.append(math.fsum(values[start:start + len(partials)]))
