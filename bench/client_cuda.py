@@ -30,7 +30,6 @@ import contextlib
 import json
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from bench.client_overhead import other_metrics, thread_cpu_ns
 from bench.optimizer import SIZES, HostReads
 from curvecast.client import Monitor
 from curvecast.client._batcher import plain_body
@@ -46,18 +46,6 @@ from examples.charlm import CharTransformer
 
 BLOCK = 100  #: steps per block; norms_every too, so each hook-on block has one norms step
 BATCH, SEQ, VOCAB = 32, 64, 100
-
-
-def other_metrics(step: int) -> dict[str, float | int]:
-    """``bench.client_overhead``'s seven other metrics (that module needs the service)."""
-    return {"tokens": step * BATCH * SEQ, "lr": 1e-3 / (1 + step / 977),
-            "grad_norm": 7 / (step + 3), "data_s": 0.1 / (step + 11),
-            "step_s": 0.3 / (step + 13), "ema": 1 - 1 / (step + 1.5), "scale": step / 1009}
-
-
-def thread_cpu_ns(thread: threading.Thread) -> int:
-    assert thread.ident is not None
-    return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
 
 
 def spooled_losses(spool: Path) -> dict[int, float]:
@@ -116,7 +104,9 @@ def run_size(size: str, device: torch.device, blocks: int) -> dict[str, Any]:
         torch call in a Python frame, which would swamp the timings."""
         nonlocal step
         reads, log_ns = HostReads(), 0
-        (hook_on if on else hook_off)()
+        hook_off()
+        if on:
+            hook_on()
         sync()
         start = time.perf_counter()
         with reads if count_reads else contextlib.nullcontext():

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -52,8 +52,9 @@ from curvecast.client._api import Api
 from curvecast.client._batcher import encode_records
 from curvecast.client._transport import HTTPTransport
 from curvecast.client.sync import sync_run
-from curvecast.service.migrate import upgrade
-from curvecast.service.testing import ServerProcess, free_port, start_server_process
+
+if TYPE_CHECKING:
+    from curvecast.service.testing import ServerProcess
 
 logging.getLogger("curvecast.client").setLevel(logging.ERROR)  # expected "server down" warnings
 
@@ -439,6 +440,11 @@ def bench_health(transport: HTTPTransport, n: int) -> tuple[float, float]:
 
 @contextlib.contextmanager
 def server(tmp: Path) -> Iterator[ServerProcess]:
+    # The service is imported here, not at the top: bench.client_cuda reuses this module's loop
+    # helpers on a GPU machine that has torch but not the service's dependencies.
+    from curvecast.service.migrate import upgrade
+    from curvecast.service.testing import start_server_process
+
     db = f"sqlite:///{tmp / 'bench.db'}"
     upgrade(db)
     proc = start_server_process(db, tmp)
@@ -464,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp_name, server(Path(tmp_name)) as srv:
         tmp = Path(tmp_name)
+        from curvecast.service.testing import free_port
+
         up, down = srv.url, f"http://127.0.0.1:{free_port()}"
         rows: list[list[object]] = []
         log_results: dict[str, tuple[float, float, str]] = {}

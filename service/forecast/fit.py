@@ -686,4 +686,3 @@ def curve_gradients(t: FloatArray, a: float, b: float, t0: float) -> FloatArray:
     grads: FloatArray = np.column_stack([inv, -0.5 * a * inv / safe * (t0 + b),
                                          np.ones(t.size)]) * ok[:, None]
     return grads
-
