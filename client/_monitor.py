@@ -183,7 +183,7 @@ class Monitor:
         # with the same names at a later step checks no name); each other name's last step
         # (its presence means the name was validated).
         self._buffer: deque[Record] = deque()
-        self._names: Any = {}.keys()
+        self._names: tuple[str, ...] = ()
         self._names_step = -1
         self._last_step: dict[str, int] = {}
         self._backwards_warned: set[str] = set()
@@ -263,26 +263,33 @@ class Monitor:
             step = check_step(step)
         if self._closing:
             raise RuntimeError(f"Monitor.log() after finish() (run {self.run_id})")
-        names = kwargs.keys()
+        # The names as a tuple: the same call site passes the same interned strings in the same
+        # order, so the comparison is one identity test per name. (Comparing key views, which
+        # hashes and looks up each name, cost twice as much after a training step.)
+        names = tuple(kwargs)
         if step < self._names_step or names != self._names:
             self._check_names(names, step)
         self._names_step = step
         for key, value in kwargs.items():
             kind = type(value)
             if kind is not float and kind is not int:
+                if kind in PLAIN_TENSOR_TYPES and value.is_cpu:
+                    # A CPU tensor is read now: there is no device to wait for, tolist() is
+                    # cheaper than the alias below and spares the batcher a tensor (it also does
+                    # not warn about requires_grad, as float() does). A 0-d tensor of a real
+                    # dtype reads as a float or an int, so the answer itself is the dtype and
+                    # shape check, without two more C calls in the common case.
+                    try:
+                        number = value.tolist()
+                    except RuntimeError:  # e.g. inside a functorch transform
+                        number = None
+                    if type(number) is float or type(number) is int:
+                        kwargs[key] = number
+                        continue
                 if kind in TENSOR_TYPES and not value.ndim and value.dtype not in NOT_REAL_DTYPES:
-                    # check_value's answer for a tensor type it has seen, without the calls. A
-                    # CPU tensor is read now: there is no device to wait for, tolist() is
-                    # cheaper than the alias below and spares the batcher a tensor (it also
-                    # does not warn about requires_grad, as float() does).
-                    if kind in PLAIN_TENSOR_TYPES and value.is_cpu:
-                        try:
-                            kwargs[key] = value.tolist()
-                            continue
-                        except RuntimeError:  # e.g. inside a functorch transform
-                            pass
-                    # Elsewhere the value without its autograd graph (.data: an alias that
-                    # autograd does not track, as detach() but cheaper), read in the background.
+                    # check_value's answer for a tensor type it has seen, without the calls:
+                    # the value without its autograd graph (.data: an alias that autograd does
+                    # not track, as detach() but cheaper), read in the background.
                     kwargs[key] = value.data
                 else:
                     kwargs[key] = check_value(key, value)
@@ -293,7 +300,7 @@ class Monitor:
         if len(buf) >= self._wake_at:
             self._buffer_filling()
 
-    def _check_names(self, names: Any, step: int) -> None:
+    def _check_names(self, names: tuple[str, ...], step: int) -> None:
         """A call with other names than the last one, or at an earlier step: validate names
         seen for the first time, warn about a name going back, and remember each one's step."""
         last = self._last_step
