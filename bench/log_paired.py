@@ -7,11 +7,15 @@ alternating pairs of steps (AABB...), each call timed by the thread's CPU clock 
 training step: the cold caches a real loop gives ``log()`` and the machine's load at that moment
 are the same for both.
 
-The revision's ``log`` and ``_check_names`` are read from ``client/_monitor.py`` at that
-revision and bound to a second monitor (so each keeps its own names state) whose sink is the
-first's: both see the wall time of the one ``watch()`` hook. They run with this checkout's
-module globals, so a revision whose ``log()`` needs a name the module no longer has fails with
-a ``NameError``. Both monitors point at a closed port: their records are spooled, not sent.
+Both versions are treated alike: ``log`` and ``_check_names`` are read from
+``client/_monitor.py`` (at the revision, and in the working tree), compiled the same way and
+bound each to a monitor of its own (so each keeps its own names state); the second monitor
+shares the first's sink, so both see the wall time of the one ``watch()`` hook, and the two
+versions swap monitors from round to round. (Binding only the revision's code, beside the
+class's own method, made an A/A run of the same code read 0.94-0.97.) Both run with this
+checkout's module globals, so a revision whose ``log()`` needs a name the module no longer has
+fails with a ``NameError``. Both monitors point at a closed port: their records are spooled,
+not sent. ``--base HEAD`` with a clean tree is the A/A check of the bench itself.
 
 Usage: ``python -m bench.log_paired --base REV [--steps N] [--rounds R] [--no-write]``
 """
@@ -40,10 +44,14 @@ from curvecast.client import _monitor as monitor_module
 WARMUP = 100
 
 
-def methods_at(rev: str, names: tuple[str, ...]) -> dict[str, Callable[..., Any]]:
-    """Functions ``names`` of ``Monitor`` as they were at ``rev``, with this module's globals."""
-    source = subprocess.run(["git", "show", f"{rev}:client/_monitor.py"], capture_output=True,
-                            text=True, check=True).stdout
+def methods_at(rev: str | None, names: tuple[str, ...]) -> dict[str, Callable[..., Any]]:
+    """Functions ``names`` of ``Monitor`` as they were at ``rev`` (None: as the working tree has
+    them), with this checkout's module globals."""
+    if rev is None:
+        source = Path(monitor_module.__file__).read_text()
+    else:
+        source = subprocess.run(["git", "show", f"{rev}:client/_monitor.py"],
+                                capture_output=True, text=True, check=True).stdout
     namespace = dict(vars(monitor_module))
     for name in names:
         start = source.index(f"    def {name}(")
@@ -52,18 +60,23 @@ def methods_at(rev: str, names: tuple[str, ...]) -> dict[str, Callable[..., Any]
     return {name: namespace[name] for name in names}
 
 
-def paired_round(base: dict[str, Callable[..., Any]], steps: int) -> tuple[list[int], list[int]]:
-    """Thread-CPU ns of each ``log()`` call: the revision's, and this checkout's."""
+def paired_round(versions: tuple[dict[str, Callable[..., Any]], ...], steps: int,
+                 swap: bool) -> tuple[list[int], ...]:
+    """Thread-CPU ns of each ``log()`` call of each version (the revision's, this checkout's);
+    ``swap`` hosts the revision's on the second monitor instead of the first."""
     model, opt, x, y = make_loop()
     closed = "http://127.0.0.1:9"  # nothing listens: the records are spooled
-    mon = monitor(closed, Path(tempfile.mkdtemp()))
-    mon.watch(opt)
-    mon_base: Monitor = monitor(closed, Path(tempfile.mkdtemp()))
-    mon_base._sink = mon._sink  # the same watch() hook's wall time for both
-    mon_base._check_names = types.MethodType(base["_check_names"], mon_base)  # type: ignore[method-assign]
-    calls = (types.MethodType(base["log"], mon_base), mon.log)
+    monitors: list[Monitor] = [monitor(closed, Path(tempfile.mkdtemp())) for _ in versions]
+    monitors[0].watch(opt)
+    monitors[1]._sink = monitors[0]._sink  # the same watch() hook's wall time for both
+    if swap:
+        monitors.reverse()
+    calls = []
+    for mon, methods in zip(monitors, versions, strict=True):
+        mon._check_names = types.MethodType(methods["_check_names"], mon)  # type: ignore[method-assign]
+        calls.append(types.MethodType(methods["log"], mon))
     clock = time.thread_time_ns
-    times: tuple[list[int], list[int]] = ([], [])
+    times: tuple[list[int], ...] = tuple([] for _ in versions)
     for step in range(1, WARMUP + steps + 1):
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -77,8 +90,8 @@ def paired_round(base: dict[str, Callable[..., Any]], steps: int) -> tuple[list[
         end = clock()
         if step > WARMUP:
             times[which].append(end - start)
-    mon_base.finish(timeout=0.5)
-    mon.finish(timeout=0.5)
+    for mon in monitors:
+        mon.finish(timeout=0.5)
     return times
 
 
@@ -89,26 +102,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="rounds, each a new process state")
     parser.add_argument("--no-write", action="store_true", help="print, don't touch BENCHMARKS.md")
     args = parser.parse_args(argv)
-    base_rev = subprocess.run(["git", "log", "-1", "--format=%h %s", args.base],
-                              capture_output=True, text=True, check=True).stdout.strip()[:90]
-    base = methods_at(args.base, ("log", "_check_names"))
+    found = subprocess.run(["git", "log", "-1", "--format=%h %s", args.base, "--"],
+                           capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        parser.error(f"--base {args.base!r} is not a revision of this repository")
+    base_rev = found.stdout.strip()[:90]
+    try:
+        versions = (methods_at(args.base, ("log", "_check_names")),
+                    methods_at(None, ("log", "_check_names")))
+    except (subprocess.CalledProcessError, ValueError):
+        parser.error(f"{args.base} has no Monitor.log and Monitor._check_names in "
+                     "client/_monitor.py to compare with")
+    # Each round compares the revision with this checkout; after it, an A/A round compares this
+    # checkout with itself, the same way: the ratio the bench reads when nothing changed.
+    this = versions[1]
     rows: list[list[object]] = []
-    ratios = []
+    ratios: dict[str, list[float]] = {"revision": [], "A/A": []}
     for r in range(args.rounds):
-        with phase("log_paired", "round", r + 1, args.rounds):
-            base_ns, new_ns = paired_round(base, args.steps)
-        b, n = statistics.median(base_ns) / 1e3, statistics.median(new_ns) / 1e3
-        ratios.append(n / b)
-        rows.append([r + 1, len(base_ns), f"{b:.2f}", f"{n:.2f}", f"{n / b:.3f}"])
-        print(f"round {r + 1}: base {b:.2f} us, this checkout {n:.2f} us, ratio {n / b:.3f}",
-              flush=True)
+        for label, pair in (("revision", versions), ("A/A", (this, this))):
+            with phase("log_paired", f"round, {label}", r + 1, args.rounds):
+                base_ns, new_ns = paired_round(pair, args.steps, swap=r % 2 == 1)
+            b, n = statistics.median(base_ns) / 1e3, statistics.median(new_ns) / 1e3
+            ratios[label].append(n / b)
+            first = "baseline" if label == "revision" else "this checkout (A/A)"
+            rows.append([r + 1, first, len(base_ns), f"{b:.2f}", f"{n:.2f}", f"{n / b:.3f}"])
+            print(f"round {r + 1} {label}: {b:.2f} us against {n:.2f} us, ratio {n / b:.3f}",
+                  flush=True)
     body = (
         f"Baseline: `{base_rev}`. Each round: {args.steps:,} steps of `bench.client_overhead`'s "
         "loop (MLP, ScheduleFree+, `watch()`), `log()` of 8 metrics (the loss a CPU tensor) "
-        "after each step, the two versions alternating in pairs of steps; median thread CPU "
-        "of a call, timer included in both.\n\n"
-        + markdown_table(["round", "calls each", "baseline µs", "this checkout µs", "ratio"], rows)
-        + f"\n\nMedian ratio over the rounds: **{statistics.median(ratios):.3f}**."
+        "after each step, the two versions alternating in pairs of steps, each on a monitor of "
+        "its own (swapped every round); median thread CPU of a call, timer included in both. "
+        "After each round, an A/A round: this checkout against itself, the same way.\n\n"
+        + markdown_table(["round", "first version", "calls each", "first µs",
+                          "this checkout µs", "ratio"], rows)
+        + f"\n\nMedian ratio, this checkout / baseline: "
+        f"**{statistics.median(ratios['revision']):.3f}** "
+        f"({min(ratios['revision']):.3f}–{max(ratios['revision']):.3f}); A/A: "
+        f"{statistics.median(ratios['A/A']):.3f} "
+        f"({min(ratios['A/A']):.3f}–{max(ratios['A/A']):.3f})."
     )
     print(body)
     if not args.no_write:

@@ -264,8 +264,9 @@ class Monitor:
         if self._closing:
             raise RuntimeError(f"Monitor.log() after finish() (run {self.run_id})")
         # The names as a tuple: the same call site passes the same interned strings in the same
-        # order, so the comparison is one identity test per name. (Comparing key views, which
-        # hashes and looks up each name, cost twice as much after a training step.)
+        # order, so the comparison is one identity test per name. (Comparing key views hashes
+        # and looks up each name: after a training step, with cold caches, that was most of the
+        # names check's cost; bench.log_paired.)
         names = tuple(kwargs)
         if step < self._names_step or names != self._names:
             self._check_names(names, step)
