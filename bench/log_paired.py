@@ -15,7 +15,8 @@ versions swap monitors from round to round. (Binding only the revision's code, b
 class's own method, made an A/A run of the same code read 0.94-0.97.) Both run with this
 checkout's module globals, so a revision whose ``log()`` needs a name the module no longer has
 fails with a ``NameError``. Both monitors point at a closed port: their records are spooled,
-not sent. ``--base HEAD`` with a clean tree is the A/A check of the bench itself.
+not sent. Every round is followed by an A/A round, this checkout against itself the same way:
+the spread of ratios the bench reads when nothing changed, in the same run.
 
 Usage: ``python -m bench.log_paired --base REV [--steps N] [--rounds R] [--no-write]``
 """
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="HEAD", help="the revision to compare with (HEAD)")
     parser.add_argument("--steps", type=int, default=3000, help="training steps a round")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds, each a new process state")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="rounds (a new model and monitors each), each with an A/A round")
     parser.add_argument("--no-write", action="store_true", help="print, don't touch BENCHMARKS.md")
     args = parser.parse_args(argv)
     found = subprocess.run(["git", "log", "-1", "--format=%h %s", args.base, "--"],
