@@ -20,7 +20,8 @@ SQLite file ("server up") and against a port nothing listens on ("server down"):
    in one ``send``, as ours are, no longer falls into), plus the median batch
    round trip seen during the training runs.
 
-Usage: ``python -m bench.client_overhead [--quick]``
+Usage: ``python -m bench.client_overhead [--quick] [--no-write]``; ``--cost-runs N`` runs only the
+CPU accounting of step 2, N times, and prints a line each (writes nothing).
 """
 
 from __future__ import annotations
@@ -454,16 +455,41 @@ def server(tmp: Path) -> Iterator[ServerProcess]:
         proc.stop()
 
 
+def cost_runs(runs: int, steps: int = 2000) -> int:
+    """``--cost-runs``: only :func:`bench_cost` (server up), ``runs`` times against one server.
+
+    The whole hook moves by ±25% from run to run on a shared machine, and by 2-3x with the
+    machine's speed (its training step is the yardstick printed beside it): a few runs in a row
+    say whether a reading is the machine's or the code's.
+    """
+    print("run | training step µs | log() | watch() | batcher | sender | whole hook µs | "
+          "of the step", flush=True)
+    with tempfile.TemporaryDirectory() as tmp_name, server(Path(tmp_name)) as srv:
+        for run in range(1, runs + 1):
+            c = bench_cost(srv.url, Path(tmp_name) / f"spool-{run}", steps, True)
+            whole = c.log + c.watch + c.batcher + c.sender
+            print(f"{run} | {c.step:.0f} | {c.log:.1f} | {c.watch:.1f} | {c.batcher:.1f} | "
+                  f"{c.sender:.1f} | {whole:.1f} | {whole / c.step * 100:.2f}%", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run (small counts)")
     parser.add_argument("--no-write", action="store_true", help="print, don't touch BENCHMARKS.md")
+    parser.add_argument("--cost-runs", type=int, metavar="N",
+                        help="only the CPU accounting (server up), N runs of 2,000 steps against "
+                             "one server, one line each; writes nothing")
     args = parser.parse_args(argv)
     # SIGTERM -> SystemExit, so the server subprocess is stopped by the context manager.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # One intra-op thread: on a small shared machine, OpenMP spin-waiting under oversubscription
     # makes step times swing by several x and would drown the effect being measured.
     torch.set_num_threads(1)
+    if args.cost_runs is not None:
+        if args.cost_runs < 1:
+            parser.error(f"--cost-runs must be 1 or more, got {args.cost_runs}")
+        return cost_runs(args.cost_runs)
     n_calls = 20_000 if args.quick else 200_000
     steps, repeats = (300, 1) if args.quick else (2000, 3)
     n_ref = 5_000 if args.quick else 50_000
