@@ -100,6 +100,11 @@ def concavity_z(t: np.ndarray, y: np.ndarray, frac: float = 1 / 3) -> float | No
     return float(coef[2]) / math.sqrt(var) if var > 0 else None
 
 
+def mad(v: np.ndarray) -> float:
+    """Median absolute deviation (unscaled)."""
+    return float(np.median(np.abs(v - np.median(v))))
+
+
 def noise_ratio(t: np.ndarray, y: np.ndarray) -> float | None:
     """Robust scale of the second differences in the recent third over the part before (a
     decaying learning rate should make it fall below 1)."""
@@ -111,10 +116,6 @@ def noise_ratio(t: np.ndarray, y: np.ndarray) -> float | None:
     before, after = d[~recent], d[recent]
     if before.size < 10 or after.size < 10:
         return None
-
-    def mad(v: np.ndarray) -> float:
-        return float(np.median(np.abs(v - np.median(v))))
-
     return mad(after) / mad(before) if mad(before) > 0 else None
 
 
@@ -135,8 +136,7 @@ def annealing_gain(t: np.ndarray, y: np.ndarray, planned: float) -> float | None
         parts = np.array_split(np.arange(t.size), 200)
         t = np.array([np.median(t[i]) for i in parts])
         y = np.array([np.median(y[i]) for i in parts])
-    second = np.diff(y, 2)
-    noise2 = (1.4826 * float(np.median(np.abs(second - np.median(second))))) ** 2 / 6
+    noise2 = (1.4826 * mad(np.diff(y, 2))) ** 2 / 6
     if t.size < 20 or noise2 <= 0 or planned < t[-1] or planned <= t[0]:
         return None
     span = planned - t[0]
