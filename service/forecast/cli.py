@@ -9,7 +9,8 @@ Usage::
 ``FILE`` is a CSV whose header names a ``step`` and a ``loss`` column (other columns are ignored),
 JSON ``{"step": [...], "loss": [...]}``, or the service's own export ``metrics.csv``
 (``key,step,value,wall_time``; see :mod:`curvecast.service.forecast.files`), any of them
-gzip-compressed. From an export the
+gzip-compressed. A step given twice keeps its first row, as the service keeps the first
+value of a (key, step) (a note on stderr says how many rows were left out). From an export the
 series is ``--key``, else the one the server would fit (:func:`curvecast.contract.fit_key`: an
 evaluation loss with enough points, else ``loss``). Only points with ``step <= cut`` are fitted,
 where the cut is ``--upto-step N`` or ``--upto FRACTION`` times the last step in the file
@@ -55,6 +56,7 @@ from curvecast.service.forecast.files import (
     Curve,
     ForecastInputError,
     averaging_start,
+    first_value_per_step,
     load_curves,
     load_series,
     pick_curve,
@@ -281,7 +283,9 @@ def run_forecast(args: argparse.Namespace) -> int:
     try:
         _check_args(args)
         config = _read_config(args.config)
-        curves = load_curves(args.file)
+        # The first value of each step, as the service keeps them.
+        firsts = {k: first_value_per_step(c) for k, c in load_curves(args.file).items()}
+        curves = {k: curve for k, (curve, _) in firsts.items()}
         inferred = None
         if args.burn_in is None and config.averaging_start is None:
             # An export of a watched ScheduleFree+ run logs its averaging weight: the fit then
@@ -290,6 +294,7 @@ def run_forecast(args: argparse.Namespace) -> int:
             if inferred is not None:
                 config = dataclasses.replace(config, c_warmup=inferred[1])
         key, (steps, losses) = pick_curve(curves, args.key, config, args.file)
+        repeated = firsts[key][1]
         lr_series = lr_key(curves)  # the service's export holds opt/lr when the hook logged it
         finite_steps = [s for s in steps if math.isfinite(s)]
         if not finite_steps:
@@ -306,6 +311,11 @@ def run_forecast(args: argparse.Namespace) -> int:
     except ForecastInputError as exc:
         print(f"curvecast forecast: error: {exc}", file=sys.stderr)
         return 2
+    if repeated:
+        # On stderr: with --json, stdout holds the one object of the contract.
+        print(f"curvecast forecast: note: {repeated:,} row(s) of {key} repeat an earlier step "
+              "(a resumed run's log?); the first value of each step is fitted, as the service "
+              "stores them", file=sys.stderr)
     if args.json:
         print(json.dumps(out, allow_nan=False))
     else:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from curvecast.contract import TELEMETRY_PREFIXES, RunConfig, fit_key
 
-__all__ = ["Curve", "ForecastInputError", "averaging_start", "load_curves", "load_series",
-           "pick_curve"]
+__all__ = ["Curve", "ForecastInputError", "averaging_start", "first_value_per_step",
+           "load_curves", "load_series", "pick_curve"]
 
 #: The prefixes of ScheduleFree+'s statistics in an export (the contract's, current first; not
 #: the bare legacy one: a bare ``c`` or ``warmup`` could be any metric of the script's own).
@@ -102,6 +102,27 @@ def load_series(path: str | Path) -> Curve:
         return curves.get("loss") or next(iter(curves.values()))
     raise ForecastInputError(f"{path}: holds several series ({', '.join(sorted(curves))}): "
                              "say which with --key")
+
+
+def first_value_per_step(curve: Curve) -> tuple[Curve, int]:
+    """``curve`` with only the first row of each step, and how many rows were left out.
+
+    The service stores the first value of a (key, step) and ignores a later one (an idempotent
+    retry, or a resumed run's log repeating the steps since its checkpoint), so a file fitted
+    here gives the fit the service gives once the same rows are ingested in file order.
+    """
+    steps, values = curve
+    seen: set[float] = set()
+    kept_steps: list[float] = []
+    kept_values: list[float] = []
+    for step, value in zip(steps, values, strict=True):
+        if step in seen:
+            continue
+        if step == step:  # NaN steps are not a step the fit can use; kept for it to drop
+            seen.add(step)
+        kept_steps.append(step)
+        kept_values.append(value)
+    return (kept_steps, kept_values), len(steps) - len(kept_steps)
 
 
 def averaging_start(curves: Mapping[str, Curve]) -> tuple[str, int] | None:

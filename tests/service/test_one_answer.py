@@ -178,3 +178,45 @@ def test_the_service_fits_the_points_alone_as_the_cli_does(
         assert cli[field] == api[field], field
     assert api["status"] == "ok" and api["burn_in_source"] == "data" and api["burn_in"] > 800
     assert f"burn-in: step {api['burn_in']:,.0f} (data)" in _cli(export, config=False)
+
+
+def test_a_resumed_run_s_repeated_steps_fit_as_the_service_stores_them(
+        worker_server: str, project: str, tmp_path: Path) -> None:
+    """A run resumed from its step-1,200 checkpoint after a crash at 2,000 logs steps 1,201 to
+    2,000 twice, on another trajectory the second time. The service keeps the first value of a
+    step; the CLI, on the log as the run wrote it (a step,loss file with the repeats), fits the
+    same points and says that it left the later rows out."""
+    url = worker_server
+    run_id = uuid.uuid4()
+    base = f"{url}/api/v1/runs/{run_id}"
+    httpx.put(base, json={"project": project, "name": "resumed", "config": {}},
+              timeout=30).raise_for_status()
+    rng = np.random.default_rng(5)
+    first = np.arange(10, 2_001, 10)
+    again = np.arange(1_210, 3_001, 10)
+    first_loss = 9.0 / np.sqrt(first + 200.0) + 2.0 + rng.normal(0, 0.01, first.size)
+    # The resumed trajectory sits visibly lower: fitting both copies would move the fit.
+    again_loss = 9.0 / np.sqrt(again + 200.0) + 1.9 + rng.normal(0, 0.01, again.size)
+    rows = [(int(s), float(v)) for s, v in zip(first, first_loss, strict=True)]
+    rows += [(int(s), float(v)) for s, v in zip(again, again_loss, strict=True)]
+    for part in (rows[:first.size], rows[first.size:]):
+        httpx.post(f"{base}/metrics", json={"steps": [s for s, _ in part],
+                                            "values": {"loss": [v for _, v in part]}},
+                   timeout=30).raise_for_status()
+
+    def fitted_on_everything() -> dict[str, Any] | None:
+        answer: dict[str, Any] = httpx.get(f"{base}/forecast", timeout=30).json()
+        return answer if answer["fitted_upto_step"] == 3_000 else None
+
+    api = wait_for(fitted_on_everything, timeout=60, what="the fit of every point")
+    log_file = tmp_path / "train_log.csv"
+    log_file.write_text("step,loss\n" + "".join(f"{s},{v!r}\n" for s, v in rows))
+    proc = subprocess.run(
+        [sys.executable, "-m", "curvecast.service.forecast.cli", str(log_file), "--json"],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    repeated = int(np.isin(again, first).sum())
+    assert f"note: {repeated:,} row(s) of loss repeat an earlier step" in proc.stderr
+    cli = json.loads(proc.stdout)
+    for field in ("status", "n_points", "fitted_upto_step", "a", "b", "c", "prediction", "f_star"):
+        assert cli[field] == api[field], field
