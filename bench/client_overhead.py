@@ -532,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         loop_rows: list[list[object]] = []
         cost_rows: list[list[object]] = []
         costs: dict[str, Cost] = {}
+        cost_ranges: dict[str, tuple[float, float, int]] = {}  # lowest, highest, runs
         paired_results: dict[str, Paired] = {}
         rtt_seen: list[float] = []
         load_start = os.getloadavg()[0]
@@ -557,12 +558,20 @@ def main(argv: list[str] | None = None) -> int:
                     rtt_seen.append(rtt)
             paired = bench_paired(url, tmp / f"spool-paired-{label}", PAIRED_FACTOR * steps,
                                   label == "up")
-            cost = bench_cost(url, tmp / f"spool-cost-{label}", steps, label == "up")
+            # Server up (the goal's case): the run of median whole-hook cost of several, so that
+            # one lucky or unlucky run (±25% run to run) does not decide the goal.
+            n_cost = COST_RUNS if label == "up" else 1
+            runs = sorted((bench_cost(url, tmp / f"spool-cost-{label}-{i}", steps, label == "up")
+                           for i in range(n_cost)), key=lambda c: c.total)
+            cost = runs[len(runs) // 2]
+            cost_ranges[label] = (runs[0].total, runs[-1].total, len(runs))
             costs[label] = cost
             paired_results[label] = paired
+            whole = (f"**{cost.total:.1f}** (median of {len(runs)} runs: {runs[0].total:.1f}–"
+                     f"{runs[-1].total:.1f})" if len(runs) > 1 else f"**{cost.total:.1f}**")
             cost_rows.append([f"server {label}", f"{cost.step:.0f}", f"{cost.log:.1f}",
                               f"{cost.watch:.1f}", f"{cost.batcher:.1f}", f"{cost.sender:.1f}",
-                              f"**{cost.total:.1f}**", f"{cost.total / cost.step * 100:.2f}%",
+                              whole, f"{cost.total / cost.step * 100:.2f}%",
                               f"{cost.steps_per_batch:.0f}" if label == "up" else "(spooled)",
                               f"{cost.empty_call:.1f}"])
             print(f"cost, server {label}: {cost}, total {cost.total:.1f} us")
@@ -592,9 +601,12 @@ def main(argv: list[str] | None = None) -> int:
                            "batcher thread", "sender thread", "whole hook", "vs step",
                            "steps per batch", "an empty call in `log()`'s place"], cost_rows)
     up_cost, up_paired = costs["up"], paired_results["up"]
+    low, high, n_up = cost_ranges["up"]
+    measured = (f"{up_cost.total:.1f} µs (median of {n_up} runs: {low:.1f}–{high:.1f})"
+                if n_up > 1 else f"{up_cost.total:.1f} µs")
     goals = markdown_table(
         ["goal (#19, server up)", "measured", "baseline (same run, hook off)", "met"],
-        [[f"whole hook ≤ {CPU_GOAL_US:g} µs CPU per step", f"{up_cost.total:.1f} µs",
+        [[f"whole hook ≤ {CPU_GOAL_US:g} µs CPU per step", measured,
           f"training step {up_cost.step:.0f} µs CPU", _yes(up_cost.total <= CPU_GOAL_US)],
          [f"wall-clock slowdown ≤ {WALL_GOAL_PCT:g}% (paired blocks)",
           f"{up_paired.slowdown:+.2f}% (95% CI {up_paired.low:+.1f}% … {up_paired.high:+.1f}%)",
@@ -635,7 +647,8 @@ cores with the training loop.
 
 {loop}
 
-The hook's cost by CPU accounting, from one run of {steps:,} steps with the hook on (the same
+The hook's cost by CPU accounting, from runs of {steps:,} steps with the hook on (server up:
+the run of median whole-hook cost of {n_up}, its range beside it; server down: one run; the same
 loop, `watch()` with norms every 100 steps and `log()` with {N_METRICS} metrics: the loss as a
 tensor, an int and six floats), per step, in µs of CPU. Training thread: each `log()` call and
 the `watch()` post-step hook (norms steps included) timed with the thread CPU clock, the timer's
@@ -674,6 +687,9 @@ point logged while its server was down).
     return 0
 
 
+#: Server up: the hook's cost is the run of median whole-hook cost of this many (one run moves
+#: by up to ±25% from the next on this shared machine).
+COST_RUNS = 5
 #: The goals of #19 for the client hook.
 CPU_GOAL_US = 15.0
 WALL_GOAL_PCT = 2.0
