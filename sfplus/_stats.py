@@ -129,7 +129,9 @@ def weight_norms(
     device: torch.device | None = None
     one_device = True
     use_foreach = False
-    for p, delta in params:
+    # Last parameter first: the optimizer's step has just walked them first to last, so the
+    # last ones are still in cache; taken first, they are read before the others evict them.
+    for p, delta in reversed(list(params)):
         pl = _dist.local(p)
         if device is None:
             device = pl.device
