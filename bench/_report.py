@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -57,6 +58,25 @@ def checkout_commit(checkout: Path) -> str:
     out = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h %s"],
                          capture_output=True, text=True, check=False).stdout.strip()
     return out[:90] if out else str(checkout)
+
+
+def revision_line(rev: str) -> str | None:
+    """``<short hash> <subject>`` of revision ``rev`` of this repository, or None when it is
+    not one (for a bench's ``--base``)."""
+    found = subprocess.run(["git", "log", "-1", "--format=%h %s", rev, "--"],
+                           capture_output=True, text=True, check=False)
+    return found.stdout.strip()[:90] if found.returncode == 0 else None
+
+
+def paired_summary(ratios: dict[str, list[float]]) -> str:
+    """The closing line of a paired bench: the median (and range) of this checkout's ratio to
+    the revision's, rounds ``"revision"``, beside that of its A/A rounds, ``"A/A"``."""
+    def spread(values: list[float]) -> str:
+        return f"({min(values):.3f}–{max(values):.3f})"
+
+    base, same = ratios["revision"], ratios["A/A"]
+    return (f"Median ratio, this checkout / baseline: **{statistics.median(base):.3f}** "
+            f"{spread(base)}; A/A: {statistics.median(same):.3f} {spread(same)}.")
 
 
 def write_section(name: str, title: str, body: str, path: Path = BENCHMARKS_MD) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch.nn.functional as F
 
-from bench._report import markdown_table, phase, write_section
+from bench._report import markdown_table, paired_summary, phase, revision_line, write_section
 from bench.client_overhead import make_loop, other_metrics
 from curvecast.client import _batcher
 from curvecast.client._watch import Sink, watch_optimizer
@@ -118,11 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be 1 or more, got {args.rounds}")
-    found = subprocess.run(["git", "log", "-1", "--format=%h %s", args.base, "--"],
-                           capture_output=True, text=True, check=False)
-    if found.returncode != 0:
+    base_rev = revision_line(args.base)
+    if base_rev is None:
         parser.error(f"--base {args.base!r} is not a revision of this repository")
-    base_rev = found.stdout.strip()[:90]
     try:
         base, this = module_at(args.base), module_at(None)
     except (subprocess.CalledProcessError, SyntaxError):
@@ -154,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkout against itself, the same way.\n\n"
         + markdown_table(["round", "first version", "records", "first µs/step",
                           "this checkout µs/step", "ratio"], rows)
-        + f"\n\nMedian ratio, this checkout / baseline: "
-        f"**{statistics.median(ratios['revision']):.3f}** "
-        f"({min(ratios['revision']):.3f}–{max(ratios['revision']):.3f}); A/A: "
-        f"{statistics.median(ratios['A/A']):.3f} "
-        f"({min(ratios['A/A']):.3f}–{max(ratios['A/A']):.3f})."
+        + "\n\n" + paired_summary(ratios)
     )
     print(body)
     if not args.no_write:

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch.nn.functional as F
 
-from bench._report import markdown_table, phase, write_section
+from bench._report import markdown_table, paired_summary, phase, revision_line, write_section
 from bench.client_overhead import make_loop, monitor, other_metrics
 from curvecast.client import Monitor
 from curvecast.client import _monitor as monitor_module
@@ -104,11 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds (a new model and monitors each), each with an A/A round")
     parser.add_argument("--no-write", action="store_true", help="print, don't touch BENCHMARKS.md")
     args = parser.parse_args(argv)
-    found = subprocess.run(["git", "log", "-1", "--format=%h %s", args.base, "--"],
-                           capture_output=True, text=True, check=False)
-    if found.returncode != 0:
+    base_rev = revision_line(args.base)
+    if base_rev is None:
         parser.error(f"--base {args.base!r} is not a revision of this repository")
-    base_rev = found.stdout.strip()[:90]
     try:
         versions = (methods_at(args.base, ("log", "_check_names")),
                     methods_at(None, ("log", "_check_names")))
@@ -138,11 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "After each round, an A/A round: this checkout against itself, the same way.\n\n"
         + markdown_table(["round", "first version", "calls each", "first µs",
                           "this checkout µs", "ratio"], rows)
-        + f"\n\nMedian ratio, this checkout / baseline: "
-        f"**{statistics.median(ratios['revision']):.3f}** "
-        f"({min(ratios['revision']):.3f}–{max(ratios['revision']):.3f}); A/A: "
-        f"{statistics.median(ratios['A/A']):.3f} "
-        f"({min(ratios['A/A']):.3f}–{max(ratios['A/A']):.3f})."
+        + "\n\n" + paired_summary(ratios)
     )
     print(body)
     if not args.no_write:
