@@ -13,10 +13,10 @@ Records of the same step are merged into one row (the first value of a (key, ste
 the server). Columns travel as base64 strings of their little-endian bytes
 (:data:`~curvecast.contract.BASE64_COLUMNS`: int64 steps, float64 wall times and values; a
 column with missing entries stays a JSON array with ``null``): formatting each float as decimal
-text (``json.dumps``'s shortest round-trip ``repr``) used to be most of the batcher's CPU, and an
-``array`` of floats is one C loop. Encoded bodies are kept as bytes, about 11 bytes per point,
-ready both to send and to append to the spool verbatim. :func:`plain_body` turns a body back
-into plain JSON arrays, for a service too old to read base64 columns.
+text (``json.dumps``'s shortest round-trip ``repr``) used to be most of the batcher's CPU, and
+``struct.pack`` of a column is one C loop. Encoded bodies are kept as bytes, about 11 bytes per
+point, ready both to send and to append to the spool verbatim. :func:`plain_body` turns a body
+back into plain JSON arrays, for a service too old to read base64 columns.
 """
 
 from __future__ import annotations
