@@ -57,7 +57,6 @@ def module_at(rev: str | None) -> types.ModuleType:
         source = subprocess.run(["git", "show", f"{rev}:client/_batcher.py"],
                                 capture_output=True, text=True, check=True).stdout
     module = types.ModuleType(f"batcher_{rev or 'checkout'}")
-    module.__dict__["__name__"] = module.__name__
     sys.modules[module.__name__] = module  # dataclasses look their module up by name
     exec(compile(source, f"<{rev or 'checkout'}:client/_batcher.py>", "exec"),  # noqa: S102
          module.__dict__)

@@ -71,6 +71,20 @@ def _api_forecast(url: str, run_id: uuid.UUID, last_step: int) -> dict[str, Any]
     return result
 
 
+def _new_run(url: str, project: str, name: str) -> str:
+    """A run without config; returns its API base URL."""
+    base = f"{url}/api/v1/runs/{uuid.uuid4()}"
+    httpx.put(base, json={"project": project, "name": name, "config": {}},
+              timeout=30).raise_for_status()
+    return base
+
+
+def _fitted_upto(base: str, step: int) -> dict[str, Any] | None:
+    """The run's forecast once a fit reached ``step``, else None (for ``wait_for``)."""
+    answer: dict[str, Any] = httpx.get(f"{base}/forecast", timeout=30).json()
+    return answer if (answer["fitted_upto_step"] or 0) >= step else None
+
+
 def _cli(export: Path, *args: str, config: bool = True) -> str:
     given = ["--config", json.dumps(CONFIG)] if config else []
     proc = subprocess.run(
@@ -146,11 +160,7 @@ def test_the_service_fits_the_points_alone_as_the_cli_does(
     on the plateau chose an early burn-in, and a refit warm-started from them kept it for good
     (``no_asymptote``, burn-in ``warm_start``). The worker fits the points alone: its answer is
     the CLI's on the run's export, with the burn-in the data give."""
-    url = worker_server
-    run_id = uuid.uuid4()
-    base = f"{url}/api/v1/runs/{run_id}"
-    httpx.put(base, json={"project": project, "name": "plateau", "config": {}},
-              timeout=30).raise_for_status()
+    base = _new_run(worker_server, project, "plateau")
     rng = np.random.default_rng(1)
     steps = np.arange(10, 3_001, 10)
     fall = 2.0 + 9.0 / np.sqrt(np.maximum(steps - 900, 0) + 81.0)
@@ -162,14 +172,10 @@ def test_the_service_fits_the_points_alone_as_the_cli_does(
                                             "values": {"loss": loss[part].tolist()}},
                    timeout=30).raise_for_status()
 
-    def fitted_upto(step: int) -> dict[str, Any] | None:
-        answer: dict[str, Any] = httpx.get(f"{base}/forecast", timeout=30).json()
-        return answer if (answer["fitted_upto_step"] or 0) >= step else None
-
     post(steps < 900)
-    wait_for(lambda: fitted_upto(890), timeout=60, what="a fit of the plateau")
+    wait_for(lambda: _fitted_upto(base, 890), timeout=60, what="a fit of the plateau")
     post(steps >= 900)
-    api = wait_for(lambda: fitted_upto(3_000), timeout=60, what="the fit of every point")
+    api = wait_for(lambda: _fitted_upto(base, 3_000), timeout=60, what="the fit of every point")
     export = tmp_path / "metrics.csv"
     export.write_bytes(httpx.get(f"{base}/metrics.csv", timeout=30).content)
     cli = json.loads(_cli(export, "--json", config=False))
@@ -186,11 +192,7 @@ def test_a_resumed_run_s_repeated_steps_fit_as_the_service_stores_them(
     2,000 twice, on another trajectory the second time. The service keeps the first value of a
     step; the CLI, on the log as the run wrote it (a step,loss file with the repeats), fits the
     same points and says that it left the later rows out."""
-    url = worker_server
-    run_id = uuid.uuid4()
-    base = f"{url}/api/v1/runs/{run_id}"
-    httpx.put(base, json={"project": project, "name": "resumed", "config": {}},
-              timeout=30).raise_for_status()
+    base = _new_run(worker_server, project, "resumed")
     rng = np.random.default_rng(5)
     first = np.arange(10, 2_001, 10)
     again = np.arange(1_210, 3_001, 10)
@@ -203,12 +205,8 @@ def test_a_resumed_run_s_repeated_steps_fit_as_the_service_stores_them(
         httpx.post(f"{base}/metrics", json={"steps": [s for s, _ in part],
                                             "values": {"loss": [v for _, v in part]}},
                    timeout=30).raise_for_status()
-
-    def fitted_on_everything() -> dict[str, Any] | None:
-        answer: dict[str, Any] = httpx.get(f"{base}/forecast", timeout=30).json()
-        return answer if answer["fitted_upto_step"] == 3_000 else None
-
-    api = wait_for(fitted_on_everything, timeout=60, what="the fit of every point")
+    # The last step is 3,000: a fit that reached it fitted every point.
+    api = wait_for(lambda: _fitted_upto(base, 3_000), timeout=60, what="the fit of every point")
     log_file = tmp_path / "train_log.csv"
     log_file.write_text("step,loss\n" + "".join(f"{s},{v!r}\n" for s, v in rows))
     proc = subprocess.run(
