@@ -85,9 +85,10 @@ def run_once(path: Path, steps: int, cwd: Path) -> Cost:
     return Cost(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def share(c: Cost) -> float:
-    """The whole hook's share of the training step."""
-    return c.total / c.step
+def share(c: Cost, part: str = "total") -> float:
+    """A part of the hook (a ``Cost`` field; default the whole hook) as a share of the run's
+    training step."""
+    return float(getattr(c, part)) / c.step
 
 
 def schedule(pairs: int, aa: int) -> list[str]:
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def part_ratios(pairs: list[tuple[Cost, Cost]], part: str) -> list[float]:
         # Each part as a share of its own run's step, the ratio taken pair by pair.
-        return [(getattr(h, part) / h.step) / (getattr(b, part) / b.step) for b, h in pairs]
+        return [share(h, part) / share(b, part) for b, h in pairs]
 
     rows: list[list[object]] = []
     for part, name in PARTS.items():
