@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.forecast_latency
 	$(BIN)/python -m bench.forecast_backtest
 	$(BIN)/python -m bench.off_model_loss_only
+	$(BIN)/python -m bench.off_model_learned
 	$(BIN)/python -m bench.optimizer
 	$(BIN)/python -m bench.client_overhead
 	$(BIN)/python -m bench.demo_run
