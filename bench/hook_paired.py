@@ -45,6 +45,15 @@ def child(steps: int) -> int:
     """One :func:`bench_cost` run against a server of its own; its ``Cost`` as JSON on stdout."""
     import torch
 
+    # Stopped by the parent (its SIGTERM, or a Ctrl-C it passes on as one): unwind the
+    # with-blocks, once, so the server stops and the temporary folder goes; the terminal's
+    # Ctrl-C is the parent's to pass on, not a second signal in the middle of the cleanup.
+    def stop(*_: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # as bench.client_overhead: no OpenMP spinning on 2 shared cores
     with tempfile.TemporaryDirectory() as tmp, server(Path(tmp)) as srv:
         cost = bench_cost(srv.url, Path(tmp) / "spool", steps, True)
@@ -77,12 +86,21 @@ def run_once(path: Path, steps: int, cwd: Path) -> Cost:
     """One child process with ``path``'s package first on ``PYTHONPATH``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), str(REPO)])}
     # cwd: a folder of neither package, or ``python -m`` would put this checkout first
-    done = subprocess.run([sys.executable, "-m", "bench.hook_paired", "--child",
-                           "--steps", str(steps)], cwd=cwd, env=env, capture_output=True,
-                          text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"a bench_cost run failed ({path}):\n{done.stderr[-3000:]}")
-    return Cost(**json.loads(done.stdout.strip().splitlines()[-1]))
+    with subprocess.Popen([sys.executable, "-m", "bench.hook_paired", "--child", "--steps",
+                           str(steps)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate()
+        except BaseException:
+            # Stopped (SIGTERM, Ctrl-C): on SIGTERM the child stops its server and removes
+            # its temporary folder (database, server log), which subprocess.run's SIGKILL
+            # left behind (the server exits by itself once orphaned).
+            proc.terminate()
+            proc.wait(timeout=60)
+            raise
+    if proc.returncode != 0:
+        raise SystemExit(f"a bench_cost run failed ({path}):\n{err[-3000:]}")
+    return Cost(**json.loads(out.strip().splitlines()[-1]))
 
 
 def share(c: Cost, part: str = "total") -> float:
