@@ -49,7 +49,7 @@ from scipy.optimize import minimize
 from bench._report import markdown_table, write_section
 from bench.forecast_backtest import decay_window, diverged
 from bench.forecast_calibrate import Curve, fold_of, load_corpus, prefix
-from bench.off_model_loss_only import ANYTIME_CUTS, concavity_z, noise_ratio, series_kind
+from bench.off_model_loss_only import ANYTIME_CUTS, concavity_z, noise_ratio, run_of, series_kind
 from curvecast.service.forecast.solver import fit_curve
 
 #: Fractions of the decay phase whose windows train the classifier (it is scored at 0.5 only).
@@ -242,17 +242,30 @@ def main() -> None:
         [g, len(rows_of[g]), *(f"{share(v, g):.0%}" for v in detectors.values())]
         for g in order]
     table = markdown_table(["windows", "n", *detectors], rows)
-    # The verdict per detector: #14's two goals, read off the same windows.
-    anytime_groups = [g for g in rows_of if g.startswith("anytime ") and "all cuts" not in g]
+    # The verdict per detector: #14's two goals, read off the same windows, over every curve
+    # and over runs (one curve each: the series the service forecasts by default, the
+    # validation curve of a run that has one; a run whose validation curve is too short for
+    # a window is not scored, rather than scored on the training curve it is not forecast on).
+    with_validation = {run_of(c.name) for c in curves if series_kind(c.name) == "validation"}
+    by_default = {i for i in scored if ws[i].kind == "validation"
+                  or run_of(ws[i].curve) not in with_validation}
     verdicts: list[list[object]] = []
     for name, v in detectors.items():
-        worst = max(share(v, g) for g in anytime_groups)
-        caught = share(v, "all decaying")
-        verdicts.append([name, f"{worst:.0%}", f"{caught:.0%}",
-                         "yes" if worst <= 0.05 and caught >= 0.9 else "**no**"])
-    verdict_table = markdown_table(["detector", "worst anytime cut (goal ≤ 5%)",
-                                    "all decaying at half the decay (goal ≥ 90%)", "both goals"],
-                                   verdicts)
+        cells: list[object] = [name]
+        met = True
+        for unit in ("curves", "runs"):
+            keep = [i for i in scored if unit == "curves" or i in by_default]
+            anytime = [i for i in keep if ws[i].label == 0]
+            worst = max(float(np.mean(v[[i for i in anytime if ws[i].group == g]]))
+                        for g in {ws[i].group for i in anytime})
+            caught = float(np.mean(v[[i for i in keep if ws[i].label == 1]]))
+            cells += [f"{worst:.0%}", f"{np.mean(v[anytime]):.0%}", f"{caught:.0%}"]
+            met = met and worst <= 0.05 and caught >= 0.9
+        verdicts.append([*cells, "yes" if met else "**no**"])
+    verdict_table = markdown_table(
+        ["detector", "curves: worst anytime cut", "curves: all anytime windows",
+         "curves: decaying", "runs: worst anytime cut", "runs: all anytime windows",
+         "runs: decaying", "both goals"], verdicts)
     # The weights fitted on every window, for the reader (standardised features).
     x = np.stack([w.x for w in ws])
     y = np.array([w.label for w in ws], dtype=float)
@@ -267,7 +280,9 @@ decay: goal ≥ 90%):
 
 {table}
 
-Against #14's goals:
+Against #14's goals (anytime: false alarms, goal ≤ 5% at each cut; decaying: at half the decay,
+goal ≥ 90%), over every curve and over runs, one curve each: the series the service forecasts
+by default (the validation curve of a run that has one, else its only curve):
 
 {verdict_table}
 
@@ -277,12 +292,15 @@ The weights when fitted on every window (log-odds per standard deviation of each
 
 What it says (hand-written, 2026-11-27, on the tables above): the statistics together catch
 more decaying windows than the shipped detector, but only by flagging anytime windows too, and
-no candidate meets both goals. The fit's shape carries most of the weight: a large ``b`` (a
-nearly straight fall) marks a cosine curve at half its decay, and just as well an anytime
-curve still in its transient at 20% of the run, where the false alarms pile up. Learned on the
-other sources, the weights do not carry over (the "CV by source" columns), so what the by-run
-cross-validation gains is largely the look of the corpus's sources, not of a decay. Lost: the
-shipped detector stays as it is.
+no candidate meets both goals. Counted by run, on the series the service forecasts, the shipped
+detector flags 70% of the decaying runs at half their decay with 2% false alarms; the best
+candidate, quadratic and cross-validated by run, 91%, at the cost of 22% of the anytime runs
+cut at 20% (among them two of mpl's clean constant-LR LLM curves). The fit's shape carries
+most of the weight: a large ``b`` (a nearly straight fall) marks a cosine curve at half its
+decay, and just as well an anytime curve still in its transient at 20% of the run, where the
+false alarms pile up. Learned on the other sources, the weights do not carry over (the "CV by
+source" columns), so what the by-run cross-validation gains is largely the look of the
+corpus's sources, not of a decay. Lost: the shipped detector stays as it is.
 
 Wall time {time.perf_counter() - started:.0f} s."""
     print(body)
