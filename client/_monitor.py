@@ -269,7 +269,7 @@ class Monitor:
         # names check's cost; bench.log_paired.)
         names = tuple(kwargs)
         if step < self._names_step or names != self._names:
-            self._check_names(names, step)
+            self._check_names(names, step, kwargs)
         self._names_step = step
         for key, value in kwargs.items():
             kind = type(value)
@@ -301,9 +301,16 @@ class Monitor:
         if len(buf) >= self._wake_at:
             self._buffer_filling()
 
-    def _check_names(self, names: tuple[str, ...], step: int) -> None:
+    def _check_names(self, names: tuple[str, ...], step: int, metrics: dict[str, Any]) -> None:
         """A call with other names than the last one, or at an earlier step: validate names
-        seen for the first time, warn about a name going back, and remember each one's step."""
+        seen for the first time, warn about a name going back, and remember each one's step;
+        and refuse a CPU tensor that is not a scalar before ``log()`` reads it.
+
+        That last check is here, on a call site's first call, because ``log()``'s loop reads
+        a CPU tensor with ``tolist()`` before it knows the shape: for a weight matrix logged
+        by mistake, a list of every element (seconds and gigabytes for 50M) before the error.
+        In the loop itself, one more attribute read per tensor cost 5% of ``log()``
+        (``bench.log_paired``)."""
         last = self._last_step
         for key in self._names:  # the last call's names, logged at _names_step since then
             last[key] = self._names_step
@@ -314,6 +321,9 @@ class Monitor:
             elif step < prev:
                 self._went_backwards(key, step, prev)
             last[key] = step
+        for key, value in metrics.items():
+            if type(value) in PLAIN_TENSOR_TYPES and value.ndim:
+                check_value(key, value)  # raises, naming the shape
         self._names = names
 
     def _went_backwards(self, key: str, step: int, prev: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+import tracemalloc
 import warnings
 from fractions import Fraction
 from pathlib import Path
@@ -87,6 +88,21 @@ def test_a_cpu_tensor_is_read_at_once_without_its_graph_or_a_warning(mon: Monito
     mon.log(3, acc=buffer)
     buffer.fill_(0.25)  # a running metric updated in place
     assert mon._buffer[-1][2] == {"acc": 0.5}
+
+
+def test_a_large_tensor_is_refused_without_reading_it(mon: Monitor) -> None:
+    """A weight matrix logged by mistake is refused before its elements are read: no Python
+    list of a million floats (tens of MB) is built on the way to the error."""
+    weights = torch.ones(1000, 1000)
+    mon.log(1, loss=torch.tensor(0.5))  # log()'s path for a tensor type seen before
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"shape \(1000, 1000\) is not a scalar"):
+            mon.log(2, loss=torch.tensor(0.25), w=weights)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, f"log() allocated {peak:,} bytes refusing a large tensor"
 
 
 def test_a_tensor_type_seen_before_is_still_checked(mon: Monitor) -> None:
