@@ -96,7 +96,11 @@ def load_curves(path: str | Path) -> dict[str, Curve]:
 
 def load_series(path: str | Path) -> Curve:
     """Read ``(steps, losses)`` from a step/loss CSV or JSON file (the ``loss`` series, or the
-    only series of a long-format export)."""
+    only series of a long-format export).
+
+    The rows come as the file gives them, a step given twice included; the service keeps the
+    first value of a step, and :func:`first_value_per_step` gives that view (what
+    ``curvecast forecast`` fits)."""
     curves = load_curves(path)
     if "loss" in curves or len(curves) == 1:
         return curves.get("loss") or next(iter(curves.values()))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from curvecast.service.forecast.cli import add_forecast_parser, load_series, main, run_forecast
+from curvecast.service.forecast.files import first_value_per_step
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_KEYS = {"status", "n_points", "fitted_upto_step", "a", "b", "c", "f_star", "prediction",
@@ -172,6 +173,17 @@ def test_nan_cells_are_dropped_not_rejected(tmp_path: Path) -> None:
     steps, losses = load_series(p)
     assert steps == [1.0, 2.0, 3.0, 4.0]
     assert np.isnan(losses[1]) and np.isnan(losses[2])
+
+
+def test_load_series_keeps_repeated_steps_first_value_per_step_drops_them(
+        tmp_path: Path) -> None:
+    """The reader returns the file's rows; the service's view (the first value of a step) is
+    one call away, and is what the command fits."""
+    p = tmp_path / "resumed.csv"
+    p.write_text("step,loss\n1,3.0\n2,2.5\n2,2.7\n3,2.4\n")
+    curve = load_series(p)
+    assert curve == ([1.0, 2.0, 2.0, 3.0], [3.0, 2.5, 2.7, 2.4])
+    assert first_value_per_step(curve) == (([1.0, 2.0, 3.0], [3.0, 2.5, 2.4]), 1)
 
 
 def test_semicolon_csv_and_bom(tmp_path: Path) -> None:
