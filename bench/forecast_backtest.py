@@ -39,6 +39,7 @@ from scipy.optimize import OptimizeWarning, curve_fit
 from bench._corpus import load_runs
 from bench._report import markdown_table, write_section
 from bench.forecast_calibrate import (
+    BURN_IN_FRACTION,
     DEFAULT_CURVES,
     N_FOLDS,
     TRANSIENT,
@@ -308,6 +309,15 @@ def decay_window(c: Curve) -> tuple[float, float] | None:
     return None
 
 
+def decay_prefix(c: Curve, window: tuple[float, float], frac: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """A decaying curve's data from the protocol's start (``BURN_IN_FRACTION`` of the run) to
+    ``frac`` of its decay phase ``window`` (:func:`decay_window`)."""
+    keep = ((c.steps >= BURN_IN_FRACTION * float(c.steps[-1]))
+            & (c.steps <= window[0] + frac * (window[1] - window[0])))
+    return c.steps[keep], c.losses[keep]
+
+
 def _decay_family(c: Curve) -> str:
     kind = c.schedule.split("(")[0].replace("decay:", "")
     if c.source == "mpl" and kind.startswith("wsd"):
@@ -347,11 +357,8 @@ def run_off_model(curves: Sequence[Curve], df: pd.DataFrame) -> tuple[str, str]:
         w = decay_window(c)
         if w is None:
             continue
-        total = float(c.steps[-1])
         for frac in (0.5, 0.75, 1.0):
-            cut = w[0] + frac * (w[1] - w[0])
-            m = (c.steps >= 0.05 * total) & (c.steps <= cut)
-            fit = fit_curve(c.steps[m], c.losses[m])
+            fit = fit_curve(*decay_prefix(c, w, frac))
             rows.append((_decay_family(c), frac, fit.off_model, fit.has_forecast))
     d = pd.DataFrame(rows, columns=["family", "frac", "off", "has"])
     d_rows: list[list[object]] = []

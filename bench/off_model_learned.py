@@ -47,9 +47,16 @@ import numpy as np
 from scipy.optimize import minimize
 
 from bench._report import markdown_table, write_section
-from bench.forecast_backtest import decay_window, diverged
+from bench.forecast_backtest import decay_prefix, decay_window, diverged
 from bench.forecast_calibrate import Curve, fold_of, load_corpus, prefix
-from bench.off_model_loss_only import ANYTIME_CUTS, concavity_z, noise_ratio, run_of, series_kind
+from bench.off_model_loss_only import (
+    ANYTIME_CUTS,
+    concavity_z,
+    decay_family,
+    noise_ratio,
+    run_of,
+    series_kind,
+)
 from curvecast.service.forecast.solver import fit_curve
 
 #: Fractions of the decay phase whose windows train the classifier (it is scored at 0.5 only).
@@ -134,13 +141,11 @@ def windows(curves: list[Curve]) -> list[Window]:
         window = decay_window(c)
         if window is None:
             continue
-        family = f"{c.source} {c.schedule.split('(')[0].replace('decay:', '')}"
-        start = c.steps >= 0.05 * float(c.steps[-1])
         for frac in TRAIN_DECAY_FRACTIONS:
-            keep = start & (c.steps <= window[0] + frac * (window[1] - window[0]))
-            f = features(c.steps[keep], c.losses[keep]) if int(keep.sum()) >= 20 else None
+            t, y = decay_prefix(c, window, frac)
+            f = features(t, y) if t.size >= 20 else None
             if f is not None:
-                out.append(window_of(group=family, decay_fraction=frac, label=1,
+                out.append(window_of(group=decay_family(c), decay_fraction=frac, label=1,
                                   x=f[0], shipped=f[1]))
     return out
 
@@ -249,16 +254,22 @@ def main() -> None:
     with_validation = {run_of(c.name) for c in curves if series_kind(c.name) == "validation"}
     by_default = {i for i in scored if ws[i].kind == "validation"
                   or run_of(ws[i].curve) not in with_validation}
+    # Per unit, the windows each number reads: the anytime ones by cut, all of them, and the
+    # decaying ones (the same for every detector).
+    units = []
+    for keep in (scored, [i for i in scored if i in by_default]):
+        anytime = [i for i in keep if ws[i].label == 0]
+        by_cut: dict[str, list[int]] = defaultdict(list)
+        for i in anytime:
+            by_cut[ws[i].group].append(i)
+        units.append((list(by_cut.values()), anytime, [i for i in keep if ws[i].label == 1]))
     verdicts: list[list[object]] = []
     for name, v in detectors.items():
         cells: list[object] = [name]
         met = True
-        for unit in ("curves", "runs"):
-            keep = [i for i in scored if unit == "curves" or i in by_default]
-            anytime = [i for i in keep if ws[i].label == 0]
-            worst = max(float(np.mean(v[[i for i in anytime if ws[i].group == g]]))
-                        for g in {ws[i].group for i in anytime})
-            caught = float(np.mean(v[[i for i in keep if ws[i].label == 1]]))
+        for cuts, anytime, decaying in units:
+            worst = max(float(np.mean(v[cut])) for cut in cuts)
+            caught = float(np.mean(v[decaying]))
             cells += [f"{worst:.0%}", f"{np.mean(v[anytime]):.0%}", f"{caught:.0%}"]
             met = met and worst <= 0.05 and caught >= 0.9
         verdicts.append([*cells, "yes" if met else "**no**"])

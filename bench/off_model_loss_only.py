@@ -49,8 +49,8 @@ from collections import defaultdict
 import numpy as np
 
 from bench._report import markdown_table, write_section
-from bench.forecast_backtest import decay_window, diverged
-from bench.forecast_calibrate import load_corpus, prefix
+from bench.forecast_backtest import decay_prefix, decay_window, diverged
+from bench.forecast_calibrate import Curve, load_corpus, prefix
 from curvecast.service.forecast.solver import fit_curve
 
 #: Anytime cuts (fractions of the run) at which false alarms are counted.
@@ -78,6 +78,12 @@ def series_kind(name: str) -> str:
 def run_of(name: str) -> str:
     """The run a curve belongs to: its name without the ``:train`` / ``:val`` suffix."""
     return re.sub(r":(train|val|validation)(/.*)?$", "", name)
+
+
+def decay_family(c: Curve) -> str:
+    """The row of a decaying curve: its source and schedule (``"schaipp cosine"``, ``"mpl
+    wsdcon"``; finer than ``bench.forecast_backtest``'s, which joins mpl's WSD variants)."""
+    return f"{c.source} {c.schedule.split('(')[0].replace('decay:', '')}"
 
 
 def concavity_z(t: np.ndarray, y: np.ndarray, frac: float = 1 / 3) -> float | None:
@@ -235,22 +241,19 @@ def main() -> None:
         window = decay_window(c)
         if window is None:
             continue
-        family = f"{c.source} {c.schedule.split('(')[0].replace('decay:', '')}"
-        start = c.steps >= 0.05 * float(c.steps[-1])
+        family = decay_family(c)
         ever(("all decaying", f"all decaying: {kind} curves"),
-             [(c.steps[m], c.losses[m]) for frac in STICKY_DECAY_FRACTIONS
-              for m in [start & (c.steps <= window[0] + frac * (window[1] - window[0]))]])
+             [decay_prefix(c, window, frac) for frac in STICKY_DECAY_FRACTIONS])
         for frac in DECAY_FRACTIONS:
-            cut = window[0] + frac * (window[1] - window[0])
-            keep = start & (c.steps <= cut)
-            if int(keep.sum()) < 20:
+            t, y = decay_prefix(c, window, frac)
+            if t.size < 20:
                 continue
             decaying = (family, "all decaying", f"all decaying: {kind} curves")
             if frac == 0.5:
                 by_run["decaying", run_of(c.name), frac][kind] = score(
-                    decaying, c.steps[keep], c.losses[keep], float(c.steps[-1]))
+                    decaying, t, y, float(c.steps[-1]))
             else:  # how late the shipped detector gets there: itself only
-                off = shipped(c.steps[keep], c.losses[keep])
+                off = shipped(t, y)
                 for group in decaying:
                     later[group, frac].append(off)
     anytime_ratios = [r for g, rs in ratios.items() if g.startswith("anytime ") for r in rs
