@@ -87,7 +87,11 @@ class ForecastOut(BaseModel):
         default=None, description="Where the burn-in came from: config:c_warmup, "
         "config:warmup_steps, data, or given.",
     )
-    fitted_at: datetime | None = None
+    fitted_at: datetime | None = Field(
+        default=None, description="When the worker stored the fit. The data it saw ends at "
+        "fitted_upto_step: points stored while the fit ran reach the next fit, so wait on "
+        "fitted_upto_step, not on this time, for a fit that covers a given step.",
+    )
     confidence: float = 0.9
     off_model: bool = False
     useful_from_step: float | None = Field(
