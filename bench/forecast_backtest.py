@@ -39,7 +39,6 @@ from scipy.optimize import OptimizeWarning, curve_fit
 from bench._corpus import load_runs
 from bench._report import markdown_table, write_section
 from bench.forecast_calibrate import (
-    BURN_IN_FRACTION,
     DEFAULT_CURVES,
     N_FOLDS,
     TRANSIENT,
@@ -52,6 +51,7 @@ from bench.forecast_calibrate import (
     fold_of,
     load_corpus,
     prefix,
+    upto_step,
 )
 from curvecast.service.forecast import calibration as cal
 from curvecast.service.forecast.binning import bin_series
@@ -313,9 +313,7 @@ def decay_prefix(c: Curve, window: tuple[float, float], frac: float
                  ) -> tuple[np.ndarray, np.ndarray]:
     """A decaying curve's data from the protocol's start (``BURN_IN_FRACTION`` of the run) to
     ``frac`` of its decay phase ``window`` (:func:`decay_window`)."""
-    keep = ((c.steps >= BURN_IN_FRACTION * float(c.steps[-1]))
-            & (c.steps <= window[0] + frac * (window[1] - window[0])))
-    return c.steps[keep], c.losses[keep]
+    return upto_step(c, window[0] + frac * (window[1] - window[0]))
 
 
 def _decay_family(c: Curve) -> str:

@@ -135,9 +135,13 @@ def fold_of(family: str) -> int:
 
 def prefix(curve: Curve, k: float) -> tuple[np.ndarray, np.ndarray]:
     """The backtest protocol's training data: steps in ``[5% T, k T]``."""
+    return upto_step(curve, k * float(curve.steps[-1]))
+
+
+def upto_step(curve: Curve, end: float) -> tuple[np.ndarray, np.ndarray]:
+    """The protocol's data up to step ``end``: steps in ``[5% T, end]``."""
     t, y = curve.steps, curve.losses
-    total = float(t[-1])
-    m = (t >= BURN_IN_FRACTION * total) & (t <= k * total)
+    m = (t >= BURN_IN_FRACTION * float(t[-1])) & (t <= end)
     return t[m], y[m]
 
 
