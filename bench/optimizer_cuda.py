@@ -147,7 +147,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def report(result: dict[str, Any]) -> str:
+def report(result: dict[str, Any], kept_in: Path | None) -> str:
+    """The section's text from a results file (``kept_in``: where that file is kept)."""
     base = TIMED[0].name
     headers = ["model", "params", *[c.name for c in TIMED]]
     rows = []
@@ -166,8 +167,10 @@ def report(result: dict[str, Any]) -> str:
     agree = ", ".join(f"{name}: {d:.1e}" for name, d in result["agreement"].items())
     return (
         f"Made on the GPU machine with `python -m bench.optimizer_cuda --out cuda.json --rounds "
-        f"{result['rounds']}` (the results are kept in `bench/data/optimizer_cuda_h200.json`); "
-        f"the machine line above is where this report was written. "
+        f"{result['rounds']}`"
+        + (f" (the results are kept in `{kept_in.as_posix()}`); "
+           "the machine line above is where this report was written. " if kept_in else ". ")
+        +
         f"Measured on {result['device']} with torch {result['torch']} (the GPU machine's own "
         f"build; the CPU sections use torch 2.13.0+cpu). Float32 parameters, fixed gradients "
         f"(`bench.optimizer`'s models and contenders, ScheduleFree+ with {result['sf_kw']}); "
@@ -198,13 +201,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.report:
         result = json.loads(args.report.read_text())
-        text = report(result)
+        text = report(result, args.report)
         print(text)
         write_section("optimizer_cuda", "Optimizer step time on CUDA (`bench/optimizer_cuda.py`)",
                       text)
         return
     result = measure(args)
-    print(report(result))
+    print(report(result, args.out))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
 
