@@ -189,9 +189,15 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def _target_text(target: float, answer: dict[str, Any] | None, *, finished: bool) -> str:
+def _target_text(
+    target: float, answer: dict[str, Any] | None, *, finished: bool, last_step: int | None = None
+) -> str:
     """The progress line's words for ``GET .../forecast/target``'s answer: reached (where),
-    unreachable (why), not reached by a finished run, or an ETA at the current pace."""
+    unreachable (why), not reached by a finished run, or an ETA at the current pace.
+
+    ``last_step`` (the run's planned last step, when known) keeps the ETA inside the run: a
+    target the fit puts past it is "expected after the run's end", and an interval whose
+    pessimistic end is past it says so instead of a time the run will not last."""
     tgt = (answer or {}).get("target") or {}
     eta = (answer or {}).get("eta") or {}
     if tgt.get("reached") and tgt.get("step") is not None:
@@ -205,18 +211,24 @@ def _target_text(target: float, answer: dict[str, Any] | None, *, finished: bool
     if seconds is not None and seconds <= 0:
         # The fitted curve is below the target already; the smoothed data are not.
         return f"{target:g} due now by the fit"
-    return f"ETA to {target:g}: {_duration(seconds)}{_eta_range(tgt, eta)}"
+    step = tgt.get("step")
+    if last_step is not None and step is not None and step > last_step:
+        return f"{target:g} expected after the run's end (step {step:,.0f} by the fit)"
+    return f"ETA to {target:g}: {_duration(seconds)}{_eta_range(tgt, eta, last_step)}"
 
 
-def _eta_range(tgt: dict[str, Any], eta: dict[str, Any]) -> str:
-    """The ETA's interval, from the target step's: `` (40s–3m10s)``, `` (40s or later)`` when
-    the pessimistic end never reaches it; "" without the numbers. Early in a run the interval
-    is wide, and a bare "2m08s" would say more than the forecast knows."""
+def _eta_range(tgt: dict[str, Any], eta: dict[str, Any], last_step: int | None) -> str:
+    """The ETA's interval, from the target step's: `` (40s–3m10s)``; `` (40s or later)`` when
+    the pessimistic end never reaches it, `` (40s to after the run's end)`` when it does so
+    past ``last_step``; "" without the numbers. Early in a run the interval is wide, and a
+    bare "2m08s" would say more than the forecast knows."""
     seconds, rate, step = eta.get("seconds"), eta.get("steps_per_second"), tgt.get("step")
     lo, hi = tgt.get("lo"), tgt.get("hi")
     if seconds is None or not rate or step is None or lo is None:
         return ""
     early = _duration(max(0.0, seconds - (step - lo) / rate))
+    if last_step is not None and (hi is None or hi > last_step):
+        return f" ({early} to after the run's end)"
     if hi is None:
         return f" ({early} or later)"
     return f" ({early}–{_duration(seconds + (hi - step) / rate)})"
@@ -284,7 +296,8 @@ class _Progress:
                 if target >= now:
                     target -= 0.05
         ans = self.client.get(f"{base}/forecast/target", loss=target)
-        text += " | " + _target_text(target, ans, finished=run.get("ended_at") is not None)
+        text += " | " + _target_text(target, ans, finished=run.get("ended_at") is not None,
+                                     last_step=self.steps)
         return progress, text
 
     def draw(self, final: bool = False) -> None:

@@ -145,6 +145,20 @@ def test_progress_line_names_the_target_state_not_a_question_mark() -> None:
     assert _target_text(1.5, answer(open_ended, eta), finished=False) == (
         "ETA to 1.5: 1m15s (1m05s or later)"
     )
+    # A run that ends at step 950: the pessimistic end (step 1000, or never) is past it, so
+    # no time the run will not last; a target the fit puts past the end gets no ETA at all.
+    assert _target_text(1.5, answer(ahead, eta), finished=False, last_step=950) == (
+        "ETA to 1.5: 1m15s (1m05s to after the run's end)"
+    )
+    assert _target_text(1.5, answer(open_ended, eta), finished=False, last_step=950) == (
+        "ETA to 1.5: 1m15s (1m05s to after the run's end)"
+    )
+    assert _target_text(1.5, answer(ahead, eta), finished=False, last_step=1000) == (
+        "ETA to 1.5: 1m15s (1m05s–1m25s)"
+    )
+    assert _target_text(1.5, answer(ahead, eta), finished=False, last_step=850) == (
+        "1.5 expected after the run's end (step 900 by the fit)"
+    )
     due = EtaOut(steps_per_second=10.0, seconds=0.0, at=now)  # the fit is there, the data not
     assert _target_text(1.5, answer(ahead, due), finished=False) == "1.5 due now by the fit"
     assert _target_text(1.5, answer(ahead), finished=True) == (
