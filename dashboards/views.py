@@ -321,6 +321,8 @@ def run_payload(page: RunPage, charts: Sequence[str], x_range: Sequence[float] |
         "cursor": page.cursor(),
         "prefix": page.prefix,
         "horizon": page.horizon,
+        # The planned last step (null: not planned): the ask box says when a target is past it.
+        "total_steps": RunConfig.read(page.config).total_steps,
         "run_status": page.run.get("status"),
         "last_step": page.run.get("last_step"),
     }

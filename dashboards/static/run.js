@@ -76,7 +76,7 @@
         var prev = run.state.cursor[k];
         run.state.cursor[k] = prev === undefined ? s.cursor[k] : Math.max(prev, s.cursor[k]);
       });
-      ["fitted_at", "fit_status", "prefix", "horizon", "run_status", "last_step"].forEach(function (k) {
+      ["fitted_at", "fit_status", "prefix", "horizon", "total_steps", "run_status", "last_step"].forEach(function (k) {
         if (k in s) run.state[k] = s[k];
       });
     }
@@ -378,7 +378,11 @@
         var nodes = ["Loss " + fmtLoss(loss) + " is forecast at step ", el("b", { text: fmtStep(target.step) }), interval];
         if (t.status && t.status !== "ok") nodes.push(" [fit status: " + t.status.replace(/_/g, " ") + "]");
         var eta = t.eta;
-        if (eta && eta.seconds !== null && eta.seconds !== undefined) {
+        var end = run.state && run.state.total_steps;
+        if (end && target.step > end) {
+          // No "at the current pace" time for a step the run is not planned to reach.
+          nodes.push(", after the run's planned last step (" + fmtStep(end) + "): not in this run.");
+        } else if (eta && eta.seconds !== null && eta.seconds !== undefined) {
           // 0 s: the fitted curve is below the target already, the smoothed data not yet (a
           // target the data reached is answered above): due now, not "reached".
           nodes.push(eta.seconds <= 0 ? "; due now by the fitted curve (the data are not there yet)." :

@@ -25,6 +25,7 @@ from curvecast.service.testing import create_token
 from curvecast.service.testing import synthetic as syn
 from tests.conftest import IN_CI
 from tests.dashboards.conftest import (
+    TOTAL,
     FakeAlerts,
     app_server,
     live_settings,
@@ -275,6 +276,15 @@ def test_forecast_box_answers_through_the_rest_api(
         "No forecast: step 250 is before the fitted range")
     assert "is forecast at step" in ask("loss", "2.6", "step")
     assert ask("loss", "0.5", "reachable").startswith("Not reachable")
+    # A loss the fitted curve reaches only after the planned last step: where, and that it
+    # is not in this run, instead of a time at the current pace.
+    later = round(rest("", horizon=2 * TOTAL)["prediction"]["value"], 4)
+    beyond = rest("/target", loss=later)["target"]
+    assert beyond["reachable"] and beyond["step"] > TOTAL, beyond
+    text = ask("loss", str(later), "planned")
+    assert f"is forecast at step {beyond['step']:,.0f}" in text
+    assert text.endswith(f"after the run's planned last step ({TOTAL:,}): not in this run.")
+    assert "current pace" not in text
     # A target the run already passed: answered from the data, the same step as REST's.
     passed = ask("loss", "100", "reached")
     target = rest("/target", loss=100)["target"]

@@ -178,6 +178,7 @@ def test_run_figures_endpoint_and_zoom(dash: str, project: str, client_for: Clie
     roles = [t["meta"]["role"] for t in loss["data"]]
     assert {"last", "fit", "forecast", "band_lo", "band_hi", "f_star", "prediction"} <= set(roles)
     assert body["state"]["cursor"]["loss"] == 3999 and body["state"]["horizon"] == 20_000
+    assert body["state"]["total_steps"] == 20_000  # the planned end (null when not planned)
     assert {k["id"] for k in body["kpis"]} >= {"progress", "last_loss", "forecast", "f_star"}
     # Zoom: the visible range is re-read at full resolution.
     zoom = client.get(f"/dashboards/api/runs/{run_id}/figures",
