@@ -100,6 +100,20 @@ def test_human_summary(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "loss at step 20,000:" in text and "[90%:" in text
     assert "asymptote f* ~ c:" in text
     assert "loss 2.2 reached at step ~" in text
+    assert "not in this run" not in text  # no planned end given
+
+
+def test_human_summary_says_a_target_past_the_planned_end_is_not_in_this_run(
+        csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The curve reaches 2.2 near step 24,000; the config plans 20,000 steps."""
+    assert main([str(csv_file), "--upto", "0.3", "--target", "2.2", "--config",
+                 '{"total_steps": 20000}']) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("loss 2.2"))
+    assert line.endswith("after the run's planned last step (20,000): not in this run"), line
+    assert main([str(csv_file), "--upto", "0.3", "--target", "2.25", "--config",
+                 '{"total_steps": 20000}']) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("loss 2.25"))
+    assert "reached at step ~" in line and "not in this run" not in line, line
 
 
 def test_wired_into_a_parent_parser(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
