@@ -367,7 +367,12 @@
           return;
         }
         var interval = " (interval " + fmtStep(target.lo) + " – " + (target.hi === null ? "beyond reach" : fmtStep(target.hi)) + ")";
-        if (target.reason) {
+        // Past the planned last step of a running run: REST's reason says so and there is no
+        // ETA (a run that ended gets the reason that it ended, below).
+        var end = run.state && run.state.total_steps;
+        var running = !run.state || !run.state.run_status || run.state.run_status === "running";
+        var pastEnd = running && end && target.step > end;
+        if (target.reason && !pastEnd) {
           // A reachable target with a reason: the run ended before the data got there (REST's
           // reason says so), so the step is where it was heading, not a forecast.
           answer("ask-loss-answer", ["Not reached: the run ended before its smoothed " + (t.key || "loss") +
@@ -378,9 +383,7 @@
         var nodes = ["Loss " + fmtLoss(loss) + " is forecast at step ", el("b", { text: fmtStep(target.step) }), interval];
         if (t.status && t.status !== "ok") nodes.push(" [fit status: " + t.status.replace(/_/g, " ") + "]");
         var eta = t.eta;
-        var end = run.state && run.state.total_steps;
-        if (end && target.step > end) {
-          // No "at the current pace" time for a step the run is not planned to reach.
+        if (pastEnd) {
           nodes.push(", after the run's planned last step (" + fmtStep(end) + "): not in this run.");
         } else if (eta && eta.seconds !== null && eta.seconds !== undefined) {
           // 0 s: the fitted curve is below the target already, the smoothed data not yet (a

@@ -74,7 +74,8 @@ def get_target(
 ) -> TargetAnswer:
     """The step at which the loss reaches ``loss`` (with interval) and a wall-clock ETA from
     the run's recent step rate. A target the data already reached is answered from the data
-    (``reached``); a finished run gets no ETA."""
+    (``reached``); a finished run gets no ETA, nor does a target the fitted curve reaches only
+    after the run's planned ``total_steps`` (``reason`` says which)."""
     stored, run = forecast_store.latest_fit(
         session, run_id=run_id, allowed_project=principal.project, key=key
     )
@@ -88,6 +89,7 @@ def get_target(
         steps_per_second=stored.steps_per_second if stored else None,
         now=utcnow(),
         finished=run.finished,
+        total_steps=run.config.total_steps,
     )
 
 

@@ -162,10 +162,17 @@ def _f_star(fit: Fit, confidence: float) -> IntervalOut:
     )
 
 
-def _target(fit: Fit, loss: float, confidence: float) -> TargetOut:
+def _target(fit: Fit, loss: float, confidence: float, total_steps: int | None) -> TargetOut:
+    """When the fitted curve reaches ``loss``; past the planned ``total_steps``, with the
+    ``reason`` that the run is not planned to get there (the step stays the curve's)."""
     t = fit.steps_to(loss, confidence)
+    reason = t.reason
+    if (total_steps is not None and t.reachable and not t.reached and t.step is not None
+            and t.step > total_steps):
+        reason = (f"after the run's planned last step ({total_steps:,}): not in this run; "
+                  "step is where the fitted curve puts it, were the run longer")
     return TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable,
-                     reached=t.reached, reason=t.reason)
+                     reached=t.reached, reason=reason)
 
 
 def forecast_answer(
@@ -216,7 +223,8 @@ def forecast_answer(
         c=finite_or_none(fit.c),
         f_star=_f_star(fit, confidence),
         prediction=_prediction(fit, horizon, confidence, at_horizon),
-        target=None if target_loss is None else _target(fit, target_loss, confidence),
+        target=(None if target_loss is None
+                else _target(fit, target_loss, confidence, config.total_steps)),
         key=key,
         burn_in=finite_or_none(fit.burn_in),
         burn_in_source=fit.burn_in_source,
@@ -239,6 +247,7 @@ def target_answer(
     steps_per_second: float | None,
     now: datetime,
     finished: bool = False,
+    total_steps: int | None = None,
 ) -> TargetAnswer:
     """When the loss reaches ``loss``, with a wall-clock ETA.
 
@@ -251,20 +260,25 @@ def target_answer(
         steps_per_second: the run's recent step rate, if known.
         now: the current time (the ETA's ``at`` is relative to it).
         finished: the run has ended: there is no pace to extrapolate.
+        total_steps: the run's planned last step (its config's), if any.
 
     Returns:
-        The answer; ``eta`` is null when the target is never reached, was already reached, or
-        the run has ended, and its ``seconds`` null without a positive step rate.
+        The answer; ``eta`` is null when the target is never reached, was already reached,
+        the run has ended, or the fitted curve gets there only after ``total_steps`` (then
+        ``reason`` says so), and its ``seconds`` null without a positive step rate.
     """
     if fit is None:
         return TargetAnswer(status=PENDING, key=key, target=None, eta=None)
-    target = _target(fit, loss, confidence)
+    # Past the planned end, a time "at the current pace" would be one the run will not last:
+    # the target's reason says so, and there is no ETA.
+    target = _target(fit, loss, confidence, total_steps)
+    past_end = target.reachable and bool(target.reason)  # a reachable target's only reason
     if finished and target.reachable and not target.reached and target.step is not None:
         # The run will not get there unless resumed: the step is the fitted curve's, had it
         # gone on ("forecast at step 2,000" read as a promise on a run that ended there).
         target = target.model_copy(update={"reason": _ended_before(key, last_step)})
     eta = None
-    if target.step is not None and not target.reached and not finished:
+    if target.step is not None and not target.reached and not finished and not past_end:
         seconds = None
         if steps_per_second and steps_per_second > 0 and last_step is not None:
             seconds = max(0.0, (target.step - last_step) / steps_per_second)

@@ -211,11 +211,9 @@ def _formula(a: float, b: float | None, c: float) -> str:
 
 
 def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
-             configured: bool = True, c_warmup_from: tuple[str, int] | None = None,
-             total_steps: int | None = None) -> str:
+             configured: bool = True, c_warmup_from: tuple[str, int] | None = None) -> str:
     """The text answer. ``c_warmup_from``: the series the config's ``c_warmup`` was read from
-    (the export's averaging weight) and its value, when no config gave it. ``total_steps``:
-    the run's planned last step (the config's), past which a target is not in this run."""
+    (the export's averaging weight) and its value, when no config gave it."""
     pct = f"{confidence:.0%}"
     lines = [f"status: {out['status']}" + (f" ({fit.message})" if fit.message else ""),
              f"series: {key}"]
@@ -260,8 +258,8 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
             lines.append(f"loss {_fmt(tg['loss'])} already reached at step "
                          f"{_fmt_step(tg['step'])} (data)")
         elif tg["reachable"]:
-            after = (f", after the run's planned last step ({total_steps:,}): not in this run"
-                     if total_steps is not None and tg["step"] > total_steps else "")
+            # A reason here: past the config's total_steps, not in this run.
+            after = f" ({tg['reason']})" if tg["reason"] else ""
             lines.append(f"loss {_fmt(tg['loss'])} reached at step ~{_fmt_step(tg['step'])}  "
                          f"[{pct}: {_fmt_step(tg['lo'])} – {_fmt_step(tg['hi'])}]{after}")
         else:
@@ -327,7 +325,7 @@ def run_forecast(args: argparse.Namespace) -> int:
         configured = (args.config is not None or args.burn_in is not None
                       or lr_series is not None or inferred is not None)
         print(_summary(out, fit, args.confidence, key, configured=configured,
-                       c_warmup_from=inferred, total_steps=config.total_steps))
+                       c_warmup_from=inferred))
     return 0
 
 

@@ -54,7 +54,8 @@ class TargetOut(BaseModel):
     the loss floor, below f*'s interval or at or below the fitted asymptote; ``reason`` says
     which. For a run
     that ended without reaching it, ``reason`` says so, and ``step`` is where the fitted curve
-    puts it had the run gone on.
+    puts it had the run gone on; so it does for a target the fitted curve reaches only after
+    the run's planned ``total_steps`` (and there is no ETA).
     """
 
     loss: float

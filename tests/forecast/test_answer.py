@@ -117,6 +117,30 @@ def test_target_eta_counts_from_the_last_step() -> None:
     assert no_rate.eta is not None and no_rate.eta.seconds is None and no_rate.eta.at is None
 
 
+def test_a_target_past_the_planned_end_gets_a_reason_and_no_eta() -> None:
+    """A time "at the current pace" past ``total_steps`` is one the run will not last."""
+    fit = _fit()
+    free = target_answer(fit, loss=2.3, confidence=0.9, key="loss", last_step=2_990,
+                         steps_per_second=10.0, now=NOW)
+    assert free.target is not None and free.target.step is not None
+    step = free.target.step
+    before = target_answer(fit, loss=2.3, confidence=0.9, key="loss", last_step=2_990,
+                           steps_per_second=10.0, now=NOW, total_steps=round(step) + 1)
+    assert before == free  # the run is planned to get there: the same answer
+    after = target_answer(fit, loss=2.3, confidence=0.9, key="loss", last_step=2_990,
+                          steps_per_second=10.0, now=NOW, total_steps=round(step) - 1)
+    assert after.eta is None and after.target is not None
+    assert after.target.step == step and after.target.reachable and not after.target.reached
+    assert after.target.reason.startswith(
+        f"after the run's planned last step ({round(step) - 1:,}): not in this run")
+    # A run that ended: the reason is that it ended, planned end or not.
+    ended = target_answer(fit, loss=2.3, confidence=0.9, key="loss", last_step=2_990,
+                          steps_per_second=10.0, now=NOW, finished=True,
+                          total_steps=round(step) - 1)
+    assert ended.eta is None and ended.target is not None
+    assert ended.target.reason.startswith("not reached: the run ended at step 2,990")
+
+
 def test_band_matches_single_predictions() -> None:
     fit = _fit()
     steps = [3_000.0, 10_000.0, 20_000.0]

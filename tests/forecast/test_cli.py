@@ -106,10 +106,13 @@ def test_human_summary(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_human_summary_says_a_target_past_the_planned_end_is_not_in_this_run(
         csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The curve reaches 2.2 near step 24,000; the config plans 20,000 steps."""
+    assert run_json(capsys, str(csv_file), "--upto", "0.3", "--target", "2.2", "--config",
+                    '{"total_steps": 20000}')["target"]["reason"].startswith(
+        "after the run's planned last step (20,000): not in this run;")
     assert main([str(csv_file), "--upto", "0.3", "--target", "2.2", "--config",
                  '{"total_steps": 20000}']) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("loss 2.2"))
-    assert line.endswith("after the run's planned last step (20,000): not in this run"), line
+    assert "] (after the run's planned last step (20,000): not in this run;" in line, line
     assert main([str(csv_file), "--upto", "0.3", "--target", "2.25", "--config",
                  '{"total_steps": 20000}']) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("loss 2.25"))

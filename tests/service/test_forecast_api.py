@@ -260,11 +260,19 @@ def test_series_choice_history_rows_and_passed_targets(worker_server: str, proje
     assert below_floor["reachable"] is False and "floor" in below_floor["reason"]
     assert below_floor["step"] is None and below_floor["lo"] is None
 
-    future = httpx.get(f"{base}/forecast/target", params={"loss": 2.2, "key": "loss"}).json()
+    # ~12,300 by the noiseless curve: within the planned 20,000 steps, so an ETA.
+    future = httpx.get(f"{base}/forecast/target", params={"loss": 2.25, "key": "loss"}).json()
     assert future["target"]["reachable"] and future["eta"] is not None
     assert future["target"]["reason"] == ""
+    # ~24,000: past the planned end, so no ETA (the run will not last that long), and why.
+    later = httpx.get(f"{base}/forecast/target", params={"loss": 2.2, "key": "loss"}).json()
+    assert later["target"]["reachable"] and not later["target"]["reached"]
+    assert later["target"]["step"] > 20_000 and later["eta"] is None
+    assert later["target"]["reason"] == (
+        "after the run's planned last step (20,000): not in this run; step is where the fitted "
+        "curve puts it, were the run longer")
     assert httpx.patch(base, json={"status": "finished"}).status_code == 200
-    finished = httpx.get(f"{base}/forecast/target", params={"loss": 2.2, "key": "loss"}).json()
+    finished = httpx.get(f"{base}/forecast/target", params={"loss": 2.25, "key": "loss"}).json()
     assert finished["target"]["step"] == future["target"]["step"]
     assert finished["eta"] is None  # no "current pace" for a run that has ended
     # ... and the answer says the run will not get there: the step is where it was heading.
