@@ -34,7 +34,7 @@ test: lint typecheck
 	$(BIN)/pytest -n auto --maxprocesses=4
 
 # Serves on http://127.0.0.1:8000 (a free port if 8000 is taken) and trains a small model for
-# 2000 steps (70-105 s; up to ~3.5 min on a busy machine), printing its progress; its database and log go to curvecast-demo/
+# 2000 steps (70-105 s; up to ~4 min on a busy machine), printing its progress; its database and log go to curvecast-demo/
 # (git-ignored).
 demo: $(STAMP)
 	$(BIN)/curvecast demo
