@@ -166,13 +166,18 @@ def _target(fit: Fit, loss: float, confidence: float, total_steps: int | None) -
     """When the fitted curve reaches ``loss``; past the planned ``total_steps``, with the
     ``reason`` that the run is not planned to get there (the step stays the curve's)."""
     t = fit.steps_to(loss, confidence)
-    reason = t.reason
-    if (total_steps is not None and t.reachable and not t.reached and t.step is not None
-            and t.step > total_steps):
-        reason = (f"after the run's planned last step ({total_steps:,}): not in this run; "
-                  "step is where the fitted curve puts it, were the run longer")
-    return TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable,
-                     reached=t.reached, reason=reason)
+    target = TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable,
+                       reached=t.reached, reason=t.reason)
+    if _past_planned_end(target, total_steps):
+        target.reason = (f"after the run's planned last step ({total_steps:,}): not in this "
+                         "run; step is where the fitted curve puts it, were the run longer")
+    return target
+
+
+def _past_planned_end(target: TargetOut, total_steps: int | None) -> bool:
+    """The fitted curve reaches a target the data have not only after ``total_steps``."""
+    return (total_steps is not None and target.reachable and not target.reached
+            and target.step is not None and target.step > total_steps)
 
 
 def forecast_answer(
@@ -272,7 +277,7 @@ def target_answer(
     # Past the planned end, a time "at the current pace" would be one the run will not last:
     # the target's reason says so, and there is no ETA.
     target = _target(fit, loss, confidence, total_steps)
-    past_end = target.reachable and bool(target.reason)  # a reachable target's only reason
+    past_end = _past_planned_end(target, total_steps)
     if finished and target.reachable and not target.reached and target.step is not None:
         # The run will not get there unless resumed: the step is the fitted curve's, had it
         # gone on ("forecast at step 2,000" read as a promise on a run that ended there).
