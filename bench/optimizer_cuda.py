@@ -165,12 +165,11 @@ def report(result: dict[str, Any], kept_in: Path | None) -> str:
     compile_s = ", ".join(f"{s} {r['compile_s']:.1f} s" for s, r in result["sizes"].items()
                           if r["compile_s"] is not None)
     agree = ", ".join(f"{name}: {d:.1e}" for name, d in result["agreement"].items())
+    kept = (f" (the results are kept in `{kept_in.as_posix()}`); the machine line above is "
+            "where this report was written. " if kept_in else ". ")
     return (
         f"Made on the GPU machine with `python -m bench.optimizer_cuda --out cuda.json --rounds "
-        f"{result['rounds']}`"
-        + (f" (the results are kept in `{kept_in.as_posix()}`); "
-           "the machine line above is where this report was written. " if kept_in else ". ")
-        +
+        f"{result['rounds']}`{kept}"
         f"Measured on {result['device']} with torch {result['torch']} (the GPU machine's own "
         f"build; the CPU sections use torch 2.13.0+cpu). Float32 parameters, fixed gradients "
         f"(`bench.optimizer`'s models and contenders, ScheduleFree+ with {result['sf_kw']}); "
