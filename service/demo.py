@@ -195,9 +195,10 @@ def _target_text(
     """The progress line's words for ``GET .../forecast/target``'s answer: reached (where),
     unreachable (why), not reached by a finished run, or an ETA at the current pace.
 
-    ``last_step`` (the run's planned last step, when known) keeps the ETA inside the run: a
-    target the fit puts past it is "expected after the run's end", and an interval whose
-    pessimistic end is past it says so instead of a time the run will not last."""
+    A target the fit puts past the run's planned last step (the service marks it
+    ``past_planned_end``) is "expected after the run's end"; ``last_step`` (that planned last
+    step, when known) keeps the ETA's interval inside the run: one whose pessimistic end is
+    past it says so instead of a time the run will not last."""
     tgt = (answer or {}).get("target") or {}
     eta = (answer or {}).get("eta") or {}
     if tgt.get("reached") and tgt.get("step") is not None:
@@ -211,9 +212,8 @@ def _target_text(
     if seconds is not None and seconds <= 0:
         # The fitted curve is below the target already; the smoothed data are not.
         return f"{target:g} due now by the fit"
-    step = tgt.get("step")
-    if last_step is not None and step is not None and step > last_step:
-        return f"{target:g} expected after the run's end (step {step:,.0f} by the fit)"
+    if tgt.get("past_planned_end"):  # the service gives it no ETA: the run will not last
+        return f"{target:g} expected after the run's end (step {tgt['step']:,.0f} by the fit)"
     return f"ETA to {target:g}: {_duration(seconds)}{_eta_range(tgt, eta, last_step)}"
 
 

@@ -367,11 +367,11 @@
           return;
         }
         var interval = " (interval " + fmtStep(target.lo) + " – " + (target.hi === null ? "beyond reach" : fmtStep(target.hi)) + ")";
-        // Past the planned last step of a running run: REST's reason says so and there is no
-        // ETA (a run that ended gets the reason that it ended, below).
+        // Past the planned last step of a running run: REST marks the target, its reason says
+        // so and there is no ETA (a run that ended gets the reason that it ended, below).
         var end = run.state && run.state.total_steps;
         var running = !run.state || !run.state.run_status || run.state.run_status === "running";
-        var pastEnd = running && end && target.step > end;
+        var pastEnd = running && target.past_planned_end;
         if (target.reason && !pastEnd) {
           // A reachable target with a reason: the run ended before the data got there (REST's
           // reason says so), so the step is where it was heading, not a forecast.
@@ -384,7 +384,7 @@
         if (t.status && t.status !== "ok") nodes.push(" [fit status: " + t.status.replace(/_/g, " ") + "]");
         var eta = t.eta;
         if (pastEnd) {
-          nodes.push(", after the run's planned last step (" + fmtStep(end) + "): not in this run.");
+          nodes.push(", after the run's planned last step" + (end ? " (" + fmtStep(end) + ")" : "") + ": not in this run.");
         } else if (eta && eta.seconds !== null && eta.seconds !== undefined) {
           // 0 s: the fitted curve is below the target already, the smoothed data not yet (a
           // target the data reached is answered above): due now, not "reached".

@@ -163,21 +163,18 @@ def _f_star(fit: Fit, confidence: float) -> IntervalOut:
 
 
 def _target(fit: Fit, loss: float, confidence: float, total_steps: int | None) -> TargetOut:
-    """When the fitted curve reaches ``loss``; past the planned ``total_steps``, with the
-    ``reason`` that the run is not planned to get there (the step stays the curve's)."""
+    """When the fitted curve reaches ``loss``; past the planned ``total_steps``, marked
+    ``past_planned_end`` with the ``reason`` that the run is not planned to get there (the step
+    stays the curve's)."""
     t = fit.steps_to(loss, confidence)
     target = TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable,
                        reached=t.reached, reason=t.reason)
-    if _past_planned_end(target, total_steps):
+    if (total_steps is not None and target.reachable and not target.reached
+            and target.step is not None and target.step > total_steps):
+        target.past_planned_end = True
         target.reason = (f"after the run's planned last step ({total_steps:,}): not in this "
                          "run; step is where the fitted curve puts it, were the run longer")
     return target
-
-
-def _past_planned_end(target: TargetOut, total_steps: int | None) -> bool:
-    """The fitted curve reaches a target the data have not only after ``total_steps``."""
-    return (total_steps is not None and target.reachable and not target.reached
-            and target.step is not None and target.step > total_steps)
 
 
 def forecast_answer(
@@ -270,20 +267,21 @@ def target_answer(
     Returns:
         The answer; ``eta`` is null when the target is never reached, was already reached,
         the run has ended, or the fitted curve gets there only after ``total_steps`` (then
-        ``reason`` says so), and its ``seconds`` null without a positive step rate.
+        the target's ``past_planned_end`` is true and its ``reason`` says so), and its
+        ``seconds`` null without a positive step rate.
     """
     if fit is None:
         return TargetAnswer(status=PENDING, key=key, target=None, eta=None)
     # Past the planned end, a time "at the current pace" would be one the run will not last:
     # the target's reason says so, and there is no ETA.
     target = _target(fit, loss, confidence, total_steps)
-    past_end = _past_planned_end(target, total_steps)
     if finished and target.reachable and not target.reached and target.step is not None:
         # The run will not get there unless resumed: the step is the fitted curve's, had it
         # gone on ("forecast at step 2,000" read as a promise on a run that ended there).
         target = target.model_copy(update={"reason": _ended_before(key, last_step)})
     eta = None
-    if target.step is not None and not target.reached and not finished and not past_end:
+    if (target.step is not None and not target.reached and not finished
+            and not target.past_planned_end):
         seconds = None
         if steps_per_second and steps_per_second > 0 and last_step is not None:
             seconds = max(0.0, (target.step - last_step) / steps_per_second)

@@ -32,7 +32,8 @@ forecast that an offline fit has)::
     {"status", "n_points", "fitted_upto_step", "a", "b", "c",
      "f_star": {"value", "lo", "hi"},
      "prediction": {"step", "value", "lo", "hi", "reached"},
-     "target": {"loss", "step", "lo", "hi", "reachable", "reached", "reason"} | null}
+     "target": {"loss", "step", "lo", "hi", "reachable", "reached", "reason",
+                "past_planned_end"} | null}
 
 Numbers that do not exist (no forecast, an unreachable target) are ``null``. Exit status: 0 when
 a result was printed (whatever the fit's status), 2 for a bad file or bad arguments (the message on

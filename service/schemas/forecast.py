@@ -56,6 +56,10 @@ class TargetOut(BaseModel):
     that ended without reaching it, ``reason`` says so, and ``step`` is where the fitted curve
     puts it had the run gone on; so it does for a target the fitted curve reaches only after
     the run's planned ``total_steps`` (and there is no ETA).
+
+    ``past_planned_end``: the fitted curve reaches ``loss`` only after the run's planned
+    ``total_steps`` (the data have not got there): the run as planned will not, whatever its
+    status. Scripts read this instead of the wording of ``reason``.
     """
 
     loss: float
@@ -65,6 +69,7 @@ class TargetOut(BaseModel):
     reachable: bool
     reached: bool = False
     reason: str = ""
+    past_planned_end: bool = False
 
 
 class ForecastOut(BaseModel):

@@ -280,7 +280,7 @@ def test_forecast_box_answers_through_the_rest_api(
     # is not in this run, instead of a time at the current pace.
     later = round(rest("", horizon=2 * TOTAL)["prediction"]["value"], 4)
     beyond = rest("/target", loss=later)["target"]
-    assert beyond["reachable"] and beyond["step"] > TOTAL, beyond
+    assert beyond["reachable"] and beyond["past_planned_end"] and beyond["step"] > TOTAL, beyond
     text = ask("loss", str(later), "planned")
     assert f"is forecast at step {beyond['step']:,.0f}" in text
     assert text.endswith(f"after the run's planned last step ({TOTAL:,}): not in this run.")

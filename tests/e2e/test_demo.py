@@ -156,7 +156,9 @@ def test_progress_line_names_the_target_state_not_a_question_mark() -> None:
     assert _target_text(1.5, answer(ahead, eta), finished=False, last_step=1000) == (
         "ETA to 1.5: 1m15s (1m05s–1m25s)"
     )
-    assert _target_text(1.5, answer(ahead, eta), finished=False, last_step=850) == (
+    # Past the planned end the service marks the target and gives no ETA.
+    past = ahead.model_copy(update={"past_planned_end": True, "reason": "after the run's ..."})
+    assert _target_text(1.5, answer(past), finished=False, last_step=850) == (
         "1.5 expected after the run's end (step 900 by the fit)"
     )
     due = EtaOut(steps_per_second=10.0, seconds=0.0, at=now)  # the fit is there, the data not

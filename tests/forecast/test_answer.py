@@ -131,6 +131,7 @@ def test_a_target_past_the_planned_end_gets_a_reason_and_no_eta() -> None:
                           steps_per_second=10.0, now=NOW, total_steps=round(step) - 1)
     assert after.eta is None and after.target is not None
     assert after.target.step == step and after.target.reachable and not after.target.reached
+    assert after.target.past_planned_end and not free.target.past_planned_end
     assert after.target.reason.startswith(
         f"after the run's planned last step ({round(step) - 1:,}): not in this run")
     # A run that ended: the reason is that it ended, planned end or not.
@@ -139,6 +140,7 @@ def test_a_target_past_the_planned_end_gets_a_reason_and_no_eta() -> None:
                           total_steps=round(step) - 1)
     assert ended.eta is None and ended.target is not None
     assert ended.target.reason.startswith("not reached: the run ended at step 2,990")
+    assert ended.target.past_planned_end  # a fact about the plan, whatever the run's status
 
 
 def test_band_matches_single_predictions() -> None:

@@ -64,7 +64,8 @@ def test_csv_json_output_contract(csv_file: Path, capsys: pytest.CaptureFixture[
     assert abs(pred["value"] - truth) < 0.01
     target = out["target"]
     assert isinstance(target, dict)
-    assert set(target) == {"loss", "step", "lo", "hi", "reachable", "reached", "reason"}
+    assert set(target) == {"loss", "step", "lo", "hi", "reachable", "reached", "reason",
+                           "past_planned_end"}
     assert target["reachable"] is True and target["step"] > 6_000
 
 
@@ -106,8 +107,10 @@ def test_human_summary(csv_file: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_human_summary_says_a_target_past_the_planned_end_is_not_in_this_run(
         csv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The curve reaches 2.2 near step 24,000; the config plans 20,000 steps."""
-    assert run_json(capsys, str(csv_file), "--upto", "0.3", "--target", "2.2", "--config",
-                    '{"total_steps": 20000}')["target"]["reason"].startswith(
+    target = run_json(capsys, str(csv_file), "--upto", "0.3", "--target", "2.2", "--config",
+                      '{"total_steps": 20000}')["target"]
+    assert target["past_planned_end"] is True
+    assert target["reason"].startswith(
         "after the run's planned last step (20,000): not in this run;")
     assert main([str(csv_file), "--upto", "0.3", "--target", "2.2", "--config",
                  '{"total_steps": 20000}']) == 0

@@ -263,11 +263,12 @@ def test_series_choice_history_rows_and_passed_targets(worker_server: str, proje
     # ~12,300 by the noiseless curve: within the planned 20,000 steps, so an ETA.
     future = httpx.get(f"{base}/forecast/target", params={"loss": 2.25, "key": "loss"}).json()
     assert future["target"]["reachable"] and future["eta"] is not None
-    assert future["target"]["reason"] == ""
+    assert future["target"]["reason"] == "" and future["target"]["past_planned_end"] is False
     # ~24,000: past the planned end, so no ETA (the run will not last that long), and why.
     later = httpx.get(f"{base}/forecast/target", params={"loss": 2.2, "key": "loss"}).json()
     assert later["target"]["reachable"] and not later["target"]["reached"]
     assert later["target"]["step"] > 20_000 and later["eta"] is None
+    assert later["target"]["past_planned_end"] is True
     assert later["target"]["reason"] == (
         "after the run's planned last step (20,000): not in this run; step is where the fitted "
         "curve puts it, were the run longer")
