@@ -235,12 +235,15 @@ def settle(mon: Monitor, server_up: bool) -> None:
         assert mon._pipe.wait_for(mon._pipe.idle_batcher, time.monotonic() + 60)
 
 
-def bench_cost(url: str, spool: Path, steps: int, server_up: bool) -> Cost:
+def bench_cost(
+    url: str, spool: Path, steps: int, server_up: bool, norms_every: int = 100
+) -> Cost:
     """The hook's CPU cost per step, by CPU accounting, so that other load on the machine
     cannot hide it the way it hides a few microseconds in a wall-clock comparison.
 
-    One run with the hook on (``watch()`` with norms every 100 steps, and ``log()`` with
-    :data:`N_METRICS` metrics), measured after 50 steps of warm-up. In the training thread each
+    One run with the hook on (``watch()`` with norms every ``norms_every`` steps, the
+    default 100, and ``log()`` with :data:`N_METRICS` metrics), measured after 50 steps of
+    warm-up. In the training thread each
     ``log()`` call (its arguments computed before) and the ``watch()`` hook (between two step
     post-hooks registered around it) are timed with the thread CPU clock, after a first,
     cold, reading outside the timing; the timer's own cost is subtracted, measured the same way
@@ -251,7 +254,7 @@ def bench_cost(url: str, spool: Path, steps: int, server_up: bool) -> Cost:
     time outside those timings.
     """
     model, opt, x, y = make_loop()
-    mon = monitor(url, spool)
+    mon = monitor(url, spool, norms_every=norms_every)
     clock = time.thread_time_ns
     marks = [0, 0, 0, 0]  # [start of the hook, its end, hook total, timer total]
 
@@ -456,8 +459,9 @@ def server(tmp: Path) -> Iterator[ServerProcess]:
         proc.stop()
 
 
-def cost_runs(runs: int, steps: int = 2000) -> int:
-    """``--cost-runs``: only :func:`bench_cost` (server up), ``runs`` times against one server.
+def cost_runs(runs: int, steps: int = 2000, norms_every: int = 100) -> int:
+    """``--cost-runs``: only :func:`bench_cost` (server up), ``runs`` times against one server
+    (``--norms-every``: ``watch()``'s norms that often, 0 never: what they cost the hook).
 
     The whole hook moves by ±25% from run to run on a shared machine, and by 2-3x with the
     machine's speed (its training step is the yardstick printed beside it): a few runs in a row
@@ -468,7 +472,7 @@ def cost_runs(runs: int, steps: int = 2000) -> int:
     costs: list[Cost] = []
     with tempfile.TemporaryDirectory() as tmp_name, server(Path(tmp_name)) as srv:
         for run in range(1, runs + 1):
-            c = bench_cost(srv.url, Path(tmp_name) / f"spool-{run}", steps, True)
+            c = bench_cost(srv.url, Path(tmp_name) / f"spool-{run}", steps, True, norms_every)
             costs.append(c)
             print(f"{run} | {c.step:.0f} | {c.log:.1f} | {c.watch:.1f} | {c.batcher:.1f} | "
                   f"{c.sender:.1f} | {c.total:.1f} | {c.total / c.step * 100:.2f}%", flush=True)
@@ -501,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-runs", type=int, metavar="N",
                         help="only the CPU accounting (server up), N runs of 2,000 steps against "
                              "one server, one line each; writes nothing")
+    parser.add_argument("--norms-every", type=int, metavar="K",
+                        help="with --cost-runs: watch()'s weight and gradient norms every K "
+                             "steps (default 100, the Monitor's; 0: never)")
     args = parser.parse_args(argv)
     # SIGTERM -> SystemExit, so the server subprocess is stopped by the context manager.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -510,7 +517,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cost_runs is not None:
         if args.cost_runs < 1:
             parser.error(f"--cost-runs must be 1 or more, got {args.cost_runs}")
-        return cost_runs(args.cost_runs)
+        every = 100 if args.norms_every is None else args.norms_every
+        if every < 0:
+            parser.error(f"--norms-every must be 0 or more, got {every}")
+        return cost_runs(args.cost_runs, norms_every=every)
+    if args.norms_every is not None:
+        parser.error("--norms-every goes with --cost-runs (the full bench keeps the default)")
     n_calls = 20_000 if args.quick else 200_000
     steps, repeats = (300, 1) if args.quick else (2000, 3)
     n_ref = 5_000 if args.quick else 50_000
