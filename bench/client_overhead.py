@@ -186,20 +186,55 @@ def train(steps: int, mon: Monitor | None) -> tuple[float, float]:
     return elapsed, cpu
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds used so far by a process and its children (the service: ``curvecast serve``
+    and anything it started)."""
+    import psutil  # here, not at the top: bench.client_cuda reuses this module without it
+
+    total = 0.0
+    parent = psutil.Process(pid)
+    for proc in [parent, *parent.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # a child that has just exited
+            continue
+        total += times.user + times.system
+    return total
+
+
+@dataclass
+class FullRuns:
+    """Whole training runs with the hook off and on, alternating (see :func:`bench_training`).
+
+    ``off``/``on``: (wall, process CPU) seconds of each run; ``service_off``/``service_on``:
+    the service's CPU seconds during each run (its work on the points lands in paired blocks of
+    either kind, so only whole runs show it)."""
+
+    off: list[tuple[float, float]]
+    on: list[tuple[float, float]]
+    service_off: list[float]
+    service_on: list[float]
+    monitors: list[Monitor]
+
+
 def bench_training(
-    url: str, spool: Path, steps: int, repeats: int, server_up: bool
-) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[Monitor]]:
-    """(wall, cpu) seconds of each run with the hook off and on (alternating), and the
+    url: str, spool: Path, steps: int, repeats: int, server_up: bool, server_pid: int
+) -> FullRuns:
+    """Each run with the hook off and on (alternating), the service's CPU during each, and the
     monitors used."""
     train(min(steps, 200), None)  # warm up allocator and kernels
-    off, on, monitors = [], [], []
+    runs = FullRuns([], [], [], [], [])
     for _ in range(repeats):
-        off.append(train(steps, None))
+        before = process_cpu(server_pid)
+        runs.off.append(train(steps, None))
+        middle = process_cpu(server_pid)
         mon = monitor(url, spool)
-        on.append(train(steps, mon))
-        monitors.append(mon)
+        runs.on.append(train(steps, mon))
+        runs.service_on.append(process_cpu(server_pid) - middle)
+        runs.service_off.append(middle - before)
+        runs.monitors.append(mon)
         mon.finish(timeout=60 if server_up else 0.5)
-    return off, on, monitors
+    return runs
 
 
 @dataclass
@@ -570,9 +605,13 @@ def main(argv: list[str] | None = None) -> int:
         rtt_seen: list[float] = []
         load_start = os.getloadavg()[0]
         for label, url in (("up", up), ("down", down)):
-            off, on, monitors = bench_training(
-                url, tmp / f"spool-train-{label}", steps, repeats, label == "up"
+            full = bench_training(
+                url, tmp / f"spool-train-{label}", steps, repeats, label == "up", srv.proc.pid
             )
+            off, on, monitors = full.off, full.on, full.monitors
+            # The service's CPU per 1,000 steps of training (ms): off runs show its idle cost.
+            service = [statistics.median(cpu) / steps * 1e6
+                       for cpu in (full.service_off, full.service_on)]
             wall_off = statistics.median(w for w, _ in off)
             wall_on = statistics.median(w for w, _ in on)
             cpu_off = statistics.median(c for _, c in off)
@@ -610,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"{paired.slowdown:+.2f}% ({paired.low:+.1f}% … {paired.high:+.1f}%)",
                               f"{wall_off / steps * 1e3:.2f}", f"{wall_on / steps * 1e3:.2f}",
                               f"{slowdown:+.2f}%", f"{cpu_slowdown:+.2f}%", f"{spread:.0f}%",
+                              f"{service[0]:.0f} → {service[1]:.0f}",
                               f"{logged:,}", f"{stored:,}"])
             print(f"training loop, server {label}: off {off} on {on} "
                   f"({slowdown:+.2f}% wall, {cpu_slowdown:+.2f}% cpu), logged {logged}, "
@@ -627,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = markdown_table(["case", "paired blocks: ms/step off", "paired blocks: slowdown",
                            "full runs: ms/step off", "ms/step on", "slowdown (wall)",
                            "slowdown (process CPU)", "spread of off runs",
+                           "service CPU ms per 1,000 steps, off → on",
                            "points logged", "points stored"], loop_rows)
     cost = markdown_table(["case", "training step (baseline)", "`log()`", "`watch()` hook",
                            "batcher thread", "sender thread", "whole hook", "vs step",
@@ -670,10 +711,13 @@ part of the background threads' work for an on block lands in the next off block
 runs*,
 {steps:,} steps each, alternating off/on, median of {repeats} runs (process CPU time counts
 every thread of the training process, the client's included). "Spread of off runs"
-(slowest/fastest − 1) shows how much the machine's other load moves whole-run times. "Points
-stored" counts what the server holds after the full runs (server down: after uploading the
-spools with `curvecast sync`'s code). With the server up, the server process shares the same 2
-cores with the training loop.
+(slowest/fastest − 1) shows how much the machine's other load moves whole-run times. "Service
+CPU" is the service process's CPU during the full runs (median), with the hook off (its idle
+cost) and on: its work on the points lands in on and off blocks alike, so the paired blocks
+leave it out, as they do the background threads' (on 2 cores it runs beside the training
+thread). "Points stored" counts what the server holds after the full runs (server down: after
+uploading the spools with `curvecast sync`'s code). With the server up, the server process
+shares the same 2 cores with the training loop.
 
 {loop}
 
