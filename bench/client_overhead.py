@@ -186,22 +186,6 @@ def train(steps: int, mon: Monitor | None) -> tuple[float, float]:
     return elapsed, cpu
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds used so far by a process and its children (the service: ``curvecast serve``
-    and anything it started)."""
-    import psutil  # here, not at the top: bench.client_cuda reuses this module without it
-
-    total = 0.0
-    parent = psutil.Process(pid)
-    for proc in [parent, *parent.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:  # a child that has just exited
-            continue
-        total += times.user + times.system
-    return total
-
-
 @dataclass
 class FullRuns:
     """Whole training runs with the hook off and on, alternating (see :func:`bench_training`).
@@ -222,15 +206,21 @@ def bench_training(
 ) -> FullRuns:
     """Each run with the hook off and on (alternating), the service's CPU during each, and the
     monitors used."""
+    # Here, not at the top: bench.client_cuda reuses this module where psutil is missing.
+    from bench._procs import cpu_seconds, process_tree
+
+    def service_cpu() -> float:  # the service: `curvecast serve` and anything it started
+        return cpu_seconds(process_tree(server_pid))
+
     train(min(steps, 200), None)  # warm up allocator and kernels
     runs = FullRuns([], [], [], [], [])
     for _ in range(repeats):
-        before = process_cpu(server_pid)
+        before = service_cpu()
         runs.off.append(train(steps, None))
-        middle = process_cpu(server_pid)
+        middle = service_cpu()
         mon = monitor(url, spool)
         runs.on.append(train(steps, mon))
-        runs.service_on.append(process_cpu(server_pid) - middle)
+        runs.service_on.append(service_cpu() - middle)
         runs.service_off.append(middle - before)
         runs.monitors.append(mon)
         mon.finish(timeout=60 if server_up else 0.5)

@@ -27,6 +27,7 @@ import numpy as np
 import psutil
 import psycopg
 
+from bench._procs import process_tree
 from bench._report import markdown_table, write_section
 from curvecast.client._batcher import Record, encode_records, plain_body
 from curvecast.service.config import Settings
@@ -146,8 +147,7 @@ def cpu_per_point(
                 client.post(f"{url}/api/v1/runs/{run_id}/metrics", content=body
                             ).raise_for_status()
 
-    server = psutil.Process(pid)
-    procs = [server, *server.children(recursive=True)]
+    procs = process_tree(pid)
     service0, pg0 = _cpu_seconds(procs), _cpu_seconds(_postgres_processes())
     threads = [threading.Thread(target=writer, args=(r,)) for r in run_ids]
     for t in threads:

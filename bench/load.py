@@ -56,6 +56,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench._procs import cpu_seconds, process_tree
 from curvecast.contract import telemetry_key
 
 #: The optimizer statistics each simulated client logs, under the contract's telemetry names.
@@ -377,14 +378,6 @@ def storage_baseline(database_url: str, backend: str, n_points: int = BASELINE_P
         conn.close()
 
 
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
 def _is_worker(proc: psutil.Process) -> bool:
     """Whether a process of the service's tree is its background worker (``curvecast worker``,
     started by ``serve`` or by ``--worker-apart``)."""
@@ -405,14 +398,7 @@ def postgres_processes() -> list[psutil.Process]:
 
 def postgres_cpu_seconds() -> float:
     """CPU seconds the local PostgreSQL cluster's processes have used so far."""
-    total = 0.0
-    for proc in postgres_processes():
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:  # a backend that exited meanwhile
-            continue
-        total += times.user + times.system
-    return total
+    return cpu_seconds(postgres_processes())
 
 
 # --------------------------------------------------------------------------------------------
@@ -483,8 +469,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pending = pool.map_async(generator_process, jobs)
 
                 def service() -> list[psutil.Process]:
-                    return _tree(server.proc.pid) + (
-                        _tree(worker.pid) if worker is not None else [])
+                    return process_tree(server.proc.pid) + (
+                        process_tree(worker.pid) if worker is not None else [])
 
                 sampler = CpuSampler({
                     SERVICE: service,
