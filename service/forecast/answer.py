@@ -167,14 +167,12 @@ def _target(fit: Fit, loss: float, confidence: float, total_steps: int | None) -
     ``past_planned_end`` with the ``reason`` that the run is not planned to get there (the step
     stays the curve's)."""
     t = fit.steps_to(loss, confidence)
-    target = TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable,
-                       reached=t.reached, reason=t.reason)
-    if (total_steps is not None and target.reachable and not target.reached
-            and target.step is not None and target.step > total_steps):
-        target.past_planned_end = True
-        target.reason = (f"after the run's planned last step ({total_steps:,}): not in this "
-                         "run; step is where the fitted curve puts it, were the run longer")
-    return target
+    past_end = (total_steps is not None and t.reachable and not t.reached and t.step is not None
+                and t.step > total_steps)
+    reason = (f"after the run's planned last step ({total_steps:,}): not in this run; step is "
+              "where the fitted curve puts it, were the run longer") if past_end else t.reason
+    return TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable,
+                     reached=t.reached, reason=reason, past_planned_end=past_end)
 
 
 def forecast_answer(
