@@ -87,7 +87,8 @@ class Monitor:
         project: project name (default ``$CURVECAST_PROJECT``, else ``"default"``).
         run_name: display name of the run.
         config: the run's configuration (plain JSON, finite numbers). The service reads
-            ``total_steps``, ``warmup_steps``, ``c_warmup``, ``weight_decay`` and ``fit_key``.
+            ``total_steps``, ``warmup_steps``, ``c_warmup``, ``weight_decay``, ``fit_key``,
+            ``loss_lower_bound`` and ``lr_schedule``.
         total_steps: planned number of steps (stored as ``config["total_steps"]``).
         token: bearer token (default ``$CURVECAST_TOKEN``; none when the service has auth off).
         run_id: the run's UUID. Pass the id of an earlier run (``mon.run_id``) to resume it after
