@@ -98,10 +98,14 @@ class HTTPTransport:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url must look like http://host:port, got {url!r}")
+        try:
+            port = parts.port
+        except ValueError as exc:  # urllib's message does not name the URL
+            raise ValueError(f"url {url!r}: {exc}") from None
         self.url = url.rstrip("/")
         self._https = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = parts.port
+        self._port = port
         self._prefix = parts.path.rstrip("/")
         self._local = threading.local()
         self._lock = threading.Lock()

@@ -182,6 +182,8 @@ def test_log_after_finish_raises(spool_dir: Path) -> None:
         ({"config": {"weight_decay": -1}}, ValueError, r"config\['weight_decay'\]"),
         ({"config": {"fit_key": "eval loss"}}, ValueError, "invalid metric name"),
         ({"url": "127.0.0.1:8000"}, ValueError, "url must look like http://host:port"),
+        ({"url": "http://127.0.0.1:80000"}, ValueError, r"url 'http://127.0.0.1:80000': Port out"),
+        ({"url": "http://localhost:eight"}, ValueError, "url 'http://localhost:eight': Port could"),
         ({"norms_every": -1}, ValueError, "norms_every must be >= 0"),
     ],
 )
