@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.ingest
 	$(BIN)/python -m bench.forecast_latency
 	$(BIN)/python -m bench.forecast_backtest
+	$(BIN)/python -m bench.held_band
 	$(BIN)/python -m bench.off_model_loss_only
 	$(BIN)/python -m bench.off_model_learned
 	$(BIN)/python -m bench.optimizer

@@ -89,7 +89,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", type=float, metavar="LOSS",
                         help="also say when the loss reaches LOSS")
     parser.add_argument("--confidence", type=float, default=0.9,
-                        help="interval coverage in (0, 1) (default 0.9)")
+                        help="interval coverage in (0.5, 1), as the REST API takes it "
+                        "(default 0.9)")
     parser.add_argument("--burn-in", type=float, metavar="STEP",
                         help="first step to fit (default: the config's averaging start, else "
                         "the one a ScheduleFree+ export's averaging weight opt/c shows, else "
@@ -115,8 +116,8 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.upto is not None and not (0.0 < args.upto <= 1.0):
         raise ForecastInputError(f"--upto must be a fraction in (0, 1], got {args.upto}")
     conf = args.confidence
-    if not (math.isfinite(conf) and 0.0 < conf < 1.0):
-        raise ForecastInputError(f"--confidence must be in (0, 1), got {conf}")
+    if not (math.isfinite(conf) and 0.5 < conf < 1.0):  # as the REST API's confidence
+        raise ForecastInputError(f"--confidence must be in (0.5, 1), got {conf}")
     for name in ("upto_step", "horizon", "target", "burn_in"):
         v = getattr(args, name, None)
         if v is not None and not math.isfinite(v):

@@ -353,13 +353,27 @@ class Fit:
             confidence: interval coverage in (0, 1); default ``self.confidence``.
 
         Returns:
-            ``Interval(value, lo, hi)``; NaN everywhere when there is no forecast.
+            ``Interval(value, lo, hi)``; NaN everywhere when there is no forecast. Past the
+            last fitted step the fitted curve's interval ends are held as in
+            :meth:`predict_many`, so this agrees with it step for step.
         """
         conf = valid_confidence(confidence, self.confidence)
         t = as_float(step)
         if not self.has_forecast or not math.isfinite(t) or self.before_fitted_range(t):
             return Interval(math.nan, math.nan, math.nan)
-        return Interval(*self._band(t, conf))
+        value, lo, hi = self._band(t, conf)
+        if self._holds_band and t > (self.fitted_upto_step or 0.0) and math.isfinite(lo):
+            steps, lo_table, hi_table = _crossing_table(self, conf)
+            j = int(np.searchsorted(steps, t, side="right")) - 1
+            if j >= 0:
+                lo, hi = min(lo, float(lo_table[j])), min(hi, float(hi_table[j]))
+        return Interval(value, lo, hi)
+
+    @property
+    def _holds_band(self) -> bool:
+        """Whether the band past the last fitted step is held to its lowest ends so far
+        (the fitted curve's band; see :meth:`predict_many`)."""
+        return not self._extends_level and self.fitted_upto_step is not None
 
     def before_fitted_range(self, step: float) -> bool:
         """Whether ``step`` comes before the first fitted step: the model describes nothing
@@ -373,6 +387,30 @@ class Fit:
         hundreds of steps of one fit at a time."""
         conf = valid_confidence(confidence, self.confidence)
         t = np.asarray(steps, dtype=np.float64).ravel()
+        value, lo, hi = self._raw_band_many(t, conf)
+        if self._holds_band:
+            # Past the last fitted step neither end of the band rises again. The fitted curve
+            # falls, but the calibrated band's ends did not always: its multipliers are
+            # measured per extrapolation ratio and are noisy from one ratio to the next (-5.1
+            # at 9.5x, -2.5 at 21x for a 90% band), and the scale grows with the horizon: a
+            # later step's forecast could rule out a loss a nearer one allowed. Each end is
+            # held at its lowest since the last fitted step instead (at the steps of the
+            # crossing table). BENCHMARKS.md ("held_band") has what it did to coverage and
+            # width.
+            future = np.isfinite(lo) & (t > (self.fitted_upto_step or 0.0))
+            if future.any():
+                table_steps, lo_table, hi_table = _crossing_table(self, conf)
+                j = np.searchsorted(table_steps, t[future], side="right") - 1
+                ok = j >= 0
+                j = np.maximum(j, 0)
+                lo[future] = np.where(ok, np.fmin(lo[future], lo_table[j]), lo[future])
+                hi[future] = np.where(ok, np.fmin(hi[future], hi_table[j]), hi[future])
+        return value, lo, hi
+
+    def _raw_band_many(self, t: FloatArray, conf: float
+                       ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """The calibrated band at each of ``t``, step by step (:meth:`predict_many` without
+        holding its ends)."""
         value, lo, hi = (np.full(t.size, np.nan) for _ in range(3))
         if not self.has_forecast or self.a is None or self.c is None:
             return value, lo, hi
@@ -446,8 +484,16 @@ class Fit:
         drop = max(self._value(self.fitted_upto_step) - self.c, 0.0)
         s = math.sqrt(_cal.SE_FACTOR * se2 + sigma * sigma + (_cal.DECAY_FACTOR * drop) ** 2)
         zlo, zhi = _cal.multipliers(_cal.MAX_RATIO, conf)
-        return Interval(self._clip(self.c), self._clip(self.c + zlo * s),
-                        self._clip(self.c + zhi * s))
+        lo, hi = self._clip(self.c + zlo * s), self._clip(self.c + zhi * s)
+        # The asymptote of a falling curve is below the loss at any step: its high end is no
+        # higher than the held band's anywhere (predict_many), nor than the loss the run is at
+        # now (as when f* is not identified). Its low end stays the calibrated one: the solver
+        # reads it to tell whether f* is identified at all.
+        hi = float(np.fmin(hi, _crossing_table(self, conf)[2][-1]))
+        if self.level is not None and math.isfinite(self.level):
+            hi = min(hi, self.level)
+        value = self._clip(self.c)
+        return Interval(value, lo, max(hi, value))
 
     def reached_at(self, loss: float) -> float | None:
         """First step where the smoothed data were at or below ``loss``; ``None`` if never."""
@@ -622,12 +668,22 @@ _TABLE_POINTS: Final = 240  # steps of the crossing table (geometric from the la
 @functools.lru_cache(maxsize=1024)
 def _crossing_table(fit: Fit, confidence: float) -> tuple[FloatArray, FloatArray, FloatArray]:
     """``(steps, lo, hi)``: the band from the last fitted step to far beyond, computed once per
-    fit and confidence (a target query is then a lookup, not ~300 band evaluations)."""
+    fit and confidence (a target query is then a lookup, not ~300 band evaluations). For the
+    fitted curve's band each end is held at its lowest since the last fitted step
+    (:meth:`Fit.predict_many`)."""
     t_last = fit.fitted_upto_step or 0.0
     span = max(t_last - (fit.fitted_from_step or 0.0), 1.0)
     steps = t_last + np.concatenate(
         ([0.0], np.geomspace(1e-3 * max(t_last, 1.0), _MAX_TARGET_FACTOR * span, _TABLE_POINTS)))
-    _, lo, hi = fit.predict_many(steps, confidence)
+    if fit._holds_band:
+        # The steps of the calibration's tabulated ratios too: the band's ends have their
+        # kinks there (the multipliers are interpolated between them), so a held end does not
+        # miss a low between two of the table's steps.
+        t0 = t_last - span
+        steps = np.union1d(steps, t0 + np.asarray(_cal.RATIOS) * span)
+    _, lo, hi = fit._raw_band_many(steps, confidence)
+    if fit._holds_band:  # each end held at its lowest so far (Fit.predict_many)
+        lo, hi = np.fmin.accumulate(lo), np.fmin.accumulate(hi)
     return steps, lo, hi
 
 

@@ -31,7 +31,7 @@ from curvecast.contract import (
     fit_ready,
     lr_key,
 )
-from curvecast.service.errors import NotFound, RunNotFound
+from curvecast.service.errors import InvalidInput, NotFound, RunNotFound
 from curvecast.service.forecast.answer import (
     REACHED_MAX_POINTS,
     REACHED_WINDOW,
@@ -508,6 +508,8 @@ def latest_fit(
     Raises:
         RunNotFound: no such run (visible to the caller).
         NotFound: the run has no series ``key``.
+        InvalidInput: ``key`` is a series no fit is made of (not a loss series, not the
+            config's ``fit_key``), and it has none.
     """
     params: dict[str, Any] = {"run_id": run_id, "key": key, "project": allowed_project}
     row = session.execute(
@@ -521,6 +523,13 @@ def latest_fit(
     context = RunForecastContext(config=RunConfig.read(config), last_step=last_step,
                                  finished=status in FINAL_RUN_STATUSES)
     if fit_id is None:
+        candidates = fit_candidates(context.config)
+        if key is not None and key not in candidates:
+            # A series the run logs but the worker never fits: "pending" would wait forever.
+            raise InvalidInput(
+                f"run {run_id}'s series {key!r} is not forecast: the worker fits the loss "
+                f"series ({', '.join(candidates)}); to forecast {key!r}, name it as the run "
+                "config's fit_key")
         return None, context
     created = as_utc(created_at)
     stored = StoredFit(id=fit_id, run_id=run_id, key=fit_key_,

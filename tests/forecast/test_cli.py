@@ -175,7 +175,8 @@ def test_binary_file_and_directory(tmp_path: Path, capsys: pytest.CaptureFixture
 @pytest.mark.parametrize(("argv", "expected"), [
     (["--upto", "0"], "--upto must be a fraction in (0, 1]"),
     (["--upto", "1.5"], "--upto must be a fraction in (0, 1]"),
-    (["--upto", "0.5", "--confidence", "1.2"], "--confidence must be in (0, 1)"),
+    (["--upto", "0.5", "--confidence", "1.2"], "--confidence must be in (0.5, 1)"),
+    (["--upto", "0.5", "--confidence", "0.3"], "--confidence must be in (0.5, 1), got 0.3"),
     (["--upto", "0.5", "--horizon", "nan"], "--horizon must be a finite number"),
     (["--horizon", "-5"], "--horizon must be a step in [0, "),
     (["--horizon", "1e300"], "--horizon must be a step in [0, "),

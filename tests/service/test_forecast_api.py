@@ -234,6 +234,14 @@ def test_series_choice_history_rows_and_passed_targets(worker_server: str, proje
     assert missing.status_code == 404 and "accuracy" in missing.json()["message"]
     bad = httpx.get(f"{base}/forecast", params={"key": "no spaces allowed"})
     assert bad.status_code == 422 and "key" in bad.json()["message"]
+    # A series the run logs that no fit is made of: not "pending" forever.
+    httpx.post(f"{base}/metrics", json={"steps": [1, 2], "values": {"opt/eta": [0.1, 0.2]}},
+               timeout=30).raise_for_status()
+    for route, params in (("forecast", {}), ("forecast/target", {"loss": 2})):
+        unfitted = httpx.get(f"{base}/{route}", params={"key": "opt/eta", **params})
+        assert unfitted.status_code == 422, unfitted.text
+        assert "'opt/eta' is not forecast" in unfitted.json()["message"]
+        assert "fit_key" in unfitted.json()["message"]
 
     history = httpx.get(f"{base}/forecast/history", params={"key": "loss"}).json()
     assert history["key"] == "loss" and history["points"]
