@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Protocol
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from curvecast.contract import RunConfig
 from curvecast.service.forecast.fit import Fit, FloatArray, finite_or_none
@@ -127,7 +128,7 @@ def smoothed_reached(latest: Sequence[tuple[float, float]], step: float) -> floa
     return float(np.median(window)) if len(window) > 1 else latest[0][1]
 
 
-def loss_reached(steps: Sequence[float], values: Sequence[float], step: float) -> float | None:
+def loss_reached(steps: ArrayLike, values: ArrayLike, step: float) -> float | None:
     """The loss a series had at ``step`` once it got there (:func:`smoothed_reached`),
     provided it has a point at or after ``step``; else None.
 

@@ -215,7 +215,8 @@ class Fit:
         useful_from_step: for ``too_early``, the step from which a forecast is expected to be
             useful (the averaging start's transient is over).
         reached: ``((step, loss), ...)``, the smoothed series' running minimum at the steps it
-            fell: passed targets are answered from it (data, not the model).
+            fell, ending with the last step's loss by the rule of the forecast's ``reached``
+            where that is lower: passed targets are answered from it (data, not the model).
     """
 
     status: str

@@ -43,6 +43,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import minimize_scalar
 
 from curvecast.contract import RunConfig
+from curvecast.service.forecast.answer import loss_reached
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS, bin_sorted, clean_series
 from curvecast.service.forecast.fit import (
     DIVERGED,
@@ -470,7 +471,8 @@ def _reached(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | 
 
     Medians of equal-count bins, then the median of each window of three bins (one low eval
     batch does not count as reaching a target), then the running minimum, kept at the steps it
-    fell: at most ~256 pairs per fit.
+    fell: at most ~256 pairs per fit. The last step ends it with the loss the series had there
+    by :func:`~.answer.loss_reached`'s rule, where that is lower.
     """
     if t.size == 0:
         return None
@@ -488,7 +490,14 @@ def _reached(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | 
         bt = bt[k - 1:]  # a window's value is known at its last bin's last step
     low = np.minimum.accumulate(by)
     fell = np.concatenate(([True], low[1:] < low[:-1]))
-    return tuple(zip(bt[fell].tolist(), low[fell].tolist(), strict=True))
+    pairs = list(zip(bt[fell].tolist(), low[fell].tolist(), strict=True))
+    # The last step by the rule of the loss "reached there" (prediction.reached): the three-bin
+    # median lags the newest points, so at a run's end an eval loss of 2.384 was "reached
+    # there" while a target of 2.39 was "not reached".
+    last = loss_reached(t, y, float(t[-1]))
+    if last is not None and last < pairs[-1][1]:
+        pairs.append((float(t[-1]), last))
+    return tuple(pairs)
 
 
 def _ends_non_finite(steps: ArrayLike, t_all: FloatArray) -> bool:

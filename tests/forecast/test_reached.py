@@ -59,6 +59,32 @@ def test_a_sparse_eval_loss_is_reached_as_its_point() -> None:
     assert loss_reached(t, y, -1) is None  # nothing at or before
 
 
+def test_a_target_the_last_step_reached_is_reached_there() -> None:
+    """The targets' smoothing (a running minimum of three-bin medians) lags a series' newest
+    points: at a run's end a forecast said the eval loss "reached 2.384 there" while a target
+    of 2.39 was "not reached". The fit's reached losses end with the last step's, by the same
+    rule as the forecast's, so the two answers agree."""
+    from curvecast.service.forecast.solver import fit_curve
+
+    steps = np.arange(20.0, 401.0, 20.0)  # an eval loss every 20 steps, falling to the end
+    evals = 5.0 / np.sqrt(steps) + 2.1
+    last = loss_reached(steps, evals, 400.0)
+    assert last == evals[-1]
+    fit = fit_curve(steps, evals, config={"total_steps": 400})
+    assert fit.reached is not None and fit.reached[-1] == (400.0, last)
+    assert fit.reached[-2][1] > last + 0.005  # the smoothed minimum lags by more than that
+    between = last + 0.005
+    assert fit.steps_to(between).reached and fit.steps_to(between).step == 400.0
+    assert fit.steps_to(last).reached
+    assert not fit.steps_to(last - 1e-9).reached
+    # A noisy training loss: whatever the forecast says it reached at its last step is a
+    # reached target (the median of its last points; here its smoothed minimum was lower).
+    y = _noisy_training_loss()[:4001]
+    t = STEPS[:4001]
+    fit, level = fit_curve(t, y), loss_reached(t, y, 4000.0)
+    assert level is not None and fit.steps_to(level).reached
+
+
 def test_a_series_that_ends_non_finite_has_no_loss_reached() -> None:
     t = np.arange(0.0, 1_001.0)
     y = _truth(t)
