@@ -4,9 +4,9 @@ band as calibrated step by step (the code before), on the public anytime curves 
 ``Fit.predict`` answers past the last fitted step with the calibrated band (the fitted curve
 plus the calibration's multipliers times a scale). The multipliers are measured per
 extrapolation ratio and are noisy from one ratio to the next, and the scale grows with the
-horizon, so the band's ends could rise with the horizon while the curve falls: a later step
-promised a loss a nearer one did not, and a target's earliest step jumped. The product now
-holds each end at its lowest since the last fitted step (``Fit.predict_many``).
+horizon, so the band's ends could rise with the horizon while the curve falls: a later
+step's forecast ruled out a loss a nearer one allowed. The product now holds each end at its
+lowest since the last fitted step (``Fit.predict_many``).
 
 Three candidates, all from the same fits in this run:
 
