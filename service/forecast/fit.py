@@ -363,11 +363,10 @@ class Fit:
         if not self.has_forecast or not math.isfinite(t) or self.before_fitted_range(t):
             return Interval(math.nan, math.nan, math.nan)
         value, lo, hi = self._band(t, conf)
-        if self._holds_band and t > (self.fitted_upto_step or 0.0) and math.isfinite(lo):
-            steps, lo_table, hi_table = _crossing_table(self, conf)
-            j = int(np.searchsorted(steps, t, side="right")) - 1
-            if j >= 0:
-                lo, hi = min(lo, float(lo_table[j])), min(hi, float(hi_table[j]))
+        if self._holds_band:
+            ends = np.array([lo]), np.array([hi])
+            self._hold_ends(np.array([t]), *ends, conf)
+            lo, hi = float(ends[0][0]), float(ends[1][0])
         return Interval(value, lo, hi)
 
     @property
@@ -390,23 +389,28 @@ class Fit:
         t = np.asarray(steps, dtype=np.float64).ravel()
         value, lo, hi = self._raw_band_many(t, conf)
         if self._holds_band:
-            # Past the last fitted step neither end of the band rises again. The fitted curve
-            # falls, but the calibrated band's ends did not always: its multipliers are
-            # measured per extrapolation ratio and are noisy from one ratio to the next (-5.1
-            # at 9.5x, -2.5 at 21x for a 90% band), and the scale grows with the horizon: a
-            # later step's forecast could rule out a loss a nearer one allowed. Each end is
-            # held at its lowest since the last fitted step instead (at the steps of the
-            # crossing table). BENCHMARKS.md ("held_band") has what it did to coverage and
-            # width.
-            future = np.isfinite(lo) & (t > (self.fitted_upto_step or 0.0))
-            if future.any():
-                table_steps, lo_table, hi_table = _crossing_table(self, conf)
-                j = np.searchsorted(table_steps, t[future], side="right") - 1
-                ok = j >= 0
-                j = np.maximum(j, 0)
-                lo[future] = np.where(ok, np.fmin(lo[future], lo_table[j]), lo[future])
-                hi[future] = np.where(ok, np.fmin(hi[future], hi_table[j]), hi[future])
+            self._hold_ends(t, lo, hi, conf)
         return value, lo, hi
+
+    def _hold_ends(self, t: FloatArray, lo: FloatArray, hi: FloatArray, conf: float) -> None:
+        """Hold the band's ends at ``t`` (in place) at their lowest since the last fitted step.
+
+        Past that step neither end of the band rises again. The fitted curve falls, but the
+        calibrated band's ends did not always: its multipliers are measured per extrapolation
+        ratio and are noisy from one ratio to the next (-5.1 at 9.5x, -2.5 at 21x for a 90%
+        band), and the scale grows with the horizon: a later step's forecast could rule out a
+        loss a nearer one allowed. The lowest ends so far are read at the steps of the crossing
+        table. BENCHMARKS.md ("held_band") has what it did to coverage and width.
+        """
+        future = np.isfinite(lo) & (t > (self.fitted_upto_step or 0.0))
+        if not future.any():
+            return
+        table_steps, lo_table, hi_table = _crossing_table(self, conf)
+        j = np.searchsorted(table_steps, t[future], side="right") - 1
+        ok = j >= 0
+        j = np.maximum(j, 0)
+        lo[future] = np.where(ok, np.fmin(lo[future], lo_table[j]), lo[future])
+        hi[future] = np.where(ok, np.fmin(hi[future], hi_table[j]), hi[future])
 
     def _raw_band_many(self, t: FloatArray, conf: float
                        ) -> tuple[FloatArray, FloatArray, FloatArray]:

@@ -43,7 +43,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import minimize_scalar
 
 from curvecast.contract import RunConfig
-from curvecast.service.forecast.answer import loss_reached
+from curvecast.service.forecast.answer import REACHED_MAX_POINTS, smoothed_reached
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS, bin_sorted, clean_series
 from curvecast.service.forecast.fit import (
     DIVERGED,
@@ -472,7 +472,7 @@ def _reached(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | 
     Medians of equal-count bins, then the median of each window of three bins (one low eval
     batch does not count as reaching a target), then the running minimum, kept at the steps it
     fell: at most ~256 pairs per fit. The last step ends it with the loss the series had there
-    by :func:`~.answer.loss_reached`'s rule, where that is lower.
+    by :func:`~.answer.smoothed_reached`'s rule, where that is lower.
     """
     if t.size == 0:
         return None
@@ -494,7 +494,11 @@ def _reached(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | 
     # The last step by the rule of the loss "reached there" (prediction.reached): the three-bin
     # median lags the newest points, so at a run's end an eval loss of 2.384 was "reached
     # there" while a target of 2.39 was "not reached".
-    last = loss_reached(t, y, float(t[-1]))
+    # The series is sorted by step: its newest points are its tail, newest first (sorting a
+    # million-point series again, as loss_reached does for any order, cost a refit 100 ms).
+    newest = zip(t[:-REACHED_MAX_POINTS - 1:-1].tolist(), y[:-REACHED_MAX_POINTS - 1:-1].tolist(),
+                 strict=True)
+    last = smoothed_reached(list(newest), float(t[-1]))
     if last is not None and last < pairs[-1][1]:
         pairs.append((float(t[-1]), last))
     return tuple(pairs)
