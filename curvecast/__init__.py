@@ -8,7 +8,8 @@ The package is a namespace over the repository's top-level folders: ``curvecast.
 training-loop hook, standard library only), ``curvecast.sfplus`` (the optimizer, needs torch),
 ``curvecast.service`` and ``curvecast.dashboards`` (the server, needs the ``[server]`` extra),
 ``curvecast.migrations`` (its schema) and :mod:`curvecast.contract` (the facts every part agrees
-on). ``ScheduleFreePlus`` is imported on first use, so a client-only install never imports torch.
+on). Both names are imported on first use: importing the contract or the service's app does not
+load the client, and a client-only install never imports torch.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from curvecast.client import Monitor
-
 if TYPE_CHECKING:
+    from curvecast.client import Monitor
     from curvecast.sfplus import ScheduleFreePlus
 
 __version__ = "0.1.0"
@@ -26,7 +26,12 @@ __all__ = ["Monitor", "ScheduleFreePlus", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: torch is only needed by whoever asks for the optimizer.
+    # Lazy: the client is only loaded by whoever asks for the hook, torch by whoever asks for
+    # the optimizer.
+    if name == "Monitor":
+        from curvecast.client import Monitor
+
+        return Monitor
     if name == "ScheduleFreePlus":
         if importlib.util.find_spec("torch") is None:
             raise ModuleNotFoundError(

@@ -1,4 +1,5 @@
-"""The public surface is small and pinned; importing the client imports nothing heavy."""
+"""The public surface is small and pinned; importing the client imports nothing heavy, and
+importing the rest of the package does not import the client."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import curvecast
 from curvecast import client
 
 
@@ -13,6 +15,29 @@ def test_all_is_pinned() -> None:
     assert client.__all__ == ["HTTPTransport", "Monitor", "Response", "Transport", "TransportError"]
     for name in client.__all__:
         assert getattr(client, name).__module__.startswith("curvecast.client.")
+
+
+def test_the_package_names_are_pinned_and_resolve() -> None:
+    assert curvecast.__all__ == ["Monitor", "ScheduleFreePlus", "__version__"]
+    assert curvecast.Monitor is client.Monitor
+    from curvecast import Monitor, ScheduleFreePlus  # through the module's __getattr__
+    from curvecast.sfplus import ScheduleFreePlus as optimizer
+
+    assert (Monitor, ScheduleFreePlus) == (client.Monitor, optimizer)
+
+
+def test_the_contract_and_the_service_do_not_load_the_client(tmp_path: Path) -> None:
+    code = (
+        "import sys, curvecast.contract\n"
+        "print(sorted(m for m in sys.modules if m.startswith('curvecast.client')))\n"
+        "import curvecast.service.app\n"
+        "print(sorted(m for m in sys.modules if m.startswith('curvecast.client')))\n"
+        "from curvecast import Monitor\n"
+        "print(Monitor.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=tmp_path)
+    assert out.stdout.split("\n")[:3] == ["[]", "[]", "curvecast.client._monitor"]
 
 
 def test_import_is_standard_library_only(tmp_path: Path) -> None:
