@@ -1,7 +1,7 @@
-"""The hook's HTTP/1.1 connection (``client/_http.py``) through :class:`HTTPTransport`, against a
-real loopback server that answers with scripted bytes: keep-alive, the three ways a body is
-framed, interim answers, a connection the server dropped while idle, and answers that are not
-HTTP."""
+"""The hook's :class:`HTTPTransport` (``http.client``, one keep-alive connection per thread)
+against a real loopback server that answers with scripted bytes: keep-alive, the three ways a
+body is framed, interim answers, a connection the server dropped while idle, timeouts, bounded
+bodies, answers that are not HTTP, and HTTPS with the system's certificate store."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from curvecast.client import HTTPTransport, TransportError, _http
-from curvecast.client._http import Connection
+from curvecast.client import HTTPTransport, TransportError, _transport
+from curvecast.service.testing import wait_for
 
 #: What the server does with one request: given the request head (and body), the raw bytes
 #: to answer and whether to close the connection afterwards.
@@ -26,13 +26,16 @@ Script = Callable[[bytes, bytes], tuple[bytes, bool]]
 
 class RawServer:
     """A loopback server that reads requests (head + Content-Length body) and answers each
-    with the bytes its script returns. Records every request and counts connections."""
+    with the bytes its script returns. Records every request, counts connections and those
+    still open."""
 
     def __init__(self, script: Script, tls: ssl.SSLContext | None = None) -> None:
         self.script = script
         self.tls = tls
         self.requests: list[tuple[bytes, bytes]] = []
         self.connections = 0
+        self.open_connections = 0
+        self._count = threading.Lock()
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -54,6 +57,15 @@ class RawServer:
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
+        with self._count:
+            self.open_connections += 1
+        try:
+            self._answer(conn)
+        finally:
+            with self._count:
+                self.open_connections -= 1
+
+    def _answer(self, conn: socket.socket) -> None:
         buf = b""
         with conn:
             while True:
@@ -113,6 +125,20 @@ def test_requests_share_one_connection_and_carry_head_and_body() -> None:
     assert any(line.startswith(b"Host: 127.0.0.1:") for line in lines)
 
 
+def test_each_thread_has_its_own_connection_and_close_ends_them_all() -> None:
+    with raw_server(answer()) as srv:
+        transport = HTTPTransport(srv.url)
+        assert transport.request("GET", "/").status == 200
+        other = threading.Thread(target=transport.request, args=("GET", "/"))
+        other.start()
+        other.join(10)
+        assert srv.connections == 2
+        transport.close()  # from this thread: the other thread's connection is closed too
+        wait_for(lambda: srv.open_connections == 0, 10, "the server's side closed")
+        assert transport.request("GET", "/").status == 200  # usable again: a new connection
+    assert srv.connections == 3
+
+
 def test_chunked_body_with_extensions_and_trailers() -> None:
     chunked = (b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
                b"5;ext=1\r\nhello\r\n1A\r\n" + b"z" * 26 + b"\r\n0\r\nX-Trailer: t\r\n\r\n")
@@ -140,12 +166,23 @@ def test_body_to_the_end_of_the_connection_and_connection_close() -> None:
     assert srv.connections == 3  # new connections after the two that had to close
 
 
-def test_interim_answers_are_skipped() -> None:
-    interim = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
-               b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal")
-    with raw_server(lambda h, b: (interim, False)) as srv:
-        resp = HTTPTransport(srv.url).request("PUT", "/", body=b"{}")
-    assert (resp.status, resp.body) == (200, b"final")
+def test_100_continue_is_skipped_and_other_interim_answers_are_refused() -> None:
+    final = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal"
+    scripts = iter([
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + final, False),
+        # http.client would hand this back as the answer, the real one left unread on the
+        # connection for the next request to read: refused, and the connection closed.
+        (b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + final, False),
+        (final, False),
+    ])
+    with raw_server(lambda h, b: next(scripts)) as srv:
+        transport = HTTPTransport(srv.url)
+        resp = transport.request("PUT", "/", body=b"{}")
+        assert (resp.status, resp.body) == (200, b"final")
+        with pytest.raises(TransportError, match="interim answer .103 Early Hints."):
+            transport.request("PUT", "/", body=b"{}")
+        assert transport.request("PUT", "/", body=b"{}").body == b"final"
+    assert srv.connections == 2
 
 
 def test_a_dropped_idle_connection_is_retried_once_on_a_fresh_one() -> None:
@@ -155,6 +192,7 @@ def test_a_dropped_idle_connection_is_retried_once_on_a_fresh_one() -> None:
         transport = HTTPTransport(srv.url)
         assert transport.request("GET", "/").status == 200
         assert transport.request("GET", "/").status == 200  # on the same connection
+        wait_for(lambda: srv.open_connections == 0, 10, "the server's side closed")
         # That connection is gone: this request retries on a fresh one, unseen by the caller.
         assert transport.request("POST", "/", body=b"{}").status == 200
     assert srv.connections == 2
@@ -163,17 +201,19 @@ def test_a_dropped_idle_connection_is_retried_once_on_a_fresh_one() -> None:
 
 def test_a_connection_that_never_answers_is_a_transport_error() -> None:
     with raw_server(lambda h, b: (b"", True)) as srv:  # reads the request, closes silently
-        with pytest.raises(TransportError, match="closed the connection before answering"):
+        with pytest.raises(TransportError, match="closed connection without response"):
             HTTPTransport(srv.url).request("GET", "/")
     assert srv.connections == 1  # a fresh connection failing is not retried
 
 
 @pytest.mark.parametrize("raw", [
     b"SPDY/3 200 OK\r\n\r\n",
+    b"garbage",
     b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n" + b"X-Long: " + b"x" * 70_000 + b"\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
     b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
 ])
 def test_answers_that_are_not_http_are_transport_errors(raw: bytes) -> None:
@@ -184,13 +224,31 @@ def test_answers_that_are_not_http_are_transport_errors(raw: bytes) -> None:
         # The broken connection was dropped: the next request opens a new one.
         srv.script = answer()
         assert transport.request("GET", "/").status == 200
+    assert srv.connections == 2
+
+
+def test_a_body_over_the_bound_is_a_transport_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    huge = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (_transport.MAX_BODY + 1)
+    with raw_server(lambda h, b: (huge, True)) as srv:  # refused by its length, unread
+        with pytest.raises(TransportError, match="over"):
+            HTTPTransport(srv.url).request("GET", "/")
+    monkeypatch.setattr(_transport, "MAX_BODY", 100_000)
+    chunk = b"10000\r\n" + b"y" * 0x10000 + b"\r\n"
+    for raw in (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 2 + b"0\r\n\r\n",
+                b"HTTP/1.0 200 OK\r\n\r\n" + b"y" * 100_001):
+        with raw_server(lambda h, b, raw=raw: (raw, True)) as srv:
+            with pytest.raises(TransportError, match="a body over 100000 bytes"):
+                HTTPTransport(srv.url).request("GET", "/")
 
 
 def test_a_header_that_would_break_the_framing_is_refused() -> None:
-    conn = Connection("127.0.0.1", 1, https=False)
-    with pytest.raises(ValueError, match="invalid HTTP header"):
-        conn.request("GET", "/", None, {"Authorization": "Bearer x\r\nX-Evil: 1"}, 1.0)
-    assert conn.sock is None  # refused before connecting
+    with raw_server(answer()) as srv:
+        transport = HTTPTransport(srv.url)
+        with pytest.raises(ValueError, match="[Ii]nvalid header"):
+            transport.request("GET", "/", headers={"Authorization": "Bearer x\r\nX-Evil: 1"})
+        assert transport.request("GET", "/", headers={"Authorization": "Bearer x"}).status == 200
+    assert len(srv.requests) == 1  # the refused request never reached the server
+    assert b"X-Evil" not in srv.requests[0][0]
 
 
 def test_a_server_that_does_not_answer_in_time_is_a_transport_error() -> None:
@@ -241,12 +299,15 @@ def test_https_checks_the_certificate_and_keeps_the_connection(
     server_tls.load_cert_chain(cert, key)
     with raw_server(answer(b"secret"), tls=server_tls) as srv:
         url = srv.url.replace("http://", "https://")
-        # Trusted only by a client that knows the certificate: the system's store does not.
-        monkeypatch.setattr(_http, "_TLS", None)
+        # The system's store does not know the certificate.
         with pytest.raises(TransportError, match="CERTIFICATE_VERIFY_FAILED"):
             HTTPTransport(url).request("GET", "/")
-        monkeypatch.setattr(_http, "_TLS", ssl.create_default_context(cafile=str(cert)))
+        # SSL_CERT_FILE points the system's store at it (as for a company's own CA) ...
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
         transport = HTTPTransport(url)
         for _ in range(2):
             assert transport.request("POST", "/", body=b"{}").body == b"secret"
-    assert srv.connections == 2  # the refused handshake, then one kept connection
+        # ... and the host name is still checked: the certificate names 127.0.0.1 only.
+        with pytest.raises(TransportError, match="CERTIFICATE_VERIFY_FAILED"):
+            HTTPTransport(url.replace("127.0.0.1", "localhost")).request("GET", "/")
+    assert srv.connections == 3  # the refused handshakes, and one kept connection
