@@ -58,6 +58,7 @@ __all__ = [
     "TRAIN_LOSS_KEYS",
     "RunConfig",
     "is_valid_key",
+    "key_for_name",
     "fit_candidates",
     "fit_key",
     "fit_ready",
@@ -106,6 +107,28 @@ _KEY_RE = re.compile(KEY_PATTERN)
 def is_valid_key(key: object) -> bool:
     """Whether ``key`` is a metric name the service accepts."""
     return isinstance(key, str) and _KEY_RE.match(key) is not None
+
+
+_NOT_KEY_CHARS = re.compile(f"[^{KEY_CHARS}]+")
+
+
+def key_for_name(name: str) -> str | None:
+    """The metric key a name from another tracker is stored under (a TensorBoard tag, an MLflow
+    metric, a W&B history column; ``curvecast.SummaryWriter``'s tags).
+
+    The rule: a name that is already a valid key is kept as it is (``Loss/train``,
+    ``eval/loss``); otherwise every run of characters outside ``A-Z a-z 0-9 _ . / -`` becomes one
+    ``_``, underscores so made at either end are dropped (``train loss`` -> ``train_loss``,
+    ``acc@1`` -> ``acc_1``, ``loss (val)`` -> ``loss_val``), and the result is cut to
+    :data:`KEY_MAX_LENGTH` characters. None when nothing is left (a name of symbols only).
+    """
+    if _KEY_RE.match(name):
+        return name
+    key = _NOT_KEY_CHARS.sub("_", name)
+    start = 1 if key[:1] == "_" and name[:1] != "_" else 0
+    end = len(key) - 1 if key[-1:] == "_" and name[-1:] != "_" else len(key)
+    key = key[start:end][:KEY_MAX_LENGTH]
+    return key if _KEY_RE.match(key) else None
 
 
 # --- optimizer telemetry -------------------------------------------------------------------------

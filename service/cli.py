@@ -1,4 +1,4 @@
-"""The ``curvecast`` command: serve, worker, migrate, token, forecast, demo and sync.
+"""The ``curvecast`` command: serve, worker, migrate, token, forecast, import, demo and sync.
 
 ``sync`` is the client's (:mod:`curvecast.client.sync`) and needs only the standard library; every
 other command needs the ``[server]`` extra. On a client-only install (a training machine) the
@@ -342,16 +342,19 @@ def build_parser() -> argparse.ArgumentParser:
     if missing_server_modules():
         # Parse anything after these names: running them only prints how to install the extra.
         for name, help_text in (("forecast", "fit a loss curve from a file"),
-                                ("demo", "serve and train a real model, forecasting live")):
+                                ("demo", "serve and train a real model, forecasting live"),
+                                ("import", "import runs from TensorBoard, MLflow or W&B")):
             sub.add_parser(name, help=f"{help_text} (needs curvecast[server])").add_argument(
                 "args", nargs=argparse.REMAINDER
             )
     else:
         from curvecast.service.demo import add_demo_parser
         from curvecast.service.forecast.cli import add_forecast_parser
+        from curvecast.service.import_cli import add_import_parser
 
         add_forecast_parser(sub)
         add_demo_parser(sub)
+        add_import_parser(sub)
     add_sync_parser(sub)
     return parser
 
