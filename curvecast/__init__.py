@@ -4,11 +4,15 @@ The one import most users need::
 
     from curvecast import Monitor, ScheduleFreePlus
 
+Code that logs with TensorBoard's ``SummaryWriter`` switches with its import line:
+``from curvecast import SummaryWriter`` (:mod:`curvecast.client.summary_writer`).
+
 The package is a namespace over the repository's top-level folders: ``curvecast.client`` (the
 training-loop hook, standard library only), ``curvecast.sfplus`` (the optimizer, needs torch),
 ``curvecast.service`` and ``curvecast.dashboards`` (the server, needs the ``[server]`` extra),
 ``curvecast.migrations`` (its schema) and :mod:`curvecast.contract` (the facts every part agrees
-on). ``ScheduleFreePlus`` is imported on first use, so a client-only install never imports torch.
+on). ``ScheduleFreePlus`` and ``SummaryWriter`` are imported on first use, so a client-only install
+never imports torch, and ``import curvecast`` loads no more than the hook.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 from curvecast.client import Monitor
 
 if TYPE_CHECKING:
+    from curvecast.client.summary_writer import SummaryWriter
     from curvecast.sfplus import ScheduleFreePlus
 
 __version__ = "0.1.0"
-__all__ = ["Monitor", "ScheduleFreePlus", "__version__"]
+__all__ = ["Monitor", "ScheduleFreePlus", "SummaryWriter", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -36,4 +41,8 @@ def __getattr__(name: str) -> Any:
         from curvecast.sfplus import ScheduleFreePlus
 
         return ScheduleFreePlus
+    if name == "SummaryWriter":
+        from curvecast.client.summary_writer import SummaryWriter
+
+        return SummaryWriter
     raise AttributeError(f"module 'curvecast' has no attribute {name!r}")
