@@ -37,6 +37,7 @@ __all__ = [
     "BASE64_COLUMNS",
     "FINAL_RUN_STATUSES",
     "INGEST_ENCODINGS_HEADER",
+    "REPLAY_HEADER",
     "KEY_CHARS",
     "LR_STAT",
     "KEY_MAX_LENGTH",
@@ -97,6 +98,9 @@ BASE64_COLUMNS = "base64"
 #: ``PUT``: its value lists the encodings it reads (comma-separated). A client sends plain JSON
 #: arrays to a service that does not say so (an older version).
 INGEST_ENCODINGS_HEADER = "Curvecast-Ingest-Encodings"
+#: The request header with which a client marks a metrics batch it sends from its spool (it
+#: could not be sent when logged; or ``curvecast sync`` uploads it): the service counts them.
+REPLAY_HEADER = "Curvecast-Replay"
 
 #: The states a run ends in (``Monitor.finish(status)``; the service records when it ended).
 FINAL_RUN_STATUSES = ("finished", "failed", "crashed")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -38,6 +39,7 @@ SERVER_MODULES = (
     "jinja2",
     "fastapi_offline",
     "cryptography",
+    "prometheus_client",
 )
 #: Packages of the ``[server]`` extra that uvicorn uses when they are there (its C HTTP parser
 #: and event loop) and does without when they are not (uvloop has no Windows build): not
@@ -95,6 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     host = f"[{args.host}]" if ":" in args.host else args.host
     _default_public_url(settings, host, args.port)
+    metrics_dir = _shared_metrics_dir() if args.workers > 1 else None
     worker = None
     if args.workers > 1 and settings.worker_enabled:
         # One background worker for all serve processes, in a process of its own
@@ -125,7 +128,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if worker is not None:
             worker.stop()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _shared_metrics_dir() -> str | None:
+    """With several processes, where each writes its Prometheus values, so that /metrics adds
+    them up whichever process answers (service/prometheus.py). A fresh directory, set in the
+    environment before the processes start, removed by the caller at the end; None when the
+    operator set ``PROMETHEUS_MULTIPROC_DIR`` (theirs is used, and left alone)."""
+    import tempfile
+
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    path = tempfile.mkdtemp(prefix="curvecast-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
 
 
 #: Hosts that mean "every interface": not an address to put in a link.
