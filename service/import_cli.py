@@ -203,15 +203,14 @@ class _Writer(threading.Thread):
                 continue  # drain: the reader stops at its next put
             try:
                 with session_scope(self._factory) as session:
-                    for chunk in checkpoint.chunks:
-                        batch = MetricBatch.model_construct(
-                            steps=chunk.steps, wall_time=chunk.wall_times,
-                            values={chunk.key: chunk.values})
+                    for steps, walls, values in checkpoint.columns():
+                        batch = MetricBatch.model_construct(steps=steps, wall_time=walls,
+                                                            values=values)
                         result = ingest_batch(session, run_id=self._start.run_id, batch=batch,
                                               allowed_project=None)
                         self._tally.accepted += result.accepted
                         self._tally.duplicates += result.duplicates
-                        self._tally.keys.add(chunk.key)
+                        self._tally.keys.update(values)
                     import_store.record_position(
                         session, run_id=self._start.run_id, position=dict(checkpoint.position),
                         alert_hold=self._start.alert_hold, hold_until=utcnow() + ALERT_HOLD)

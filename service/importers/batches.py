@@ -74,6 +74,22 @@ class Checkpoint:
         """Points in all chunks."""
         return sum(len(chunk) for chunk in self.chunks)
 
+    def columns(self) -> list[tuple[np.ndarray, np.ndarray | None, dict[str, np.ndarray]]]:
+        """The chunks as columnar batches: chunks at the same steps (tags logged together)
+        share one ``(steps, wall_times, {key: values})``, so they are stored in one call."""
+        out: list[tuple[np.ndarray, np.ndarray | None, dict[str, np.ndarray]]] = []
+        for chunk in self.chunks:
+            for steps, walls, values in out:
+                if (len(steps) == len(chunk.steps) and np.array_equal(steps, chunk.steps)
+                        and (walls is None) == (chunk.wall_times is None)
+                        and (walls is None or np.array_equal(walls, chunk.wall_times,
+                                                             equal_nan=True))):
+                    values[chunk.key] = chunk.values
+                    break
+            else:
+                out.append((chunk.steps, chunk.wall_times, {chunk.key: chunk.values}))
+        return out
+
 
 @dataclass
 class SourceRun:
