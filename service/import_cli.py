@@ -243,15 +243,27 @@ def _import_run(job: _Job, args: argparse.Namespace, factory: Any, extra: dict[s
     writer = _Writer(factory, start, tally, advance)
     writer.start()
     try:
-        for checkpoint in job.read(KeyMap(args.tags), args.batch_points, start.source):
-            if writer.error is not None:
-                break
-            writer.queue.put(checkpoint)
-    finally:
-        writer.queue.put(_DONE)
-        writer.join()
-    if writer.error is not None:
-        raise writer.error
+        try:
+            for checkpoint in job.read(KeyMap(args.tags), args.batch_points, start.source):
+                if writer.error is not None:
+                    break
+                writer.queue.put(checkpoint)
+        finally:
+            writer.queue.put(_DONE)
+            writer.join()
+        if writer.error is not None:
+            raise writer.error
+    except BaseException:
+        if start.alert_hold is not None:
+            # Stopped part way: what was stored is history too, not for the rules to judge
+            # once the hold would have run out (best effort: the database may be the cause).
+            try:
+                with session_scope(factory) as session:
+                    import_store.settle_alert_hold(session, run_id=run.run_id,
+                                                   alert_hold=start.alert_hold, now=utcnow())
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
+        raise
     with session_scope(factory) as session:
         out = import_store.close_import(session, run_id=run.run_id, status=run.status,
                                         status_reason=run.status_reason,

@@ -95,7 +95,7 @@ class MlflowRun:
             if key is None:
                 yield Checkpoint((), progress=1)
                 continue
-            history = self.client.get_metric_history(self.mlflow_run_id, name)
+            history = _history(self.client, self.mlflow_run_id, name)
             n = len(history)
             steps = np.fromiter((m.step for m in history), dtype=np.int64, count=n)
             values = np.fromiter((m.value for m in history), dtype=np.float64, count=n)
@@ -117,6 +117,15 @@ class MlflowRun:
                 yield Checkpoint(
                     (Chunk(key, steps[start:stop], values[start:stop], walls[start:stop]),),
                     progress=1 if last else 0, skipped=skipped if last else {})
+
+
+def _history(client: Any, run_id: str, name: str) -> list[Any]:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return list(client.get_metric_history(run_id, name))
+    except MlflowException as exc:
+        raise ImportInputError(f"MLflow run {run_id}, metric {name!r}: {exc.message}") from None
 
 
 def _client(tracking_uri: str) -> Any:

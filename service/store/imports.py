@@ -26,7 +26,7 @@ from curvecast.service.store._common import insert_ignore, is_postgres, write_co
 from curvecast.service.store.projects import ensure_project
 from curvecast.service.store.runs import get_run
 
-__all__ = ["close_import", "open_import", "record_position"]
+__all__ = ["close_import", "open_import", "record_position", "settle_alert_hold"]
 
 
 def open_import(
@@ -129,18 +129,27 @@ def close_import(
     run.updated_at = now
     session.flush()
     if alert_hold is not None:
-        evaluated = AlertEval.evaluated_step
-        session.execute(
-            update(AlertEval)
-            .where(AlertEval.run_id == run_id, AlertEval.lease_token == alert_hold)
-            .values(
-                evaluated_step=(run.last_step if run.last_step is not None else evaluated),
-                n_points=run.n_points,
-                evaluated_at=now,
-                next_check_at=None,
-                lease_until=None,
-                lease_token=None,
-            ),
-            execution_options={"synchronize_session": False},
-        )
+        settle_alert_hold(session, run_id=run_id, alert_hold=alert_hold, now=now)
     return get_run(session, run_id=run_id, allowed_project=None)
+
+
+def settle_alert_hold(session: Session, *, run_id: uuid.UUID, alert_hold: uuid.UUID,
+                      now: datetime) -> None:
+    """Mark the run's points up to its last step evaluated and release the import's hold on
+    its alerts (at the end of an import, or when one stops part way)."""
+    write_connection(session)
+    run = session.execute(select(Run.last_step, Run.n_points).where(Run.id == run_id)).one()
+    session.execute(
+        update(AlertEval)
+        .where(AlertEval.run_id == run_id, AlertEval.lease_token == alert_hold)
+        .values(
+            evaluated_step=run.last_step if run.last_step is not None
+            else AlertEval.evaluated_step,
+            n_points=run.n_points,
+            evaluated_at=now,
+            next_check_at=None,
+            lease_until=None,
+            lease_token=None,
+        ),
+        execution_options={"synchronize_session": False},
+    )
