@@ -79,11 +79,13 @@ class Checkpoint:
         share one ``(steps, wall_times, {key: values})``, so they are stored in one call."""
         out: list[tuple[np.ndarray, np.ndarray | None, dict[str, np.ndarray]]] = []
         for chunk in self.chunks:
+            chunk_walls = chunk.wall_times
             for steps, walls, values in out:
-                if (len(steps) == len(chunk.steps) and np.array_equal(steps, chunk.steps)
-                        and (walls is None) == (chunk.wall_times is None)
-                        and (walls is None or np.array_equal(walls, chunk.wall_times,
-                                                             equal_nan=True))):
+                same_walls = (walls is None and chunk_walls is None) or (
+                    walls is not None and chunk_walls is not None
+                    and np.array_equal(walls, chunk_walls, equal_nan=True))
+                if same_walls and len(steps) == len(chunk.steps) and np.array_equal(
+                        steps, chunk.steps):
                     values[chunk.key] = chunk.values
                     break
             else:
