@@ -20,6 +20,10 @@ the machine; CPU per point is each group's process CPU time over the load window
 points acknowledged in it (robust to other jobs on the machine, unlike latencies). On SQLite
 the database runs inside the service's processes, so their CPU includes it.
 
+A Prometheus stand-in scrapes ``/metrics`` every ``--scrape-every`` seconds (5) during the load;
+afterwards 50 scrapes back to back give one scrape's CPU, reported as a share of the service's
+CPU at Prometheus' default 15 s interval.
+
 With ``--profile`` the service's processes (the uvicorn workers and the background worker)
 are sampled by ``py-spy`` during the load window, and the functions holding the most samples
 (own time, and time including callees for the service's own code) are added to the report.
@@ -57,6 +61,7 @@ import httpx
 import psutil
 
 from bench._procs import cpu_seconds, process_tree
+from bench._scrape import Scraper, cpu_per_scrape
 from curvecast.contract import telemetry_key
 
 #: The optimizer statistics each simulated client logs, under the contract's telemetry names.
@@ -448,7 +453,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="curvecast-load-") as tmp, \
             fresh_database(backend, Path(tmp)) as database_url:
         server = start_server_process(database_url, Path(tmp), env=env,
-                                      extra_args=["--workers", "2"])
+                                      extra_args=["--workers", "2"], healthy_within=120)
         # --worker-apart: the background worker in a `curvecast worker` process of its own.
         worker = subprocess.Popen(
             [sys.executable, "-m", "curvecast.service.cli", "worker", "--database-url",
@@ -485,13 +490,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 profiler = _start_profiler(server.proc.pid, args, Path(tmp)) if args.profile \
                     else None
                 reader_threads = readers.start()
+                scraper = Scraper(server.url, args.scrape_every)
+                scraper.thread.start()
                 time.sleep(args.duration)
                 readers.stop.set()
                 sampler.stop.set()
+                scraper.stop.set()
                 for t in reader_threads:
                     t.join()
                 results = pending.get(timeout=args.duration + 900)
             drained_at = time.time()
+            scrape_cpu = cpu_per_scrape(server.url, service)
             rows = count_rows(database_url, run_ids)
             profile = _finish_profiler(profiler) if profiler is not None else None
         finally:
@@ -505,7 +514,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"results": results, "readers": readers, "sampler": sampler, "rows": rows,
             "start_at": start_at, "drained_at": drained_at, "server_log": log,
             "steps_per_second": steps_per_second, "profile": profile,
-            "baseline_us": baseline_us}
+            "baseline_us": baseline_us, "scraper": scraper, "scrape_cpu_s": scrape_cpu}
 
 
 def _start_profiler(pid: int, args: argparse.Namespace, tmp: Path) -> tuple[Any, Path]:
@@ -586,6 +595,23 @@ def _profile_tables(profile: dict[str, Any], top: int = 15) -> str:
     )
 
 
+def _scrape_row(args: argparse.Namespace, out: dict[str, Any], sampler: CpuSampler
+                ) -> list[object]:
+    """``/metrics`` during the load: its latency, and one scrape's service CPU (50 back to
+    back after the load) against the service's CPU per second in the window (goal: <= 1% at
+    Prometheus' default 15 s interval)."""
+    scraper: Scraper = out["scraper"]
+    lat = [x * 1000 for x in scraper.latencies]
+    service_per_s = statistics.mean(sampler.samples[SERVICE] or [math.nan]) / 100.0
+    share = out["scrape_cpu_s"] / 15.0 / service_per_s
+    here = out["scrape_cpu_s"] / args.scrape_every / service_per_s
+    return [f"`GET /metrics` every {args.scrape_every:g} s during the load (Prometheus' default "
+            "is 15 s; goal: ≤ 1% of the service's CPU)",
+            f"{len(lat)} scrapes, {scraper.errors} errors, p50 {pct(lat, 0.5):.0f} ms; one "
+            f"costs the service {out['scrape_cpu_s'] * 1e3:.1f} ms of CPU: **{share:.2%}** of "
+            f"its CPU at 15 s, {here:.2%} at {args.scrape_every:g} s"]
+
+
 def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]:
     from bench._report import markdown_table
 
@@ -645,6 +671,7 @@ def summarise(args: argparse.Namespace, out: dict[str, Any]) -> tuple[str, bool]
         ["errors", f"{errors} (ingest non-200: {ingest_errors}, reads: {reader_errors}, "
                    f"server tracebacks: {tracebacks}; client retries: {counters['failures']}, "
                    f"points spooled: {counters['points_spooled']:,})"],
+        _scrape_row(args, out, sampler),
     ]
     def read_row(kind: str, seconds: list[float], errors: object, *, goal: bool = False
                  ) -> list[object]:
@@ -726,6 +753,8 @@ def main() -> None:
                         "batches in the same moment of each second (the worst case; by default "
                         "their send times are spread over the second, as independent jobs' "
                         "are); writes no BENCHMARKS.md section")
+    parser.add_argument("--scrape-every", type=float, default=5.0, metavar="S",
+                        help="scrape /metrics every S seconds during the load (default 5)")
     parser.add_argument("--no-worker", action="store_true",
                         help="background worker off (no refits, no alerts): what ingest and "
                              "reads cost alone; writes no BENCHMARKS.md section")

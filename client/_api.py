@@ -17,7 +17,7 @@ from typing import Any
 
 from curvecast.client._batcher import plain_body
 from curvecast.client._transport import Response, Transport, TransportError
-from curvecast.contract import BASE64_COLUMNS, INGEST_ENCODINGS_HEADER
+from curvecast.contract import BASE64_COLUMNS, INGEST_ENCODINGS_HEADER, REPLAY_HEADER
 
 API = "/api/v1/runs"
 
@@ -144,18 +144,21 @@ class Api:
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        self._replay_headers = {**self._headers, REPLAY_HEADER: "1"}
 
     def call(
-        self, method: str, path: str, body: bytes | None = None, timeout: float | None = None
+        self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
+        *, replay: bool = False,
     ) -> Result:
-        """One request, classified. Never raises for network or server errors."""
+        """One request, classified. Never raises for network or server errors. ``replay``: a
+        batch sent from the spool (marked with the contract's ``REPLAY_HEADER``)."""
         start = self._clock()
         try:
             resp = self.transport.request(
                 method,
                 path,
                 body=body,
-                headers=self._headers,
+                headers=self._replay_headers if replay else self._headers,
                 timeout=self.timeout if timeout is None else timeout,
             )
         except TransportError as exc:
@@ -175,12 +178,13 @@ class Api:
         """``PATCH /api/v1/runs/{id}``: status and/or config keys to merge."""
         return self.call("PATCH", f"{API}/{run_id}", _dumps(payload))
 
-    def post_metrics(self, run_id: str, body: bytes) -> Result:
+    def post_metrics(self, run_id: str, body: bytes, *, replay: bool = False) -> Result:
         """``POST /api/v1/runs/{id}/metrics`` with an encoded columnar batch (its base64 columns
-        turned into JSON arrays for a service that does not read them)."""
+        turned into JSON arrays for a service that does not read them); ``replay``: from the
+        spool."""
         if not self.base64_columns:
             body = plain_body(body)
-        return self.call("POST", f"{API}/{run_id}/metrics", body)
+        return self.call("POST", f"{API}/{run_id}/metrics", body, replay=replay)
 
     def get_alerts(self, run_id: str, timeout: float | None = None) -> Result:
         """``GET /api/v1/runs/{id}/alerts?state=firing``.

@@ -296,7 +296,7 @@ class Sender:
                 return 0.0
             self._line = line
         body, points = self._line
-        result = self.api.post_metrics(self.run_id, body)
+        result = self.api.post_metrics(self.run_id, body, replay=True)
         if result.outcome is Outcome.TOO_LARGE:
             result = self._send_split(Batch(body, points))
         if result.ok:

@@ -268,7 +268,7 @@ class _RunSync:
         self.out.corrupt.append(f"{path.name}:{line_no}: {reason}")
 
     def post(self, batch: Batch) -> Result:
-        result = self.retried(lambda: self.api.post_metrics(self.run_id, batch.body))
+        result = self.retried(lambda: self.api.post_metrics(self.run_id, batch.body, replay=True))
         if result.outcome is Outcome.TOO_LARGE:
             parts = split_batch(batch)
             if len(parts) > 1:

@@ -37,6 +37,7 @@ __all__ = [
     "BASE64_COLUMNS",
     "FINAL_RUN_STATUSES",
     "INGEST_ENCODINGS_HEADER",
+    "REPLAY_HEADER",
     "KEY_CHARS",
     "LR_STAT",
     "KEY_MAX_LENGTH",
@@ -58,6 +59,7 @@ __all__ = [
     "TRAIN_LOSS_KEYS",
     "RunConfig",
     "is_valid_key",
+    "key_for_name",
     "fit_candidates",
     "fit_key",
     "fit_ready",
@@ -96,6 +98,9 @@ BASE64_COLUMNS = "base64"
 #: ``PUT``: its value lists the encodings it reads (comma-separated). A client sends plain JSON
 #: arrays to a service that does not say so (an older version).
 INGEST_ENCODINGS_HEADER = "Curvecast-Ingest-Encodings"
+#: The request header with which a client marks a metrics batch it sends from its spool (it
+#: could not be sent when logged; or ``curvecast sync`` uploads it): the service counts them.
+REPLAY_HEADER = "Curvecast-Replay"
 
 #: The states a run ends in (``Monitor.finish(status)``; the service records when it ended).
 FINAL_RUN_STATUSES = ("finished", "failed", "crashed")
@@ -106,6 +111,28 @@ _KEY_RE = re.compile(KEY_PATTERN)
 def is_valid_key(key: object) -> bool:
     """Whether ``key`` is a metric name the service accepts."""
     return isinstance(key, str) and _KEY_RE.match(key) is not None
+
+
+_NOT_KEY_CHARS = re.compile(f"[^{KEY_CHARS}]+")
+
+
+def key_for_name(name: str) -> str | None:
+    """The metric key a name from another tracker is stored under (a TensorBoard tag, an MLflow
+    metric, a W&B history column; ``curvecast.SummaryWriter``'s tags).
+
+    The rule: a name that is already a valid key is kept as it is (``Loss/train``,
+    ``eval/loss``); otherwise every run of characters outside ``A-Z a-z 0-9 _ . / -`` becomes one
+    ``_``, underscores so made at either end are dropped (``train loss`` -> ``train_loss``,
+    ``acc@1`` -> ``acc_1``, ``loss (val)`` -> ``loss_val``), and the result is cut to
+    :data:`KEY_MAX_LENGTH` characters. None when nothing is left (a name of symbols only).
+    """
+    if _KEY_RE.match(name):
+        return name
+    key = _NOT_KEY_CHARS.sub("_", name)
+    start = 1 if key[:1] == "_" and name[:1] != "_" else 0
+    end = len(key) - 1 if key[-1:] == "_" and name[-1:] != "_" else len(key)
+    key = key[start:end][:KEY_MAX_LENGTH]
+    return key if _KEY_RE.match(key) else None
 
 
 # --- optimizer telemetry -------------------------------------------------------------------------

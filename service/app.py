@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from curvecast.service import __version__, web
+from curvecast.service import __version__, prometheus, web
 from curvecast.service.api import alerts, forecast, health, metrics, runs
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
@@ -214,6 +214,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = make_engine(settings)
 
+    prometheus.instrument_pool(engine)
     sessions = make_sessionmaker(engine)
     worker = make_worker(sessions, settings) if settings.worker_enabled else None
 
@@ -230,6 +231,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if worker is not None:
             worker.stop()
         engine.dispose()
+        prometheus.mark_process_dead()
 
     app = FastAPI(
         title="curvecast",
@@ -252,9 +254,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router, responses=None if module is health else ERROR_RESPONSES)
     app.include_router(web.router)
     app.include_router(docs.router)
+    app.include_router(prometheus.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    # Outermost (added last): Host, cross-site and token checks answer before a body is read.
+    # Host, cross-site and token checks answer before a body is read.
     app.add_middleware(EdgeGuard, settings=settings)
+    # Outermost (added last): every request is timed and counted, refused ones included.
+    app.add_middleware(prometheus.RequestMetrics)
     return app
 
 

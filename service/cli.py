@@ -1,4 +1,4 @@
-"""The ``curvecast`` command: serve, worker, migrate, token, forecast, demo and sync.
+"""The ``curvecast`` command: serve, worker, migrate, token, forecast, import, demo and sync.
 
 ``sync`` is the client's (:mod:`curvecast.client.sync`) and needs only the standard library; every
 other command needs the ``[server]`` extra. On a client-only install (a training machine) the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -38,6 +39,7 @@ SERVER_MODULES = (
     "jinja2",
     "fastapi_offline",
     "cryptography",
+    "prometheus_client",
 )
 #: Packages of the ``[server]`` extra that uvicorn uses when they are there (its C HTTP parser
 #: and event loop) and does without when they are not (uvloop has no Windows build): not
@@ -95,6 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     host = f"[{args.host}]" if ":" in args.host else args.host
     _default_public_url(settings, host, args.port)
+    metrics_dir = _shared_metrics_dir() if args.workers > 1 else None
     worker = None
     if args.workers > 1 and settings.worker_enabled:
         # One background worker for all serve processes, in a process of its own
@@ -125,7 +128,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if worker is not None:
             worker.stop()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _shared_metrics_dir() -> str | None:
+    """With several processes, where each writes its Prometheus values, so that /metrics adds
+    them up whichever process answers (service/prometheus.py). A fresh directory, set in the
+    environment before the processes start, removed by the caller at the end; None when the
+    operator set ``PROMETHEUS_MULTIPROC_DIR`` (theirs is used, and left alone)."""
+    import tempfile
+
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    path = tempfile.mkdtemp(prefix="curvecast-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
 
 
 #: Hosts that mean "every interface": not an address to put in a link.
@@ -342,16 +361,19 @@ def build_parser() -> argparse.ArgumentParser:
     if missing_server_modules():
         # Parse anything after these names: running them only prints how to install the extra.
         for name, help_text in (("forecast", "fit a loss curve from a file"),
-                                ("demo", "serve and train a real model, forecasting live")):
+                                ("demo", "serve and train a real model, forecasting live"),
+                                ("import", "import runs from TensorBoard, MLflow or W&B")):
             sub.add_parser(name, help=f"{help_text} (needs curvecast[server])").add_argument(
                 "args", nargs=argparse.REMAINDER
             )
     else:
         from curvecast.service.demo import add_demo_parser
         from curvecast.service.forecast.cli import add_forecast_parser
+        from curvecast.service.import_cli import add_import_parser
 
         add_forecast_parser(sub)
         add_demo_parser(sub)
+        add_import_parser(sub)
     add_sync_parser(sub)
     return parser
 

@@ -31,8 +31,9 @@ from curvecast.service.errors import ERROR_CODE_TO_HTTP_STATUS, Forbidden, Servi
 
 #: Methods that change state: the ones a cross-site form can send and that carry a body.
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-#: Probes answer under any Host name (a load balancer or kubelet uses the pod address).
-_PROBES = frozenset({"/healthz", "/readyz"})
+#: Probes answer under any Host name (a load balancer or kubelet uses the pod address), and so
+#: does /metrics (Prometheus scrapes by address; with auth on it needs a token).
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 #: How much of a refused request's body is read and discarded before answering, so that a
 #: small body (``-d 'not json'``) is consumed and the client reads the answer, not a reset.
 #: Larger bodies are not read at all: the connection is closed on them.

@@ -66,6 +66,10 @@ class Run(Base):
     last_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: Why the run has its status (the client's reason, or the service's when it marked it).
     status_reason: Mapped[str | None] = mapped_column(String(200))
+    #: Where an imported run came from (``curvecast import``: the tracker, its path or URI, the
+    #: source's run id, how far each file was read); NULL for a run a client streamed
+    #: (migration 0008).
+    source: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
 
 
 class Series(Base):

@@ -12,7 +12,8 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from curvecast.contract import KEY_PATTERN, MAX_STEP, is_valid_key
+from curvecast.contract import KEY_PATTERN, MAX_STEP, REPLAY_HEADER, is_valid_key
+from curvecast.service import prometheus
 from curvecast.service.api._json import FastJSONRoute
 from curvecast.service.db import session_scope
 from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
@@ -67,6 +68,12 @@ async def post_metrics(
         _store_batch, request.app.state.sessionmaker, run_id, batch, principal.project
     )
     request.app.state.notify_ingest(run_id)
+    prometheus.INGEST_BATCHES.inc()
+    prometheus.INGEST_POINTS.inc(result.accepted)
+    prometheus.INGEST_DUPLICATES.inc(result.duplicates)
+    if REPLAY_HEADER in request.headers:
+        prometheus.SPOOL_REPLAYS.inc()
+        prometheus.SPOOL_REPLAY_POINTS.inc(result.accepted)
     return result
 
 

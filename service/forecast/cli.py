@@ -74,7 +74,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE",
                         help='CSV with "step" and "loss" columns, JSON {"step": [], "loss": []}, '
                         "or the service's metrics.csv export (key,step,value,wall_time); "
-                        "any of them gzip-compressed")
+                        "any of them gzip-compressed. Or a TensorBoard run directory (or event "
+                        "file), a W&B history (.jsonl, or CSV with _step), or with --mlflow-run "
+                        "an MLflow store (mlruns directory or tracking URI)")
+    parser.add_argument("--mlflow-run", metavar="RUN_ID",
+                        help="forecast this run of the MLflow store FILE")
     parser.add_argument("--key", metavar="KEY",
                         help="the series to fit from a metrics.csv export (default: the one the "
                         "server fits: an evaluation loss, else loss)")
@@ -288,7 +292,8 @@ def run_forecast(args: argparse.Namespace) -> int:
         _check_args(args)
         config = _read_config(args.config)
         # The first value of each step, as the service keeps them.
-        firsts = {k: first_value_per_step(c) for k, c in load_curves(args.file).items()}
+        loaded = load_curves(args.file, args.mlflow_run)
+        firsts = {k: first_value_per_step(c) for k, c in loaded.items()}
         curves = {k: curve for k, (curve, _) in firsts.items()}
         inferred = None
         if args.burn_in is None and config.averaging_start is None:

@@ -7,7 +7,11 @@ Three layouts are read:
 * the service's own export, ``GET /api/v1/runs/{id}/metrics.csv``: long format, one point per row,
   ``key,step,value[,wall_time]``, any number of series.
 
-Any of them may be gzip-compressed (read by content, whatever the file's name).
+Any of them may be gzip-compressed (read by content, whatever the file's name). And the sources
+``curvecast import`` reads (:mod:`curvecast.service.importers`), by the same readers and the
+same name-to-key rule: a TensorBoard run (its directory, or one event file), a W&B history
+(JSON lines, or a CSV with W&B's ``_step`` column) and, with ``mlflow_run``, an MLflow run of a
+tracking store (a local ``mlruns`` directory or a tracking URI).
 
 :func:`load_curves` returns every series a file holds by name (``loss`` for the first two);
 :func:`pick_curve` chooses the one to fit exactly as the server does
@@ -57,8 +61,52 @@ def _number(text: object, where: str) -> float:
         raise ForecastInputError(f"{where}: {s!r} is not a number") from None
 
 
-def load_curves(path: str | Path) -> dict[str, Curve]:
-    """Read every series of a CSV or JSON file, by name (``loss`` for step/loss files).
+def _from_source(path: Path, mlflow_run: str | None) -> dict[str, Curve] | None:
+    """The curves of a tracker's run (TensorBoard, W&B history, MLflow), or None when ``path``
+    is none of those."""
+    from curvecast.service.importers import ImportInputError
+
+    try:
+        if mlflow_run is not None:
+            from curvecast.service.importers import mlflow_runs
+
+            return mlflow_runs.read_curves(str(path), mlflow_run)
+        if path.is_dir() or (path.is_file() and "tfevents" in path.name):
+            from curvecast.service.importers import events
+
+            try:
+                return events.read_curves(path)
+            except ImportInputError as exc:
+                if path.is_dir() and "no TensorBoard event files" in str(exc):
+                    raise ForecastInputError(
+                        f"{path}: is a directory, not a file, and no TensorBoard run (no files "
+                        "named '*tfevents*' in it or below it)") from None
+                raise
+        if path.suffix.lower() in (".jsonl", ".ndjson") or _wandb_csv(path):
+            from curvecast.service.importers import wandb_history
+
+            return wandb_history.read_curves(path)
+    except ImportInputError as exc:
+        raise ForecastInputError(str(exc)) from None
+    except ImportError as exc:
+        raise ForecastInputError(f"{path}: reading it needs the [import] extra ({exc.name} is "
+                                 "not installed): pip install 'curvecast[import]'") from None
+    return None
+
+
+def _wandb_csv(path: Path) -> bool:
+    """Whether a file is a CSV whose header has W&B's ``_step`` column."""
+    if path.suffix.lower() != ".csv" or not path.is_file():
+        return False
+    with path.open("rb") as f:
+        head = f.readline(65536)
+    return b"_step" in [cell.strip(b' "') for cell in head.split(b",")]
+
+
+def load_curves(path: str | Path, mlflow_run: str | None = None) -> dict[str, Curve]:
+    """Read every series of a CSV or JSON file, by name (``loss`` for step/loss files), or of
+    a tracker's run (a TensorBoard directory or event file, a W&B history, ``mlflow_run`` of
+    an MLflow store), by key.
 
     Blank or ``nan`` cells are kept as NaN (the fit drops them); anything else that is not a
     number is an error naming the line.
@@ -67,6 +115,11 @@ def load_curves(path: str | Path) -> dict[str, Curve]:
         ForecastInputError: the file is missing, unreadable, empty, or not in either format.
     """
     p = Path(path)
+    curves = _from_source(p, mlflow_run)
+    if curves is not None:
+        if not any(steps for steps, _ in curves.values()):
+            raise ForecastInputError(f"{p}: no scalar points")
+        return curves
     try:
         raw = p.read_bytes()
         if raw[:2] == _GZIP_MAGIC:  # e.g. bench/data/sfplus_corpus/*.csv.gz

@@ -292,6 +292,11 @@ class RunOut(BaseModel):
     last_seen_at: datetime | None = Field(
         default=None, description="When the run's client was last heard from (points or not)."
     )
+    source: dict[str, Any] | None = Field(
+        default=None,
+        description="Where an imported run came from (`curvecast import`: kind, path or URI, "
+        "the source's run id, when it was imported); null for a run a client streamed.",
+    )
 
 
 class RunPage(BaseModel):

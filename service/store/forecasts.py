@@ -140,6 +140,8 @@ class FitJob:
     run_id: uuid.UUID
     run_n_points: int
     config: RunConfig
+    #: When the run's newest points arrived (the refit's lag is measured from it).
+    last_ingest_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ def claim_fit_jobs(
     ``max_age``); never within ``min_interval`` of the last fit (see
     :func:`~curvecast.service.store._leases.claim_leases` for how the lease works)."""
     candidates = (
-        select(RunWork.run_id, Run.n_points, Run.config)
+        select(RunWork.run_id, Run.n_points, Run.config, Run.last_ingest_at)
         .join(Run, Run.id == RunWork.run_id)
         .where(
             Run.n_points >= min_points,
@@ -230,7 +232,9 @@ def claim_fit_jobs(
         limit=limit,
     )
     return [
-        FitJob(run_id=r[0], run_n_points=r[1], config=RunConfig.read(r[2])) for r in claim.rows
+        FitJob(run_id=r[0], run_n_points=r[1], config=RunConfig.read(r[2]),
+               last_ingest_at=as_utc(r[3]) if r[3] is not None else None)
+        for r in claim.rows
     ]
 
 

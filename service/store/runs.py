@@ -34,6 +34,7 @@ def _to_out(run: Run, project: str) -> RunOut:
         last_step=run.last_step,
         n_points=run.n_points,
         last_seen_at=_last_seen(run),
+        source=run.source,
     )
 
 

@@ -190,6 +190,7 @@ def start_server_process(
     port: int | None = None,
     env: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
+    healthy_within: float = 30.0,
 ) -> ServerProcess:
     """Start ``curvecast serve`` on a loopback port and wait until it is healthy.
 
@@ -199,6 +200,8 @@ def start_server_process(
         port: the port (default: a free one).
         env: environment variables added to this process's.
         extra_args: more ``curvecast serve`` arguments.
+        healthy_within: seconds it may take to answer ``/healthz`` (several processes start
+            slower on a busy machine).
 
     Raises:
         RuntimeError: it did not become healthy; the message holds its output.
@@ -221,7 +224,7 @@ def start_server_process(
         proc = subprocess.Popen(cmd, env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
     server = ServerProcess(url=f"http://127.0.0.1:{port}", port=port, proc=proc, log_path=log_path)
     try:
-        wait_until_healthy(server.url, proc=proc)
+        wait_until_healthy(server.url, timeout=healthy_within, proc=proc)
     except Exception:
         server.stop()
         raise RuntimeError(f"server failed to start:\n{server.log()}") from None

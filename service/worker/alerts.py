@@ -16,6 +16,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.contract import FINAL_RUN_STATUSES
+from curvecast.service import prometheus
 from curvecast.service.alerting.decisions import plan_alert_writes
 from curvecast.service.alerting.engine import Transition, evaluate_round
 from curvecast.service.alerting.rules import (
@@ -53,6 +54,7 @@ WINDOWS = SeriesWindows()
 def evaluate_alerts(factory: sessionmaker[Session], settings: Settings) -> int:
     """Evaluate every run with new points (a few per round); returns how many were handled."""
     now = utcnow()
+    done = prometheus.observe_elapsed(prometheus.ALERT_ROUND_SECONDS)
     with session_scope(factory) as session:
         jobs = alert_store.claim_eval_jobs(
             session, now=now, lease=timedelta(seconds=settings.alert_eval_lease_s),
@@ -71,6 +73,15 @@ def evaluate_alerts(factory: sessionmaker[Session], settings: Settings) -> int:
             # The lease is not released: it expires, which spaces out retries of a run whose
             # evaluation keeps failing instead of spinning on it.
             log.exception("alert evaluation of run %s failed", job.run_id)
+            continue
+        judged_new = (job.last_step if job.last_step is not None else -1) > (
+            job.evaluated_step if job.evaluated_step is not None else -1)
+        if judged_new and job.last_ingest_at is not None:
+            # How long after the newest of the points judged arrived.
+            lag = (utcnow() - job.last_ingest_at).total_seconds()
+            prometheus.ALERT_LAG.observe(max(0.0, lag))
+    if jobs:
+        done()
     return len(jobs)
 
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from curvecast.service import prometheus
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.forecast.solver import fit_curve
@@ -29,6 +30,7 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
             limit=4,
         )
     for job in jobs:
+        done = prometheus.observe_elapsed(prometheus.REFIT_SECONDS)
         with session_scope(factory) as session:
             inputs = forecasts.read_fit_inputs(session, job=job)
         fits = []
@@ -48,4 +50,8 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
             )))
         with session_scope(factory) as session:
             forecasts.save_fits(session, job=job, fits=fits, now=utcnow())
+        done()
+        if job.last_ingest_at is not None:
+            lag = (utcnow() - job.last_ingest_at).total_seconds()
+            prometheus.REFIT_LAG.observe(max(0.0, lag))
     return len(jobs)

@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from curvecast.service import prometheus
 from curvecast.service.alerting.targets import TargetNotAllowed, pick_address
 from curvecast.service.alerting.webhook import signature_headers
 from curvecast.service.config import Settings
@@ -338,6 +339,8 @@ def _record(
             session, job=job, at=at, status_code=result.status_code, error=result.error,
             duration_ms=result.duration_ms, delivered=result.ok, next_attempt_at=next_at,
         )
+    outcome = "delivered" if result.ok else ("retry" if next_at is not None else "failed")
+    prometheus.WEBHOOK_DELIVERIES.labels(outcome).inc()
     if not recorded:
         log.info("webhook delivery %s: its webhook was deleted during the attempt; dropped",
                  job.id)

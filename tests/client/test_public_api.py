@@ -18,7 +18,7 @@ def test_all_is_pinned() -> None:
 
 
 def test_the_package_names_are_pinned_and_resolve() -> None:
-    assert curvecast.__all__ == ["Monitor", "ScheduleFreePlus", "__version__"]
+    assert curvecast.__all__ == ["Monitor", "ScheduleFreePlus", "SummaryWriter", "__version__"]
     assert curvecast.Monitor is client.Monitor
     from curvecast import Monitor, ScheduleFreePlus  # through the module's __getattr__
     from curvecast.sfplus import ScheduleFreePlus as optimizer

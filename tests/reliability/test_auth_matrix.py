@@ -54,6 +54,8 @@ SCOPES = [
     ("POST", "/api/v1/projects/{project}/webhooks", "admin"),
     ("DELETE", "/api/v1/projects/{project}/webhooks/{webhook_id}", "admin"),
     ("DELETE", "/api/v1/runs/{run_id}", "admin"),
+    # Prometheus metrics: the whole server's numbers, any token.
+    ("GET", "/metrics", "read"),
 ]
 #: Dashboard pages and their data (hidden from the schema): a read token, header or cookie.
 PAGES = {
@@ -64,7 +66,8 @@ PAGES = {
 }
 #: Listings answer 200 to another project's token, with only that project's objects.
 LISTINGS = {("GET", "/api/v1/runs"), ("GET", "/api/v1/alerts"), ("GET", "/"),
-            ("GET", "/dashboards/api/runs-table")}
+            ("GET", "/dashboards/api/runs-table"),
+            ("GET", "/metrics")}  # no project, run or key in any label
 #: Creating a run in someone else's project is forbidden (the id itself is the caller's).
 OTHER_PROJECT_STATUS = {("PUT", "/api/v1/runs/{run_id}"): 403}
 ORDER = {"read": 0, "ingest": 1, "admin": 2}
