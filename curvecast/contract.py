@@ -35,6 +35,7 @@ __all__ = [
     "CONSTANT_SCHEDULES",
     "EVAL_LOSS_KEYS",
     "BASE64_COLUMNS",
+    "ENDED_RUN_STATUSES",
     "FINAL_RUN_STATUSES",
     "INGEST_ENCODINGS_HEADER",
     "KEY_CHARS",
@@ -43,6 +44,7 @@ __all__ = [
     "KEY_PATTERN",
     "LEGACY_TELEMETRY_PREFIXES",
     "LEVEL_EXTENDING_STATUSES",
+    "LOST_RUN_STATUS",
     "LOSS_KEYS",
     "MIN_EVAL_POINTS",
     "MAX_STEP",
@@ -52,6 +54,7 @@ __all__ = [
     "PROJECT_CHARS",
     "PROJECT_MAX_LENGTH",
     "PROJECT_PATTERN",
+    "RUN_STATUSES",
     "TELEMETRY_PREFIX",
     "TELEMETRY_PREFIXES",
     "TRAIN_LOSS_KEY",
@@ -99,6 +102,16 @@ INGEST_ENCODINGS_HEADER = "Curvecast-Ingest-Encodings"
 
 #: The states a run ends in (``Monitor.finish(status)``; the service records when it ended).
 FINAL_RUN_STATUSES = ("finished", "failed", "crashed")
+#: The status the service gives a ``running`` run whose client it has not heard from (no
+#: points, no request, no heartbeat) for its ``client_gone_after_s``: presumed dead (a process
+#: killed by SIGKILL or the OOM killer, a lost node) but not known to have ended, so the run
+#: is ``running`` again as soon as its client speaks. Never shown, compared or forecast as live.
+LOST_RUN_STATUS = "lost"
+#: The statuses of runs that are not training, as far as the service knows: the final ones and
+#: ``lost``. Pages, comparisons and ETAs treat such a run as stopped at its last step.
+ENDED_RUN_STATUSES = (*FINAL_RUN_STATUSES, LOST_RUN_STATUS)
+#: Every status a run can have.
+RUN_STATUSES = ("running", *ENDED_RUN_STATUSES)
 
 _KEY_RE = re.compile(KEY_PATTERN)
 

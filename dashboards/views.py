@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from curvecast.contract import (
+    ENDED_RUN_STATUSES,
     EVAL_LOSS_KEYS,
-    FINAL_RUN_STATUSES,
+    LOST_RUN_STATUS,
     TRAIN_LOSS_KEY,
     TRAIN_LOSS_KEYS,
     RunConfig,
@@ -175,7 +176,7 @@ def run_figures(page: RunPage, charts: Iterable[str] = RUN_CHARTS,
     config = page.config
     alerts = page.alert_items
     end, planned = page.chart_horizon
-    ended = page.run.get("status") in FINAL_RUN_STATUSES
+    ended = page.run.get("status") in ENDED_RUN_STATUSES
     for chart in charts:
         if chart == "loss":
             out[chart] = figures.loss_figure(
@@ -247,7 +248,9 @@ def run_kpis(page: RunPage) -> list[Kpi]:
             detail += f"; reached {fmt.loss(pred.reached)} there"
         elif figures.ended_before(run, pred.step):
             # It will not get there unless resumed: the number is where it was heading.
-            detail += (f"; the run {run.get('status')} at step {fmt.step(last_step)}: where it "
+            ended = run.get("status")
+            ended = "was lost (its client went silent)" if ended == LOST_RUN_STATUS else ended
+            detail += (f"; the run {ended} at step {fmt.step(last_step)}: where it "
                        "was heading, had it gone on")
         if fit.useful_from_step is not None:
             # Short: the card shows two lines, and "too early" is the Fit card's (the step was
@@ -514,7 +517,7 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         cell = _forecast_cell(pred, pred.reached if pred else None, status,
                               key=fit.key if fit and named else None)
         if (pred is not None and RunConfig.read(run.get("config")).total_steps is None
-                and run.get("status") not in FINAL_RUN_STATUSES):
+                and run.get("status") not in ENDED_RUN_STATUSES):
             # No planned end: the contract's horizon is the last step logged, where the cell
             # would show the loss just logged as "reached", a final that is not one.
             cell = {"forecast": "—", "forecast_detail": "no planned end (total_steps)",

@@ -46,7 +46,10 @@ from curvecast.contract import (
 #: A ``?project=`` filter: a project name, or empty (matches nothing).
 PROJECT_FILTER_PATTERN = rf"^[{PROJECT_CHARS}]{{0,{PROJECT_MAX_LENGTH}}}$"
 
-RunStatus = Literal["running", "finished", "failed", "crashed"]
+#: A run's status (the contract's ``RUN_STATUSES``; a test checks they agree).
+RunStatus = Literal["running", "finished", "failed", "crashed", "lost"]
+#: The statuses a client may set: ``lost`` is the service's judgement of a silent client.
+ClientRunStatus = Literal["running", "finished", "failed", "crashed"]
 TokenScope = Literal["read", "ingest", "admin"]
 MetricKey = Annotated[str, StringConstraints(pattern=KEY_PATTERN)]
 ProjectName = Annotated[str, StringConstraints(pattern=PROJECT_PATTERN)]
@@ -262,7 +265,7 @@ class RunUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    status: RunStatus | None = None
+    status: ClientRunStatus | None = None
     status_reason: str | None = Field(
         default=None, max_length=200,
         description="Why the run has this status (stored with it; e.g. 'SIGTERM').",
@@ -281,8 +284,9 @@ class RunOut(BaseModel):
     status: RunStatus
     status_reason: str | None = Field(
         default=None,
-        description="Why the run has its status: the client's reason (e.g. 'SIGTERM'), or the "
-        "service's when it marked a run whose client went silent 'crashed' ('silent: ...').",
+        description="Why the run has its status: the client's reason (e.g. 'SIGTERM', 'SIGHUP', "
+        "'KeyboardInterrupt'), or the service's when it marked a run whose client went silent "
+        "'lost'.",
     )
     created_at: datetime
     updated_at: datetime

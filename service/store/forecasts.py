@@ -23,7 +23,7 @@ from sqlalchemy import Select, bindparam, event, func, literal, or_, select, tex
 from sqlalchemy.orm import Session
 
 from curvecast.contract import (
-    FINAL_RUN_STATUSES,
+    ENDED_RUN_STATUSES,
     TRAIN_LOSS_KEY,
     RunConfig,
     fit_candidates,
@@ -428,7 +428,7 @@ def stored_fit(record: FitRecord) -> StoredFit:
 
 def _context(run: Run) -> RunForecastContext:
     return RunForecastContext(config=RunConfig.read(run.config), last_step=run.last_step,
-                              finished=run.status in FINAL_RUN_STATUSES)
+                              finished=run.status in ENDED_RUN_STATUSES)
 
 
 def _fit_filter(session: Session, run_id: uuid.UUID, key: str | None) -> Any:
@@ -521,7 +521,7 @@ def latest_fit(
     if key is not None and key_series is None:
         raise NotFound(_no_such_series(run_id, key))
     context = RunForecastContext(config=RunConfig.read(config), last_step=last_step,
-                                 finished=status in FINAL_RUN_STATUSES)
+                                 finished=status in ENDED_RUN_STATUSES)
     if fit_id is None:
         candidates = fit_candidates(context.config)
         if key is not None and key not in candidates:

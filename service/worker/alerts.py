@@ -26,6 +26,7 @@ from curvecast.service.alerting.rules import (
     first_present,
     rule_config,
 )
+from curvecast.service.alerting.rules.stalled import SILENCE_WATCHED
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.schemas.alerts import EvalJob
@@ -226,7 +227,7 @@ def _next_check(
         "pending", "firing")
     if open_stall:
         return now + period
-    if job.status != "running" or job.last_ingest_at is None:
+    if job.status not in SILENCE_WATCHED or job.last_ingest_at is None:
         return None
     due = job.last_ingest_at + timedelta(seconds=float(after_s))
     # A hair past the limit, so the check sees the run as silent for longer than after_s.

@@ -520,6 +520,9 @@ def test_the_forecast_card_of_a_run_that_ended_early_says_it_will_not_get_there(
     assert card(status).endswith(
         f"; the run {status} at step 8,000: where it was heading, had it gone on")
     assert "heading" not in card("running")
+    # A run whose client went silent is not heading anywhere live either.
+    assert card("lost").endswith("; the run was lost (its client went silent) at step 8,000: "
+                                 "where it was heading, had it gone on")
 
 
 def test_run_payload_is_json_with_kpis_and_cursor() -> None:
