@@ -60,12 +60,14 @@ class TargetOut(BaseModel):
     ``past_planned_end``: the fitted curve reaches ``loss`` only after the run's planned
     ``total_steps`` (the data have not got there): the run as planned will not, whatever its
     status. Scripts read this instead of the wording of ``reason``.
+
+    Steps are whole training steps: the first step at or after the fitted crossing.
     """
 
     loss: float
-    step: float | None
-    lo: float | None
-    hi: float | None
+    step: int | None
+    lo: int | None
+    hi: int | None
     reachable: bool
     reached: bool = False
     reason: str = ""

@@ -62,8 +62,9 @@ def live_poll(
     run = runs_api.get_run(run_id, session, principal)
     wanted = metrics_api.parse_keys(keys)
     metrics = (
-        metrics_api.get_metrics(run_id, session, settings, principal, keys=wanted, start=start,
-                                end=None, max_points=max_points)
+        metrics_api.read_metrics(session, settings, principal, run_id, keys=wanted,
+                                 start=start, end=None, max_points=max_points,
+                                 require_keys=False)
         if wanted else MetricsOut(run_id=run_id, series=[])
     )
     forecast = forecast_api.get_forecast(run_id, session, principal, horizon=horizon,
