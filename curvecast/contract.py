@@ -318,6 +318,9 @@ class RunConfig:
     #: "cosine", "wsd", ...; the Hugging Face callback sends ``lr_scheduler_type``). A decaying
     #: one makes every forecast ``off_model``: a/sqrt(t+b)+c describes anytime runs.
     lr_schedule: str | None = None
+    #: The optimizer's class name (``Monitor.watch()`` sends ``"optimizer": {"name": ...}``;
+    #: a bare string is read too).
+    optimizer: str | None = None
 
     #: Other names :meth:`read` accepts for a key (a key's own name wins over its alias).
     ALIASES: ClassVar[Mapping[str, str]] = {"warmup": "warmup_steps"}
@@ -338,6 +341,9 @@ class RunConfig:
         fit_key = raw.get("fit_key")
         bound = raw.get("loss_lower_bound")
         schedule = raw.get("lr_schedule")
+        optimizer = raw.get("optimizer")
+        if isinstance(optimizer, Mapping):
+            optimizer = optimizer.get("name")
         return cls(
             total_steps=int(total) if total is not None else None,
             warmup_steps=int(warmup) if warmup is not None else None,
@@ -348,6 +354,7 @@ class RunConfig:
                               and not isinstance(bound, bool) and math.isfinite(bound)
                               else None),
             lr_schedule=(schedule.strip().lower() or None) if isinstance(schedule, str) else None,
+            optimizer=(optimizer.strip() or None) if isinstance(optimizer, str) else None,
         )
 
     @property
@@ -355,6 +362,13 @@ class RunConfig:
         """Whether the config declares a learning-rate schedule that decays (anything but
         :data:`CONSTANT_SCHEDULES`)."""
         return self.lr_schedule is not None and self.lr_schedule not in CONSTANT_SCHEDULES
+
+    @property
+    def schedule_free(self) -> bool:
+        """Whether the optimizer is schedule-free (ScheduleFree+, or the ``schedulefree``
+        package's ``AdamWScheduleFree`` and kin): it has no learning-rate schedule to decay."""
+        name = (self.optimizer or "").lower().replace("_", "").replace("-", "")
+        return "schedulefree" in name
 
     def horizon(self, last_step: int | None) -> int | None:
         """The default forecast horizon: the planned ``total_steps``, else the last step logged.

@@ -291,6 +291,9 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         upto = page.forecast.get("fitted_upto_step")
         when = fmt.ago(page.forecast.get("fitted_at"))
         detail = f"{fitted_on} up to step {fmt.step(upto)}, {when}"
+        if page.forecast.get("assumes_constant_lr"):
+            # The status's reason, as REST's message gives it: nothing told it the schedule.
+            detail += "; assumes the learning rate does not decay (no lr_schedule, no opt/lr)"
         tone = "good" if status == "ok" and not page.forecast.get("off_model") else "warn"
         label = "off model" if page.forecast.get("off_model") else str(status).replace("_", " ")
         kpis.append(Kpi("fit", "Fit", label, detail, tone))

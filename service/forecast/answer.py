@@ -243,6 +243,7 @@ def forecast_answer(
         confidence=confidence,
         off_model=fit.off_model,
         useful_from_step=finite_or_none(fit.useful_from_step),
+        assumes_constant_lr=fit.assumes_constant_lr,
         message=" ".join(m for m in (fit.message, _before_the_fit(fit, horizon, at_horizon))
                          if m),
     )

@@ -65,7 +65,11 @@ from curvecast.service.forecast.fit import (
     model,
     valid_confidence,
 )
-from curvecast.service.forecast.schedule import lr_decay
+from curvecast.service.forecast.schedule import (
+    CONSTANT_LR_ASSUMED,
+    assumes_constant_lr,
+    lr_decay,
+)
 
 __all__ = ["MIN_POINTS", "choose_burn_in", "fit_curve"]
 
@@ -404,6 +408,9 @@ def fit_curve(
                 fit = replace(fit, status=OFF_MODEL, off_model=True, useful_from_step=None,
                               message=f"{why}: a/sqrt(t+b)+c describes constant-LR and "
                               "schedule-free runs; read the forecast with care")
+            elif fit.status == OK and assumes_constant_lr(cfg, lr is not None):
+                fit = replace(fit, assumes_constant_lr=True, message="; ".join(
+                    m for m in (fit.message, CONSTANT_LR_ASSUMED) if m))
             return replace(fit, loss_floor=floor, reached=_reached(t_all, y_all))
     except (ValueError, FloatingPointError, ArithmeticError, np.linalg.LinAlgError) as exc:
         # Defensive: numerical corner cases must come back as a status, not an exception.

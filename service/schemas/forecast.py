@@ -106,6 +106,11 @@ class ForecastOut(BaseModel):
         default=None, description="For status too_early: the step from which a useful forecast "
         "is expected.",
     )
+    assumes_constant_lr: bool = Field(
+        default=False, description="An ok forecast of a run that declares no lr_schedule, logs "
+        "no learning rate and is not schedule-free: it assumes the rate does not decay (the "
+        "message says so). A declared or logged decay makes the status off_model instead.",
+    )
     message: str = ""
 
 
