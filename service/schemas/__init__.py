@@ -389,6 +389,20 @@ class MetricsOut(BaseModel):
     series: list[SeriesOut]
 
 
+class LossReachedOut(BaseModel):
+    """The loss a run has reached: its training loss (else its first evaluation loss) at its
+    newest step, by the forecast's ``reached`` rule (the median of the series' points over the
+    last 1% of the steps up to it, at most its 256 latest; the newest point alone where no other
+    falls there). The run page's card, the runs list and the demo show this one number, named
+    "train loss reached"."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    key: str
+    step: int
+    value: float = Field(description="NaN (\"NaN\" in JSON) when the newest point is not finite.")
+
+
 class TokenCreated(BaseModel):
     """A freshly created token; ``token`` is shown this once and never stored."""
 
