@@ -572,11 +572,17 @@ def _transient(fit: Fit, t_all: FloatArray, y_all: FloatArray, burn_in: float | 
         why = "a plateau in the first half of the run"
     else:
         return fit
+    when = f"a useful forecast is expected from step {useful:g}"
+    if total is not None and useful > total:
+        # The run as planned never gets there: say so, and what a run this short needs.
+        when += (f", after this run's planned {total:,} steps, so it will get none: averaging "
+                 f"starts at step {start:g} (c_warmup; ScheduleFree+'s default is twice its "
+                 "500-step warmup); for a short run pass warmup_steps of a tenth to a quarter of "
+                 "it and c_warmup 1.5x that")
     return replace(
         fit, status=TOO_EARLY, off_model=False, useful_from_step=useful,
-        message=(f"{why}: a useful forecast is expected from step {useful:g}; until then the "
-                 "forecast extends the current loss at the pace runs like this one kept, with "
-                 "a wide interval"),
+        message=(f"{why}: {when}; until then the forecast extends the current loss at the "
+                 "pace runs like this one kept, with a wide interval"),
     )
 
 
