@@ -105,12 +105,14 @@ class Pace:
     """Steps per second over the recent past, from the steps the polls saw.
 
     Only samples from the first step's arrival on count (before it, the time is start-up, not
-    training), and only those of the last ``window_s`` seconds: the estimate follows the
-    current pace, not the average since the start.
+    training), and only the recent ones: at least the last ``window_s`` seconds, and as far
+    back as needed for ``min_steps`` steps (a slow run keeps its estimate instead of going
+    back to "estimating..." whenever the window held too few steps). The estimate follows the
+    current pace, not the average since the start, and a stall lowers it as it goes on.
 
     Args:
-        window_s: the seconds of samples kept.
-        min_span_s, min_steps: what the window must hold before there is an estimate.
+        window_s: the seconds of samples kept (at least).
+        min_span_s, min_steps: what the samples must span before there is an estimate.
         clock: monotonic seconds (tests pass a fake one).
     """
 
@@ -119,28 +121,30 @@ class Pace:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s, self.min_span_s, self.min_steps = window_s, min_span_s, min_steps
         self.clock = clock
+        #: (when a step was first seen, that step), one per new step.
         self.samples: deque[tuple[float, int]] = deque()
-        self.first_step: int | None = None
+        self.now = clock()
 
     def add(self, step: int | None) -> None:
         """Record the run's last step as a poll saw it now."""
-        now = self.clock()
+        self.now = now = self.clock()
         if step is None or step <= 0:
             return
-        if self.first_step is None:
-            self.first_step = step  # training started: from here on the time is its own
-        self.samples.append((now, step))
-        while self.samples and self.samples[0][0] < now - self.window_s:
+        if not self.samples or step > self.samples[-1][1]:
+            self.samples.append((now, step))
+        # Drop the oldest while what is left still spans window_s and min_steps.
+        while (len(self.samples) > 2 and self.samples[1][0] <= now - self.window_s
+               and self.samples[-1][1] - self.samples[1][1] >= self.min_steps):
             self.samples.popleft()
 
     def steps_per_second(self) -> float | None:
-        """The recent pace, or None while the window holds too little training."""
+        """The recent pace, or None while the samples hold too little training."""
         if len(self.samples) < 2:
             return None
-        (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
-        if t1 - t0 < self.min_span_s or s1 - s0 < self.min_steps:
+        (t0, s0), s1 = self.samples[0], self.samples[-1][1]
+        if self.now - t0 < self.min_span_s or s1 - s0 < self.min_steps:
             return None
-        return (s1 - s0) / (t1 - t0)
+        return (s1 - s0) / (self.now - t0)
 
     def seconds_left(self, step: int, total: int) -> float | None:
         """Seconds to ``total`` at the recent pace (None: still estimating)."""

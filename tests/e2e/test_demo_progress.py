@@ -87,6 +87,20 @@ def test_the_pace_ignores_start_up_and_old_samples() -> None:
         clock.now = second
         pace.add(1 + 3 * (second - 60))
     assert pace.steps_per_second() == 3.0
+    # A slow run: about one step every 3 s, 6 or 7 steps in a 20 s window. The samples reach
+    # back far enough for 5 steps, so the estimate never drops back to "estimating...".
+    slow = Pace(window_s=20, min_span_s=5, min_steps=5, clock=clock)
+    rates = []
+    for second in range(0, 300):
+        clock.now = 1000 + second
+        slow.add(1 + second // 3)
+        rates.append(slow.steps_per_second())
+    assert all(r is not None and abs(r - 1 / 3) < 0.05 for r in rates[30:]), rates[30:]
+    # A stall lowers the estimate as it goes on.
+    clock.now += 60
+    slow.add(100)
+    stalled = slow.steps_per_second()
+    assert stalled is not None and stalled < 0.2
 
 
 class RecordedAnswers:
