@@ -5,7 +5,7 @@ The background threads and the data flow are in ``_pipeline.py``.
 ``log()`` only validates and appends; both threads are daemons that catch and log every
 exception and keep going, so neither can take the training loop down nor block interpreter
 exit. ``finish()`` (also run by ``atexit``) flushes for up to ``flush_timeout`` seconds, then
-spools what is left and says where. SIGTERM is an exit too (``_sigterm.py``).
+spools what is left and says where. SIGTERM and SIGHUP are exits too (``_signals.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from curvecast.client._sender import (
     report_leftovers,
     spool_batch,
 )
-from curvecast.client._sigterm import SigtermExit
+from curvecast.client._signals import ExitSignals, exit_reason
 from curvecast.client._spool import Spool, default_spool_dir
 from curvecast.client._transport import HTTPTransport, Transport
 from curvecast.client._validate import (
@@ -103,10 +103,11 @@ class Monitor:
             (a dict as the service returns it). Keep it short: sending waits while it runs.
         alert_interval: seconds between alert polls when ``on_alert`` is set.
         heartbeat_interval: seconds of silence after which a heartbeat tells the service the
-            client is alive (it marks runs whose client went silent ``crashed``).
-        handle_sigterm: on SIGTERM, finish the run ``failed`` (reason "SIGTERM"), then exit
-            with status 143 or call the previous Python handler (main thread only; see
-            ``curvecast.client._sigterm``; ``finish()`` restores the previous handler).
+            client is alive (it marks runs whose client went silent ``lost``).
+        handle_sigterm: on SIGTERM, or SIGHUP (the terminal closed), finish the run ``failed``
+            with the signal's name as the reason, then exit with status 128 + the signal's
+            number or call the previous Python handler (main thread only; see
+            ``curvecast.client._signals``; ``finish()`` restores the previous handlers).
         flush_interval: seconds between batches (a batch also leaves when enough is logged).
         flush_timeout: at ``finish()``/exit, how long to keep trying before spooling the rest.
         timeout: seconds per HTTP request.
@@ -235,10 +236,8 @@ class Monitor:
         self._pipe.start()
         _LIVE.add(self)
         atexit.register(self._atexit)
-        self._sigterm = (
-            SigtermExit(self._finish_on_sigterm, self._finishing_here)
-            if handle_sigterm
-            else None
+        self._signals = (
+            ExitSignals(self._finish_on_signal, self._finishing_here) if handle_sigterm else None
         )
 
     # -- the hot path ----------------------------------------------------------------------
@@ -489,7 +488,8 @@ class Monitor:
         Args:
             status: ``"finished"``, ``"failed"`` or ``"crashed"``.
             timeout: seconds to keep trying.
-            reason: why the run ends so (at most 200 characters; shown with the status).
+            reason: why the run ends so (at most 200 characters; shown with the status). None,
+                for a run that did not finish, in an ``except`` block: the exception, named.
 
         Returns:
             True if everything, the status included, reached the service.
@@ -498,6 +498,8 @@ class Monitor:
             raise ValueError(f"status must be one of {FINAL_RUN_STATUSES}, got {status!r}")
         if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
             raise ValueError(f"reason must be a string of at most 200 characters, got {reason!r}")
+        if reason is None and status != "finished":
+            reason = exit_reason(sys.exc_info()[1])
         with self._finish_lock:
             if self._finished is not None:
                 return self._finished
@@ -507,8 +509,8 @@ class Monitor:
             return self._finish(status, timeout, reason)
         finally:
             self._finish_complete = True
-            if self._sigterm is not None:
-                self._sigterm.finished()  # exits if SIGTERM arrived while finishing
+            if self._signals is not None:
+                self._signals.finished()  # exits if a signal arrived while finishing
 
     def _finish(self, status: str, timeout: float | None, reason: str | None) -> bool:
         atexit.unregister(self._atexit)
@@ -547,9 +549,10 @@ class Monitor:
                          done=done)
 
     def _atexit(self) -> None:
-        failed = getattr(sys, "last_value", None) is not None
+        # The exception that ended the program, if one did (KeyboardInterrupt for Ctrl-C).
+        uncaught = getattr(sys, "last_value", None)
         try:
-            self.finish("failed" if failed else "finished")
+            self.finish("finished" if uncaught is None else "failed", reason=exit_reason(uncaught))
         except Exception:
             log.exception("curvecast: finishing run %s at exit failed", self.run_id)
 
@@ -557,10 +560,10 @@ class Monitor:
         """Whether this thread is inside finish() (a signal interrupted it)."""
         return not self._finish_complete and self._finish_thread is threading.current_thread()
 
-    def _finish_on_sigterm(self) -> None:
+    def _finish_on_signal(self, name: str) -> None:
         if self._finished is None:
-            log.warning("curvecast: SIGTERM: finishing run %s as failed", self.run_id)
-        self.finish("failed", reason="SIGTERM")
+            log.warning("curvecast: %s: finishing run %s as failed", name, self.run_id)
+        self.finish("failed", reason=name)
         # finish() may be running in another thread (called from on_alert): let it complete.
         self._pipe.wait_for(lambda: self._finish_complete,
                             time.monotonic() + self.flush_timeout + 5)
@@ -569,7 +572,7 @@ class Monitor:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.finish("failed" if exc_type is not None else "finished")
+        self.finish("finished" if exc_type is None else "failed", reason=exit_reason(exc))
 
     # -- introspection ---------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ Order of work: create the run (idempotent ``PUT``), merge config updates (``PATC
 spool (oldest first), send in-memory batches, and when finishing, ``PATCH`` the final status
 (with its reason, e.g. "SIGTERM"). With nothing else to say for ``heartbeat_interval`` seconds,
 it sends a heartbeat (an empty ``PATCH``): the service marks a run whose client went silent
-``crashed`` (``service/worker/liveness.py``), and this is how it knows the client is alive.
+``lost`` (``service/worker/liveness.py``), and this is how it knows the client is alive.
 On any failure that may heal (no answer, 5xx, 429, 401/403) the in-memory batches move to the
 spool, the outbox goes offline (new batches are spooled directly) and the next try waits for the
 backoff delay; the first success puts everything back online.

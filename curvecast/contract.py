@@ -35,6 +35,7 @@ __all__ = [
     "CONSTANT_SCHEDULES",
     "EVAL_LOSS_KEYS",
     "BASE64_COLUMNS",
+    "ENDED_RUN_STATUSES",
     "FINAL_RUN_STATUSES",
     "INGEST_ENCODINGS_HEADER",
     "REPLAY_HEADER",
@@ -44,6 +45,7 @@ __all__ = [
     "KEY_PATTERN",
     "LEGACY_TELEMETRY_PREFIXES",
     "LEVEL_EXTENDING_STATUSES",
+    "LOST_RUN_STATUS",
     "LOSS_KEYS",
     "MIN_EVAL_POINTS",
     "MAX_STEP",
@@ -53,6 +55,7 @@ __all__ = [
     "PROJECT_CHARS",
     "PROJECT_MAX_LENGTH",
     "PROJECT_PATTERN",
+    "RUN_STATUSES",
     "TELEMETRY_PREFIX",
     "TELEMETRY_PREFIXES",
     "TRAIN_LOSS_KEY",
@@ -104,6 +107,16 @@ REPLAY_HEADER = "Curvecast-Replay"
 
 #: The states a run ends in (``Monitor.finish(status)``; the service records when it ended).
 FINAL_RUN_STATUSES = ("finished", "failed", "crashed")
+#: The status the service gives a ``running`` run whose client it has not heard from (no
+#: points, no request, no heartbeat) for its ``client_gone_after_s``: presumed dead (a process
+#: killed by SIGKILL or the OOM killer, a lost node) but not known to have ended, so the run
+#: is ``running`` again as soon as its client speaks. Never shown, compared or forecast as live.
+LOST_RUN_STATUS = "lost"
+#: The statuses of runs that are not training, as far as the service knows: the final ones and
+#: ``lost``. Pages, comparisons and ETAs treat such a run as stopped at its last step.
+ENDED_RUN_STATUSES = (*FINAL_RUN_STATUSES, LOST_RUN_STATUS)
+#: Every status a run can have.
+RUN_STATUSES = ("running", *ENDED_RUN_STATUSES)
 
 _KEY_RE = re.compile(KEY_PATTERN)
 
@@ -332,6 +345,9 @@ class RunConfig:
     #: "cosine", "wsd", ...; the Hugging Face callback sends ``lr_scheduler_type``). A decaying
     #: one makes every forecast ``off_model``: a/sqrt(t+b)+c describes anytime runs.
     lr_schedule: str | None = None
+    #: The optimizer's class name (``Monitor.watch()`` sends ``"optimizer": {"name": ...}``;
+    #: a bare string is read too).
+    optimizer: str | None = None
 
     #: Other names :meth:`read` accepts for a key (a key's own name wins over its alias).
     ALIASES: ClassVar[Mapping[str, str]] = {"warmup": "warmup_steps"}
@@ -352,6 +368,9 @@ class RunConfig:
         fit_key = raw.get("fit_key")
         bound = raw.get("loss_lower_bound")
         schedule = raw.get("lr_schedule")
+        optimizer = raw.get("optimizer")
+        if isinstance(optimizer, Mapping):
+            optimizer = optimizer.get("name")
         return cls(
             total_steps=int(total) if total is not None else None,
             warmup_steps=int(warmup) if warmup is not None else None,
@@ -362,6 +381,7 @@ class RunConfig:
                               and not isinstance(bound, bool) and math.isfinite(bound)
                               else None),
             lr_schedule=(schedule.strip().lower() or None) if isinstance(schedule, str) else None,
+            optimizer=(optimizer.strip() or None) if isinstance(optimizer, str) else None,
         )
 
     @property
@@ -369,6 +389,13 @@ class RunConfig:
         """Whether the config declares a learning-rate schedule that decays (anything but
         :data:`CONSTANT_SCHEDULES`)."""
         return self.lr_schedule is not None and self.lr_schedule not in CONSTANT_SCHEDULES
+
+    @property
+    def schedule_free(self) -> bool:
+        """Whether the optimizer is schedule-free (ScheduleFree+, or the ``schedulefree``
+        package's ``AdamWScheduleFree`` and kin): it has no learning-rate schedule to decay."""
+        name = (self.optimizer or "").lower().replace("_", "").replace("-", "")
+        return "schedulefree" in name
 
     def horizon(self, last_step: int | None) -> int | None:
         """The default forecast horizon: the planned ``total_steps``, else the last step logged.

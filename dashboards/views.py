@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from curvecast.contract import (
+    ENDED_RUN_STATUSES,
     EVAL_LOSS_KEYS,
-    FINAL_RUN_STATUSES,
+    LOST_RUN_STATUS,
     TRAIN_LOSS_KEY,
     TRAIN_LOSS_KEYS,
     RunConfig,
@@ -109,6 +110,8 @@ class RunPage:
             (``PredictionOut`` items or :class:`Prediction`).
         history: ``GET .../forecast/history``.
         alerts: ``GET .../alerts`` items.
+        loss_reached: the loss the run reached (``LossReachedOut``: key, step, value), the
+            one number its card, the runs list and the demo show.
     """
 
     run: Mapping[str, Any]
@@ -117,6 +120,7 @@ class RunPage:
     band: Sequence[Mapping[str, Any] | Prediction | None] = ()
     history: Mapping[str, Any] | None = None
     alerts: Sequence[Mapping[str, Any]] = ()
+    loss_reached: Mapping[str, Any] | None = None
     _series: dict[str, SeriesData] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -175,7 +179,7 @@ def run_figures(page: RunPage, charts: Iterable[str] = RUN_CHARTS,
     config = page.config
     alerts = page.alert_items
     end, planned = page.chart_horizon
-    ended = page.run.get("status") in FINAL_RUN_STATUSES
+    ended = page.run.get("status") in ENDED_RUN_STATUSES
     for chart in charts:
         if chart == "loss":
             out[chart] = figures.loss_figure(
@@ -201,6 +205,40 @@ def run_figures(page: RunPage, charts: Iterable[str] = RUN_CHARTS,
     return out
 
 
+#: How the one "loss reached" number is named on the pages (the runs list's column, the run
+#: page's card), in the demo's terminal and in the REST docs; its rule, in a card's words.
+LOSS_REACHED_LABEL = "Train loss reached"
+LOSS_REACHED_RULE = "median of the last 1% of steps"
+
+
+def _loss_reached_kpi(page: RunPage) -> Kpi:
+    """The card of the loss the run reached (``RunPage.loss_reached``: the forecast's
+    ``reached`` rule at the run's newest step), with the last eval loss beside it."""
+    reached = page.loss_reached
+    if reached is None:
+        return Kpi("last_loss", LOSS_REACHED_LABEL, "—", "no loss logged yet")
+    key = str(reached.get("key"))
+    value = _as_float(reached.get("value"))
+    detail = f"at step {fmt.step(reached.get('step'))}, {LOSS_REACHED_RULE}"
+    ev = page.eval_series()
+    ev_last = ev.last if ev is not None else None
+    if key not in TRAIN_LOSS_KEYS:
+        detail += "; no training loss logged"
+    elif ev_last is not None:
+        detail += f"; last eval loss {fmt.loss(ev_last[1])} at step {fmt.step(ev_last[0])}"
+    label = LOSS_REACHED_LABEL if key in TRAIN_LOSS_KEYS else f"{key} reached"
+    return Kpi("last_loss", label, fmt.loss(value), detail,
+               "bad" if not math.isfinite(value) else "neutral")
+
+
+def _as_float(value: Any) -> float:
+    """A JSON number, or a non-finite one as the API writes it ("NaN", "Infinity")."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def run_kpis(page: RunPage) -> list[Kpi]:
     """The run page's headline numbers: progress, last loss, forecast, f*, fit, alerts."""
     run = page.run
@@ -215,23 +253,7 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         detail = "no total_steps in the config"
     kpis.append(Kpi("progress", "Step", fmt.step(last_step), detail))
 
-    train = page.series.get(TRAIN_LOSS_KEY)
-    last = train.last if train is not None else None
-    ev = page.eval_series()
-    ev_last = ev.last if ev is not None else None
-    # Named for what it is: the runs list shows the training loss, the compare page both.
-    if last is not None:
-        detail = f"at step {fmt.step(last[0])}"
-        if ev_last is not None:
-            detail += f"; last eval loss {fmt.loss(ev_last[1])} at step {fmt.step(ev_last[0])}"
-        kpis.append(Kpi("last_loss", "Last train loss", fmt.loss(last[1]), detail,
-                        "bad" if not math.isfinite(last[1]) else "neutral"))
-    elif ev_last is not None:
-        kpis.append(Kpi("last_loss", "Last eval loss", fmt.loss(ev_last[1]),
-                        f"at step {fmt.step(ev_last[0])}; no training loss logged",
-                        "bad" if not math.isfinite(ev_last[1]) else "neutral"))
-    else:
-        kpis.append(Kpi("last_loss", "Last train loss", "—", "no loss logged yet"))
+    kpis.append(_loss_reached_kpi(page))
 
     fit = ForecastData.from_api(page.forecast)
     status = (page.forecast or {}).get("status", "pending")
@@ -247,7 +269,9 @@ def run_kpis(page: RunPage) -> list[Kpi]:
             detail += f"; reached {fmt.loss(pred.reached)} there"
         elif figures.ended_before(run, pred.step):
             # It will not get there unless resumed: the number is where it was heading.
-            detail += (f"; the run {run.get('status')} at step {fmt.step(last_step)}: where it "
+            ended = run.get("status")
+            ended = "was lost (its client went silent)" if ended == LOST_RUN_STATUS else ended
+            detail += (f"; the run {ended} at step {fmt.step(last_step)}: where it "
                        "was heading, had it gone on")
         if fit.useful_from_step is not None:
             # Short: the card shows two lines, and "too early" is the Fit card's (the step was
@@ -257,7 +281,7 @@ def run_kpis(page: RunPage) -> list[Kpi]:
             detail += ("; no asymptote yet: the current loss extended at the pace runs like "
                        "this one kept")
         tone = "good" if status == "ok" and not fit.off_model else "warn"
-        # Named: beside the "Last train loss" card, an eval-loss forecast above the training
+        # Named: beside the "Train loss reached" card, an eval-loss forecast above the training
         # loss read as a forecast that the loss will rise.
         label = (f"Forecast of {fit.key} at {fmt.short_step(end)}" if fit.key and end is not None
                  else f"Forecast at {where}")
@@ -288,6 +312,9 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         upto = page.forecast.get("fitted_upto_step")
         when = fmt.ago(page.forecast.get("fitted_at"))
         detail = f"{fitted_on} up to step {fmt.step(upto)}, {when}"
+        if page.forecast.get("assumes_constant_lr"):
+            # The status's reason, as REST's message gives it: nothing told it the schedule.
+            detail += "; assumes the learning rate does not decay (no lr_schedule, no opt/lr)"
         tone = "good" if status == "ok" and not page.forecast.get("off_model") else "warn"
         label = "off model" if page.forecast.get("off_model") else str(status).replace("_", " ")
         kpis.append(Kpi("fit", "Fit", label, detail, tone))
@@ -484,8 +511,8 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         items: per run ``{"run": RunOut dict, "last_loss": float | None, "loss_key": str |
             None, "last_loss_step": int | None, "spark_steps": [...], "spark_values": [...],
             "forecast": ForecastOut dict | None, "firing": int | None}`` (``last_loss`` is the
-            training loss, else the eval loss ``loss_key`` names; ``firing`` None: no alerts
-            API).
+            loss reached, ``store.dashboard.reached_now``, of the training loss, else of the
+            eval loss ``loss_key`` names; ``firing`` None: no alerts API).
 
     Returns:
         Display strings and sort keys per row (the template escapes every string).
@@ -514,7 +541,7 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         cell = _forecast_cell(pred, pred.reached if pred else None, status,
                               key=fit.key if fit and named else None)
         if (pred is not None and RunConfig.read(run.get("config")).total_steps is None
-                and run.get("status") not in FINAL_RUN_STATUSES):
+                and run.get("status") not in ENDED_RUN_STATUSES):
             # No planned end: the contract's horizon is the last step logged, where the cell
             # would show the loss just logged as "reached", a final that is not one.
             cell = {"forecast": "—", "forecast_detail": "no planned end (total_steps)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 from charlm import CharDataset, CharTransformer, evaluate, load_stdlib_text  # beside this file
@@ -51,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "which needs as long again after it, is useful from 75%% of the run; the optimizer's "
         "own default, twice the warmup, would leave it too_early to the end)",
     )
+    p.add_argument("--print-every", type=int, default=None,
+                   help="steps between progress lines on stdout (default: 5%% of the run)")
     p.add_argument("--seed", type=int, default=0, help="torch's random seed" + default)
     p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's own)")
     return p.parse_args(argv)
@@ -98,24 +101,29 @@ def main(argv: list[str] | None = None) -> int:
         run_id=args.run_id,
     )
     mon.watch(opt)  # curvecast
-    status = "failed"
-    try:
-        for step in range(1, args.steps + 1):
-            x, y = data.get_batch("train", args.batch_size, args.block_size, batches)
-            loss = model(x, y)
-            loss.backward()
-            opt.step(loss=loss)  # the Polyak step size needs the loss at y
-            opt.zero_grad(set_to_none=True)
-            mon.log(step, loss=loss)  # curvecast
-            if step % args.eval_every == 0 or step == args.steps:
-                with opt.averaged(model):  # evaluate the averaged weights x
-                    mon.log(step, eval_loss=evaluate(model, data, batches=4))  # curvecast
-        status = "finished"
-    except KeyboardInterrupt:
-        status = "failed"
-        raise
-    finally:
-        mon.finish(status=status)  # curvecast
+    every = args.print_every or max(1, args.steps // 20)
+    print(f"run {mon.run_id}: {args.steps} steps, d_model {args.d_model}, {args.layers} layers, "
+          f"warmup {warmup}, averaging from step {c_warmup}", flush=True)
+    started, eval_loss = time.monotonic(), float("nan")
+    # Ctrl-C or an error ends the run "failed" with the exception named (the monitor's exit
+    # hook); the end of the loop, "finished".
+    for step in range(1, args.steps + 1):
+        x, y = data.get_batch("train", args.batch_size, args.block_size, batches)
+        loss = model(x, y)
+        loss.backward()
+        opt.step(loss=loss)  # the Polyak step size needs the loss at y
+        opt.zero_grad(set_to_none=True)
+        mon.log(step, loss=loss)  # curvecast
+        if step % args.eval_every == 0 or step == args.steps:
+            with opt.averaged(model):  # evaluate the averaged weights x
+                eval_loss = evaluate(model, data, batches=4)
+            mon.log(step, eval_loss=eval_loss)  # curvecast
+        if step % every == 0 or step == args.steps:
+            pace = step / (time.monotonic() - started)
+            print(f"step {step}/{args.steps} loss {loss.item():.4f} eval_loss {eval_loss:.4f} "
+                  f"({pace:.1f} steps/s)", flush=True)
+    mon.finish()  # curvecast
+    print(f"finished: {mon.stats()['points_sent']} points sent", flush=True)
     return 0
 
 

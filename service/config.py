@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     retention_days: float | None = Field(
         default=None,
         gt=0,
-        description="Delete runs that ended (finished, failed, crashed) more than this many "
+        description="Delete runs that ended (finished, failed, crashed, lost) more than this many "
         "days ago, with all their points, fits and alerts (the worker, in small batches). "
         "Unset: keep everything.",
     )
@@ -153,10 +153,11 @@ class Settings(BaseSettings):
         default=900.0, gt=0, description="A running run silent this long raises 'stalled'."
     )
     client_gone_after_s: float = Field(
-        default=1800.0, gt=0,
-        description="A running run that sent no points for stalled_after_s and whose client "
-        "made no request (the client sends a heartbeat every minute) for this long is marked "
-        "'crashed' (worker/liveness).",
+        default=240.0, gt=0,
+        description="A running run whose client sent no points and made no request (it sends "
+        "a heartbeat every minute) for this long is marked 'lost', within a minute (checked "
+        "every min(60 s, this / 4)); it is running again once its client is heard from "
+        "(worker/liveness).",
     )
     alert_eval_lease_s: float = Field(
         default=60.0, gt=0, description="How long a worker holds a run while evaluating it."

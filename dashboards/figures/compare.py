@@ -9,7 +9,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from curvecast.contract import EVAL_LOSS_KEYS, FINAL_RUN_STATUSES, TRAIN_LOSS_KEYS
+from curvecast.contract import (
+    ENDED_RUN_STATUSES,
+    EVAL_LOSS_KEYS,
+    LOST_RUN_STATUS,
+    TRAIN_LOSS_KEYS,
+)
 from curvecast.dashboards import fmt, palette
 from curvecast.dashboards.data import FloatArray, ForecastData, Prediction, SeriesData, plottable
 from curvecast.dashboards.figures.base import (
@@ -42,10 +47,11 @@ def run_label(run: Mapping[str, Any], same_name: bool) -> str:
 
 
 def ended_before(run: Mapping[str, Any], step: float | None) -> bool:
-    """Whether ``run`` (``RunOut`` as JSON) ended (finished, failed, crashed) before ``step``:
-    it will never have a loss there unless it is resumed."""
+    """Whether ``run`` (``RunOut`` as JSON) ended (finished, failed, crashed, or lost: its
+    client went silent) before ``step``: it will never have a loss there unless it is
+    resumed."""
     last = run.get("last_step")
-    return (step is not None and run.get("status") in FINAL_RUN_STATUSES
+    return (step is not None and run.get("status") in ENDED_RUN_STATUSES
             and isinstance(last, int | float) and last < step)
 
 
@@ -244,6 +250,8 @@ def _ended_note(ended: Sequence[CompareEntry], horizon: int | None) -> str:
                  if last else f"at step {fmt.step(entry.run.get('last_step'))}")
         if entry.diverged:
             where += ": diverged"
+        elif entry.run.get("status") == LOST_RUN_STATUS:
+            where += ": lost, its client went silent"
         parts.append(f"{entry.name} ({where})")
     return (f" Ended before step {fmt.step(horizon)}, so not forecast past their end: "
             + ", ".join(parts) + ".")

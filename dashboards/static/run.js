@@ -158,14 +158,10 @@
       var xs = fresh[k].x;
       cursor[k] = Math.max(cursor[k] === undefined ? -1 : cursor[k], xs[xs.length - 1]);
     });
-    var loss = fresh.loss;
-    if (loss) {
-      var lastLoss = loss.last[loss.last.length - 1];
-      setKpi("last_loss", fmtLoss(lastLoss), lastLossDetail(loss, fresh));
-    }
     redraw.filter(function (v, i, a) { return a.indexOf(v) === i; }).forEach(function (id) {
       refetchChart(id, run.zoom[id] || "auto");
     });
+    return fresh;
   }
 
   // The eval loss drawn on the loss chart (its series other than the training loss), if any.
@@ -179,10 +175,20 @@
     return key;
   }
 
-  // The "Last train loss" card's detail in the server's words (views.run_kpis): the step, and
-  // the last eval loss with its step. A poll without a new eval point keeps the one shown.
-  function lastLossDetail(loss, fresh) {
-    var detail = "at step " + fmtStep(loss.x[loss.x.length - 1]);
+  // The "Train loss reached" card in the server's words (views._loss_reached_kpi): the loss the
+  // run reached (the poll's loss_reached, the forecast's "reached" rule), its step, and the last
+  // eval loss with its step. A poll without a new eval point keeps the one shown.
+  function setLossReached(reached, fresh) {
+    if (!reached) return;
+    var detail = "at step " + fmtStep(reached.step) + ", median of the last 1% of steps";
+    if (!/^(loss|train_loss|train\/loss)$/.test(reached.key)) {
+      setKpi("last_loss", fmtLoss(num(reached.value)), detail + "; no training loss logged");
+      return;
+    }
+    setKpi("last_loss", fmtLoss(num(reached.value)), lastLossDetail(detail, fresh));
+  }
+
+  function lastLossDetail(detail, fresh) {
     var key = evalKey();
     var ev = key ? fresh[key] : null;
     if (ev && ev.x.length) {
@@ -252,7 +258,7 @@
         status.className = "badge status-" + info.status;
       }
       setKpi("progress", fmtStep(info.last_step), null);
-      extendCharts(metrics.series || []);
+      setLossReached(res.loss_reached, extendCharts(metrics.series || []) || {});
       var refresh = [];
       if (forecast && forecast.fitted_at !== run.state.fitted_at) {
         run.state.fitted_at = forecast.fitted_at;

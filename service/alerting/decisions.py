@@ -9,7 +9,11 @@ that:
   it is not history, as in Prometheus);
 * a firing alert, and a firing alert that resolves, notify every enabled webhook of the
   project, unless the alert is silenced;
-* an open alert shows the rule's latest statistic even when nothing changed.
+* an alert's ``step`` and ``value`` are those of the observation its summary and description
+  describe: the first active one while it is pending, the one that made it fire once it fired.
+  They do not change afterwards (a later statistic, e.g. an ``off_curve`` excess gone negative
+  in the dead band, beside a description of the excess that fired it, contradicted it);
+  resolving adds ``resolved_at`` and the reason.
 
 The transitions of one round are applied in order to the run's open alerts, so a rule that
 fires and resolves within one round leaves one resolved alert and two notifications.
@@ -74,7 +78,7 @@ def plan_alert_writes(
         open_alerts: the run's pending and firing alerts before this evaluation.
         webhooks: the project's enabled webhooks (the caller may pass none when there are no
             transitions: nothing can notify).
-        state: the engine's new state (each rule's lifecycle carries its latest statistic).
+        state: the engine's new state (unused: kept for the callers' one signature).
         now: the evaluation's time, stamped on what changes.
         public_url: the service's address, for the dashboard links in notifications.
         new_delivery_id: makes each notification's id (receivers de-duplicate on it).
@@ -100,12 +104,15 @@ def plan_alert_writes(
             alerts.append(alert)
             open_by_rule[t.rule] = alert
         value = ev.value if math.isfinite(ev.value) else None
-        row = replace(alert.row, step=ev.step, value=value, updated_at=now)
+        row = replace(alert.row, updated_at=now)
+        if row.step is None:  # a new alert: the observation it describes
+            row = replace(row, step=ev.step, value=value)
         notify = False
         if ev.kind == "firing":
+            # The summary and description describe this observation: step and value with them.
             row = replace(
                 row, state="firing", fired_at=now, fired_step=ev.step, summary=t.summary,
-                description=t.description, severity=t.severity,
+                description=t.description, severity=t.severity, step=ev.step, value=value,
             )
             notify = True
         elif ev.kind == "resolved":
@@ -122,8 +129,6 @@ def plan_alert_writes(
             alert.notifications += [
                 _notification(job, row, hook, public_url, new_delivery_id()) for hook in webhooks
             ]
-    for alert in open_by_rule.values():
-        alert.row = _latest_statistic(alert.row, state, now)
     return [w for w in (a.write() for a in alerts) if w is not None]
 
 
@@ -143,15 +148,6 @@ def _new_row(job: EvalJob, t: Transition, now: datetime) -> AlertRow:
         step=None, value=None, started_at=now, fired_at=None, fired_step=None,
         resolved_at=None, silenced_until=None, updated_at=now,
     )
-
-
-def _latest_statistic(row: AlertRow, state: Mapping[str, Any], now: datetime) -> AlertRow:
-    """Show the rule's latest statistic on an open alert (its lifecycle state carries it)."""
-    life = (state.get(row.rule) or {}).get("lifecycle") or {}
-    step, value = life.get("step"), life.get("value")
-    if step is None or step == row.step:
-        return row
-    return replace(row, step=int(step), value=value, updated_at=now)
 
 
 def _notification(

@@ -15,10 +15,11 @@ from starlette.concurrency import run_in_threadpool
 from curvecast.contract import KEY_PATTERN, MAX_STEP, REPLAY_HEADER, is_valid_key
 from curvecast.service import prometheus
 from curvecast.service.api._json import FastJSONRoute
+from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
 from curvecast.service.errors import InvalidInput, TooManyPoints
-from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut
+from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, Principal
 from curvecast.service.store import metrics as metric_store
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["metrics"], route_class=FastJSONRoute)
@@ -120,20 +121,34 @@ def get_metrics(
         Query(ge=10, le=100_000, description="Downsample to at most this many min/max buckets"),
     ] = None,
 ) -> MetricsOut:
-    """Series in ``[start, end]``. With ``max_points`` each series is cut into equal-width step
+    """Series in ``[start, end]``. A key the run has no series of answers 404 naming the keys
+    it has (as ``forecast?key=`` does): a misspelt key must not read as "no points yet".
+    With ``max_points`` each series is cut into equal-width step
     buckets; each bucket reports its last point and its min and max, so spikes stay visible.
     Without it every point is returned, up to ``CURVECAST_MAX_READ_POINTS`` (200,000) in all:
     a larger raw read answers 422 ``read_too_large`` (page with ``start``/``end``, downsample,
     or export ``metrics.csv``, which streams any size)."""
+    return read_metrics(session, settings, principal, run_id, keys=parse_keys(keys),
+                        start=start, end=end, max_points=max_points, require_keys=True)
+
+
+def read_metrics(
+    session: Session, settings: Settings, principal: Principal, run_id: uuid.UUID, *,
+    keys: list[str] | None, start: int | None, end: int | None, max_points: int | None,
+    require_keys: bool,
+) -> MetricsOut:
+    """What ``GET .../metrics`` answers; ``require_keys`` False for the run page's live poll,
+    whose charts ask for every key they draw, logged yet or not (absent: an empty series)."""
     return metric_store.read_series(
         session,
         run_id=run_id,
-        keys=parse_keys(keys),
+        keys=keys,
         start=start,
         end=end,
         max_points=max_points,
         allowed_project=principal.project,
         max_raw_points=settings.max_read_points,
+        require_keys=require_keys,
     )
 
 

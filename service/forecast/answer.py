@@ -163,16 +163,26 @@ def _f_star(fit: Fit, confidence: float) -> IntervalOut:
     )
 
 
+def whole_step(step: float | None) -> int | None:
+    """The first training step at or after ``step`` (a fitted crossing between two steps is
+    reached at the later one), forgiving float fuzz: 20000.000000000007 is step 20,000."""
+    if step is None or not math.isfinite(step):
+        return None
+    return math.ceil(step - 1e-9 * max(1.0, abs(step)))
+
+
 def _target(fit: Fit, loss: float, confidence: float, total_steps: int | None) -> TargetOut:
-    """When the fitted curve reaches ``loss``; past the planned ``total_steps``, marked
-    ``past_planned_end`` with the ``reason`` that the run is not planned to get there (the step
-    stays the curve's)."""
+    """When the fitted curve reaches ``loss``, in whole steps; past the planned
+    ``total_steps``, marked ``past_planned_end`` with the ``reason`` that the run is not
+    planned to get there (the step stays the curve's)."""
     t = fit.steps_to(loss, confidence)
-    past_end = (total_steps is not None and t.reachable and not t.reached and t.step is not None
-                and t.step > total_steps)
+    step = whole_step(t.step)
+    past_end = (total_steps is not None and t.reachable and not t.reached and step is not None
+                and step > total_steps)
     reason = (f"after the run's planned last step ({total_steps:,}): not in this run; step is "
               "where the fitted curve puts it, were the run longer") if past_end else t.reason
-    return TargetOut(loss=loss, step=t.step, lo=t.lo, hi=t.hi, reachable=t.reachable,
+    return TargetOut(loss=loss, step=step, lo=whole_step(t.lo), hi=whole_step(t.hi),
+                     reachable=t.reachable,
                      reached=t.reached, reason=reason, past_planned_end=past_end)
 
 
@@ -233,6 +243,7 @@ def forecast_answer(
         confidence=confidence,
         off_model=fit.off_model,
         useful_from_step=finite_or_none(fit.useful_from_step),
+        assumes_constant_lr=fit.assumes_constant_lr,
         message=" ".join(m for m in (fit.message, _before_the_fit(fit, horizon, at_horizon))
                          if m),
     )

@@ -217,6 +217,8 @@ class Fit:
         reached: ``((step, loss), ...)``, the smoothed series' running minimum at the steps it
             fell, ending with the last step's loss by the rule of the forecast's ``reached``
             where that is lower: passed targets are answered from it (data, not the model).
+        assumes_constant_lr: an ``ok`` fit of a run that gives no sign of its learning-rate
+            schedule (:func:`~.schedule.assumes_constant_lr`); its message says so.
     """
 
     status: str
@@ -244,6 +246,7 @@ class Fit:
     reached: tuple[tuple[float, float], ...] | None = None
     decay_rate: float | None = None
     level_step: float | None = None
+    assumes_constant_lr: bool = False
 
     # -- convenience ------------------------------------------------------------------------
     @property
@@ -599,6 +602,7 @@ class Fit:
             "reached": None if self.reached is None else [list(p) for p in self.reached],
             "decay_rate": finite_or_none(self.decay_rate),
             "level_step": finite_or_none(self.level_step),
+            "assumes_constant_lr": self.assumes_constant_lr,
         }
         return out
 
@@ -652,6 +656,7 @@ class Fit:
             level_step=(opt("level_step") if "level_step" in data else _estimated_level_step(
                 int(data.get("n_points") or 0), opt("fitted_from_step"),
                 opt("fitted_upto_step"))),
+            assumes_constant_lr=bool(data.get("assumes_constant_lr", False)),
         )
 
 

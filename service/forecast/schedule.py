@@ -19,7 +19,9 @@ from typing import Final
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["DECAYED_BELOW", "LrDecay", "lr_decay"]
+from curvecast.contract import RunConfig
+
+__all__ = ["CONSTANT_LR_ASSUMED", "DECAYED_BELOW", "LrDecay", "assumes_constant_lr", "lr_decay"]
 
 #: The rate counts as decaying once it is below this fraction of its peak. Schedulers set the
 #: rate exactly, so a 10% fall is no noise: a cosine reaches it at about a fifth of its decay,
@@ -79,3 +81,21 @@ def lr_decay(steps: ArrayLike, values: ArrayLike, upto: float | None = None) -> 
         return None
     below = np.flatnonzero(v[peak_at:] < DECAYED_BELOW * peak)
     return LrDecay(since_step=float(t[peak_at + int(below[0])]), fraction=float(v[-1]) / peak)
+
+
+#: What a forecast says when nothing tells it the schedule (:func:`assumes_constant_lr`).
+CONSTANT_LR_ASSUMED: Final = (
+    "assumes the learning rate does not decay: the run declares no lr_schedule, logs no "
+    "learning rate (opt/lr) and is not schedule-free; under a decaying schedule the loss "
+    "falls below this forecast late in the run (declare lr_schedule in the run's config, or "
+    "let Monitor.watch(optimizer) log the rate)"
+)
+
+
+def assumes_constant_lr(config: RunConfig, lr_logged: bool) -> bool:
+    """Whether a forecast of this run rests on an unchecked assumption: that its learning rate
+    does not decay. So it is when the run declares no ``lr_schedule``, logs no learning rate
+    and is not schedule-free (ScheduleFree+ has no schedule). The loss alone cannot tell a
+    cosine run from an anytime one until late in the decay, so the product says so instead of
+    guessing; a declared or logged decay makes the fit ``off_model``."""
+    return config.lr_schedule is None and not lr_logged and not config.schedule_free

@@ -65,7 +65,11 @@ from curvecast.service.forecast.fit import (
     model,
     valid_confidence,
 )
-from curvecast.service.forecast.schedule import lr_decay
+from curvecast.service.forecast.schedule import (
+    CONSTANT_LR_ASSUMED,
+    assumes_constant_lr,
+    lr_decay,
+)
 
 __all__ = ["MIN_POINTS", "choose_burn_in", "fit_curve"]
 
@@ -404,6 +408,9 @@ def fit_curve(
                 fit = replace(fit, status=OFF_MODEL, off_model=True, useful_from_step=None,
                               message=f"{why}: a/sqrt(t+b)+c describes constant-LR and "
                               "schedule-free runs; read the forecast with care")
+            elif fit.status == OK and assumes_constant_lr(cfg, lr is not None):
+                fit = replace(fit, assumes_constant_lr=True, message="; ".join(
+                    m for m in (fit.message, CONSTANT_LR_ASSUMED) if m))
             return replace(fit, loss_floor=floor, reached=_reached(t_all, y_all))
     except (ValueError, FloatingPointError, ArithmeticError, np.linalg.LinAlgError) as exc:
         # Defensive: numerical corner cases must come back as a status, not an exception.
@@ -565,11 +572,17 @@ def _transient(fit: Fit, t_all: FloatArray, y_all: FloatArray, burn_in: float | 
         why = "a plateau in the first half of the run"
     else:
         return fit
+    when = f"a useful forecast is expected from step {useful:g}"
+    if total is not None and useful > total:
+        # The run as planned never gets there: say so, and what a run this short needs.
+        when += (f", after this run's planned {total:,} steps, so it will get none: averaging "
+                 f"starts at step {start:g} (c_warmup; ScheduleFree+'s default is twice its "
+                 "500-step warmup); for a short run pass warmup_steps of a tenth to a quarter of "
+                 "it and c_warmup 1.5x that")
     return replace(
         fit, status=TOO_EARLY, off_model=False, useful_from_step=useful,
-        message=(f"{why}: a useful forecast is expected from step {useful:g}; until then the "
-                 "forecast extends the current loss at the pace runs like this one kept, with "
-                 "a wide interval"),
+        message=(f"{why}: {when}; until then the forecast extends the current loss at the "
+                 "pace runs like this one kept, with a wide interval"),
     )
 
 

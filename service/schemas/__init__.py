@@ -46,7 +46,10 @@ from curvecast.contract import (
 #: A ``?project=`` filter: a project name, or empty (matches nothing).
 PROJECT_FILTER_PATTERN = rf"^[{PROJECT_CHARS}]{{0,{PROJECT_MAX_LENGTH}}}$"
 
-RunStatus = Literal["running", "finished", "failed", "crashed"]
+#: A run's status (the contract's ``RUN_STATUSES``; a test checks they agree).
+RunStatus = Literal["running", "finished", "failed", "crashed", "lost"]
+#: The statuses a client may set: ``lost`` is the service's judgement of a silent client.
+ClientRunStatus = Literal["running", "finished", "failed", "crashed"]
 TokenScope = Literal["read", "ingest", "admin"]
 MetricKey = Annotated[str, StringConstraints(pattern=KEY_PATTERN)]
 ProjectName = Annotated[str, StringConstraints(pattern=PROJECT_PATTERN)]
@@ -262,7 +265,7 @@ class RunUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    status: RunStatus | None = None
+    status: ClientRunStatus | None = None
     status_reason: str | None = Field(
         default=None, max_length=200,
         description="Why the run has this status (stored with it; e.g. 'SIGTERM').",
@@ -281,8 +284,9 @@ class RunOut(BaseModel):
     status: RunStatus
     status_reason: str | None = Field(
         default=None,
-        description="Why the run has its status: the client's reason (e.g. 'SIGTERM'), or the "
-        "service's when it marked a run whose client went silent 'crashed' ('silent: ...').",
+        description="Why the run has its status: the client's reason (e.g. 'SIGTERM', 'SIGHUP', "
+        "'KeyboardInterrupt'), or the service's when it marked a run whose client went silent "
+        "'lost'.",
     )
     created_at: datetime
     updated_at: datetime
@@ -388,6 +392,20 @@ class MetricsOut(BaseModel):
 
     run_id: uuid.UUID
     series: list[SeriesOut]
+
+
+class LossReachedOut(BaseModel):
+    """The loss a run has reached: its training loss (else its first evaluation loss) at its
+    newest step, by the forecast's ``reached`` rule (the median of the series' points over the
+    last 1% of the steps up to it, at most its 256 latest; the newest point alone where no other
+    falls there). The run page's card, the runs list and the demo show this one number, named
+    "train loss reached"."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    key: str
+    step: int
+    value: float = Field(description="NaN (\"NaN\" in JSON) when the newest point is not finite.")
 
 
 class TokenCreated(BaseModel):

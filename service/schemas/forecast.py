@@ -60,12 +60,14 @@ class TargetOut(BaseModel):
     ``past_planned_end``: the fitted curve reaches ``loss`` only after the run's planned
     ``total_steps`` (the data have not got there): the run as planned will not, whatever its
     status. Scripts read this instead of the wording of ``reason``.
+
+    Steps are whole training steps: the first step at or after the fitted crossing.
     """
 
     loss: float
-    step: float | None
-    lo: float | None
-    hi: float | None
+    step: int | None
+    lo: int | None
+    hi: int | None
     reachable: bool
     reached: bool = False
     reason: str = ""
@@ -103,6 +105,11 @@ class ForecastOut(BaseModel):
     useful_from_step: float | None = Field(
         default=None, description="For status too_early: the step from which a useful forecast "
         "is expected.",
+    )
+    assumes_constant_lr: bool = Field(
+        default=False, description="An ok forecast of a run that declares no lr_schedule, logs "
+        "no learning rate and is not schedule-free: it assumes the rate does not decay (the "
+        "message says so). A declared or logged decay makes the status off_model instead.",
     )
     message: str = ""
 

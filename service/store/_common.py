@@ -55,6 +55,22 @@ def insert_ignore(session: Session, table: Table, **values: Any) -> Insert:
     return dialect_insert(table).values(**values).on_conflict_do_nothing()
 
 
+#: Keys a "no such series" message names at most (a run may log up to a thousand).
+NAMED_KEYS = 20
+
+
+def no_such_series(run_id: uuid.UUID, missing: Sequence[str], present: Sequence[str]) -> str:
+    """The message of a read that names series the run does not have: which, and the keys it
+    has (a typo is then plain), or that it has none yet. Every such read (points, export,
+    forecast) answers it with 404."""
+    what = ", ".join(repr(k) for k in missing)
+    if not present:
+        return f"run {run_id} has no series {what}: it has logged no points yet"
+    shown = ", ".join(present[:NAMED_KEYS])
+    more = f" and {len(present) - NAMED_KEYS} more" if len(present) > NAMED_KEYS else ""
+    return f"run {run_id} has no series {what}; the keys it has: {shown}{more}"
+
+
 def run_created_at(session: Session, run_id: uuid.UUID, allowed_project: str | None
                    ) -> datetime | None:
     """The run's creation time; None when there is no such run, or ``allowed_project`` (if

@@ -269,6 +269,19 @@ def finish_evaluation(
     return bool(moved.rowcount == 1)  # type: ignore[attr-defined]
 
 
+_ACKNOWLEDGED_RULES = (
+    select(Alert.rule)
+    .where(Alert.run_id == bindparam("run_id"), Alert.state.in_(OPEN_STATES),
+           Alert.acknowledged_at.is_not(None))
+)
+
+
+def acknowledged_rules(session: Session, *, run_id: uuid.UUID) -> frozenset[str]:
+    """The rules whose open alert of a run someone acknowledged (the rules' context: a
+    ``non_finite`` alert resolves only once acknowledged)."""
+    return frozenset(str(r) for r in session.scalars(_ACKNOWLEDGED_RULES, {"run_id": run_id}))
+
+
 def open_alerts(session: Session, *, run_id: uuid.UUID) -> list[AlertRow]:
     """A run's pending and firing alerts (at most one per rule)."""
     alerts = session.execute(_OPEN_ALERTS, {"run_id": run_id}).all()

@@ -1,6 +1,6 @@
-"""Reads for the dashboards' runs list: per run its last loss, a small trend (sparkline), its
-latest stored fit and its firing alerts, for a whole page of runs in a bounded number of index
-probes.
+"""Reads for the dashboards' runs list: per run the loss it reached, a small trend (sparkline),
+its latest stored fit and its firing alerts, for a whole page of runs in a bounded number of
+index probes; and the loss a run reached, for the run page.
 
 Why not the metrics API per run: a page lists up to a few hundred runs, each with up to 10^6
 points per series. Here each run costs two statements that touch O(``spark_points`` ×
@@ -18,12 +18,15 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS
+from curvecast.service.errors import RunNotFound
+from curvecast.service.forecast.answer import REACHED_MAX_POINTS, smoothed_reached
 from curvecast.service.models import Alert, Series
-from curvecast.service.schemas import RunOut, RunStatus
+from curvecast.service.schemas import LossReachedOut, RunOut, RunStatus
 from curvecast.service.store import runs as run_store
+from curvecast.service.store._common import run_created_at
 from curvecast.service.store.forecasts import StoredFit, newest_default_fits
 
-#: Series a run's trend and "last loss" are read from, in order of preference. Unlike the
+#: Series a run's trend and the loss it reached are read from, in order of preference. Unlike the
 #: forecast's choice (``contract.loss_key``: evaluation loss first), the densely logged training
 #: loss comes first: a trend of 40 window means needs many points, not a handful of evaluations.
 TREND_KEYS = (*TRAIN_LOSS_KEYS, *EVAL_LOSS_KEYS)
@@ -38,24 +41,57 @@ class RunSummary:
     run: RunOut
     loss_key: str | None
     last_loss_step: int | None
-    last_loss: float | None  # NaN when the last stored value is NaN
+    #: The loss reached at ``last_loss_step`` (:func:`reached_now`); NaN when the newest stored
+    #: value is not finite.
+    last_loss: float | None
     spark_steps: list[float]
     spark_values: list[float]  # window means; NaN where a window has no finite value
     latest_fit: StoredFit | None
     firing_alerts: int
 
 
-def _last_point(session: Session, sid: int) -> tuple[int, float] | None:
-    row = session.execute(
+def reached_now(session: Session, sid: int) -> tuple[int, float] | None:
+    """The newest step of a series and the loss it reached there, by the forecast's
+    ``reached`` rule (:func:`~curvecast.service.forecast.answer.smoothed_reached`: the median
+    over the last 1% of the steps, from its latest points): the one "loss reached" the run
+    page, the runs list, the demo and REST's ``reached`` all show. One statement, the series'
+    latest points by its step index. NaN when the newest value is not finite."""
+    rows = session.execute(
         text(
             "SELECT step, value FROM metric_points WHERE series_id = :sid"
-            " ORDER BY step DESC LIMIT 1"
+            " ORDER BY step DESC LIMIT :n"
         ),
-        {"sid": sid},
-    ).first()
-    if row is None:
+        {"sid": sid, "n": REACHED_MAX_POINTS},
+    ).all()
+    if not rows:
         return None
-    return int(row[0]), math.nan if row[1] is None else float(row[1])
+    step = int(rows[0][0])
+    # A non-finite value may be stored as NULL (a backend without NaN): NaN here.
+    latest = [(float(s), math.nan if v is None else float(v)) for s, v in rows]
+    value = smoothed_reached(latest, step)
+    return step, math.nan if value is None else value
+
+
+def run_loss_reached(session: Session, *, run_id: uuid.UUID, allowed_project: str | None
+                     ) -> LossReachedOut | None:
+    """The loss a run reached (:class:`~curvecast.service.schemas.LossReachedOut`): its first
+    series of :data:`TREND_KEYS` at its newest step (:func:`reached_now`); None before the run
+    logged a loss.
+
+    Raises:
+        RunNotFound: no such run (visible to the caller).
+    """
+    if run_created_at(session, run_id, allowed_project) is None:
+        raise RunNotFound(f"run {run_id} not found")
+    rows = session.execute(
+        select(Series.key, Series.id).where(Series.run_id == run_id, Series.key.in_(TREND_KEYS))
+    ).all()
+    ids = {str(k): int(i) for k, i in rows}
+    for key in TREND_KEYS:
+        reached = reached_now(session, ids[key]) if key in ids else None
+        if reached is not None:
+            return LossReachedOut(key=key, step=reached[0], value=reached[1])
+    return None
 
 
 def _first_step(session: Session, sid: int) -> int | None:
@@ -148,7 +184,7 @@ def run_summaries(
         spark_steps: list[float] = []
         spark_values: list[float] = []
         if key is not None:
-            last = _last_point(session, keys[key])
+            last = reached_now(session, keys[key])
             first = _first_step(session, keys[key])
             if last is not None and first is not None:
                 spark_steps, spark_values = _spark(session, keys[key], first, last[0], spark_points)

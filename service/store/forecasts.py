@@ -23,7 +23,7 @@ from sqlalchemy import Select, bindparam, event, func, literal, or_, select, tex
 from sqlalchemy.orm import Session
 
 from curvecast.contract import (
-    FINAL_RUN_STATUSES,
+    ENDED_RUN_STATUSES,
     TRAIN_LOSS_KEY,
     RunConfig,
     fit_candidates,
@@ -52,6 +52,8 @@ from curvecast.service.models import (
 from curvecast.service.store._common import (
     as_utc,
     is_postgres,
+    no_such_series,
+    run_series,
     series_points,
     write_connection,
 )
@@ -432,7 +434,7 @@ def stored_fit(record: FitRecord) -> StoredFit:
 
 def _context(run: Run) -> RunForecastContext:
     return RunForecastContext(config=RunConfig.read(run.config), last_step=run.last_step,
-                              finished=run.status in FINAL_RUN_STATUSES)
+                              finished=run.status in ENDED_RUN_STATUSES)
 
 
 def _fit_filter(session: Session, run_id: uuid.UUID, key: str | None) -> Any:
@@ -443,13 +445,14 @@ def _fit_filter(session: Session, run_id: uuid.UUID, key: str | None) -> Any:
         select(Series.id).where(Series.run_id == run_id, Series.key == key).limit(1)
     )
     if exists is None:
-        raise NotFound(_no_such_series(run_id, key))
+        raise NotFound(_no_such_series(session, run_id, key))
     return FitRecord.key == key
 
 
-def _no_such_series(run_id: uuid.UUID, key: str) -> str:
-    return (f"run {run_id} has no series {key!r}: name one it logs (a loss series such as "
-            "eval_loss or loss), or leave key out for the default")
+def _no_such_series(session: Session, run_id: uuid.UUID, key: str) -> str:
+    present = [k for k, _ in run_series(session, run_id)]
+    return (no_such_series(run_id, [key], present)
+            + " (forecasts are of loss series; leave key out for the default)")
 
 
 def loss_reached(session: Session, run_id: uuid.UUID, key: str, step: int,
@@ -523,9 +526,9 @@ def latest_fit(
         raise RunNotFound(f"run {run_id} not found")
     config, last_step, status, fit_id, fit_key_, created_at, rate, key_series = row
     if key is not None and key_series is None:
-        raise NotFound(_no_such_series(run_id, key))
+        raise NotFound(_no_such_series(session, run_id, key))
     context = RunForecastContext(config=RunConfig.read(config), last_step=last_step,
-                                 finished=status in FINAL_RUN_STATUSES)
+                                 finished=status in ENDED_RUN_STATUSES)
     if fit_id is None:
         candidates = fit_candidates(context.config)
         if key is not None and key not in candidates:

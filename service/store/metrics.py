@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -42,11 +42,12 @@ from sqlalchemy import Dialect, select, text
 from sqlalchemy.orm import Session
 
 from curvecast.contract import MAX_STEP
-from curvecast.service.errors import InvalidInput, ReadTooLarge, RunNotFound
+from curvecast.service.errors import InvalidInput, NotFound, ReadTooLarge, RunNotFound
 from curvecast.service.models import MetricPoint, Run, Series
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
 from curvecast.service.store._common import (
     is_postgres,
+    no_such_series,
     run_created_at,
     run_series,
     series_points,
@@ -640,15 +641,22 @@ def read_series(
     max_points: int | None,
     allowed_project: str | None,
     max_raw_points: int | None = None,
+    require_keys: bool = False,
 ) -> MetricsOut:
     """Series of a run in ``[start, end]``; with ``max_points``, at most that many buckets each.
 
+    A key the run has no series of is an empty series, or with ``require_keys`` (REST's
+    reads: a misspelt key must not read as "no points yet") a NotFound naming the run's keys.
+
     Raises:
+        NotFound: with ``require_keys``, a key the run has no series of.
         ReadTooLarge: the raw points read (all series together, where no downsampling applies)
             would exceed ``max_raw_points``; nothing more than that is ever read.
     """
     run = _check_run(session, run_id, allowed_project)
     found = dict(run_series(session, run_id, keys))
+    if require_keys:
+        _require(session, run_id, keys, found)
     lo = 0 if start is None else start
     hi = MAX_STEP if end is None else end
     order = list(keys or sorted(found))
@@ -679,9 +687,21 @@ def export_series(
     session: Session, *, run_id: uuid.UUID, keys: Sequence[str] | None, allowed_project: str | None
 ) -> list[tuple[str, int]]:
     """The (key, series id) pairs of a run an export covers, in key order (``keys`` only, if
-    given). Raises RunNotFound for a run the caller may not see."""
+    given). Raises RunNotFound for a run the caller may not see, NotFound for a key the run
+    has no series of."""
     _check_run(session, run_id, allowed_project)
-    return run_series(session, run_id, keys)
+    found = run_series(session, run_id, keys)
+    _require(session, run_id, keys, dict(found))
+    return found
+
+
+def _require(session: Session, run_id: uuid.UUID, keys: Sequence[str] | None,
+             found: Mapping[str, int]) -> None:
+    """Raise NotFound, naming the run's keys, if ``keys`` names a series the run lacks."""
+    missing = [k for k in dict.fromkeys(keys or ()) if k not in found]
+    if missing:
+        present = [k for k, _ in run_series(session, run_id)]
+        raise NotFound(no_such_series(run_id, missing, present))
 
 
 def export_page(

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from curvecast.contract import FINAL_RUN_STATUSES
+from curvecast.contract import ENDED_RUN_STATUSES
 from curvecast.service.db import session_scope
 from curvecast.service.models import Run, Series
 from curvecast.service.store._common import write_connection
@@ -128,11 +128,11 @@ def delete_run(
 def expired_runs(
     session: Session, *, now: datetime, older_than: timedelta, limit: int
 ) -> list[uuid.UUID]:
-    """Runs that ended (finished, failed or crashed) more than ``older_than`` ago, oldest
+    """Runs that ended (finished, failed, crashed or lost) more than ``older_than`` ago, oldest
     first: what the retention setting removes."""
     stmt = (
         select(Run.id)
-        .where(Run.status.in_(FINAL_RUN_STATUSES), Run.ended_at < now - older_than)
+        .where(Run.status.in_(ENDED_RUN_STATUSES), Run.ended_at < now - older_than)
         .order_by(Run.ended_at)
         .limit(limit)
     )

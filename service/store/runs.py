@@ -1,5 +1,5 @@
 """Runs: create-or-get, update, read, list with keyset pagination, and liveness (marking runs
-whose client is gone ``crashed``, and reviving them when it comes back)."""
+whose client is gone ``lost``, and reviving them when it comes back)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from functools import cache
 from sqlalchemy import ColumnElement, Select, and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
-from curvecast.contract import FINAL_RUN_STATUSES
+from curvecast.contract import FINAL_RUN_STATUSES, LOST_RUN_STATUS
 from curvecast.service.errors import Conflict, Forbidden, InvalidInput, RunNotFound
 from curvecast.service.models import Project, Run, RunWork
 from curvecast.service.schemas import RunCreate, RunOut, RunPage, RunUpdate
@@ -38,74 +38,60 @@ def _to_out(run: Run, project: str) -> RunOut:
     )
 
 
-#: How the reason of a run the service marked ``crashed`` starts; only such runs come back to
-#: ``running`` when their client is heard from again (a status the client set stays).
-SILENT_REASON_PREFIX = "silent:"
-
-
 def _last_seen(run: Run) -> datetime | None:
     stamps = [as_utc(t) for t in (run.last_seen_at, run.last_ingest_at) if t is not None]
     return max(stamps) if stamps else None
 
 
-def _marked_silent() -> ColumnElement[bool]:
-    return and_(Run.status == "crashed", Run.status_reason.startswith(SILENT_REASON_PREFIX))
-
-
 def revive_values() -> str:
-    """The ``SET`` assignments (SQL, both backends) that put a run the service marked
-    ``crashed`` (its client went silent) back to ``running``, and leave any other run as it
-    is. Ingest applies them in its hand-written ``UPDATE runs``: a run that sends points again
-    is alive. (Each assignment reads the row as it was, so all three see the old status.)"""
-    silent = f"status = 'crashed' AND status_reason LIKE '{SILENT_REASON_PREFIX}%'"
+    """The ``SET`` assignments (SQL, both backends) that put a ``lost`` run (its client went
+    silent) back to ``running``, and leave any other run as it is. Ingest applies them in its
+    hand-written ``UPDATE runs``: a run that sends points again is alive. (Each assignment
+    reads the row as it was, so all three see the old status.)"""
+    lost = f"status = '{LOST_RUN_STATUS}'"
     return (
-        f"status = CASE WHEN {silent} THEN 'running' ELSE status END, "
-        f"status_reason = CASE WHEN {silent} THEN NULL ELSE status_reason END, "
-        f"ended_at = CASE WHEN {silent} THEN NULL ELSE ended_at END"
+        f"status = CASE WHEN {lost} THEN 'running' ELSE status END, "
+        f"status_reason = CASE WHEN {lost} THEN NULL ELSE status_reason END, "
+        f"ended_at = CASE WHEN {lost} THEN NULL ELSE ended_at END"
     )
 
 
-def _silent(now: datetime, stalled_after_s: float, client_gone_after_s: float
-            ) -> ColumnElement[bool]:
-    quiet_points = now - timedelta(seconds=max(stalled_after_s, client_gone_after_s))
+def _silent(now: datetime, client_gone_after_s: float) -> ColumnElement[bool]:
     gone = now - timedelta(seconds=client_gone_after_s)
     return and_(
         Run.status == "running",
         Run.created_at < gone,
-        or_(Run.last_ingest_at.is_(None), Run.last_ingest_at < quiet_points),
+        or_(Run.last_ingest_at.is_(None), Run.last_ingest_at < gone),
         or_(Run.last_seen_at.is_(None), Run.last_seen_at < gone),
     )
 
 
-def silent_runs_exist(
-    session: Session, *, now: datetime, stalled_after_s: float, client_gone_after_s: float
-) -> bool:
-    """Whether :func:`mark_silent_runs_crashed` would mark any run (a read: the usual answer
+def silent_runs_exist(session: Session, *, now: datetime, client_gone_after_s: float) -> bool:
+    """Whether :func:`mark_silent_runs_lost` would mark any run (a read: the usual answer
     is "no", and on SQLite a write transaction would queue behind ingest for nothing)."""
-    stmt = select(Run.id).where(_silent(now, stalled_after_s, client_gone_after_s)).limit(1)
+    stmt = select(Run.id).where(_silent(now, client_gone_after_s)).limit(1)
     return session.execute(stmt).first() is not None
 
 
-def mark_silent_runs_crashed(
-    session: Session, *, now: datetime, stalled_after_s: float, client_gone_after_s: float
-) -> int:
-    """Mark ``crashed`` every ``running`` run that sent no points for ``stalled_after_s`` and
-    whose client made no request for ``client_gone_after_s`` (a live client sends a heartbeat
-    while it has nothing else to say). One conditional ``UPDATE``: safe in any number of
-    processes at once, and a point that arrives meanwhile wins (the row no longer matches).
+def mark_silent_runs_lost(session: Session, *, now: datetime, client_gone_after_s: float) -> int:
+    """Mark ``lost`` every ``running`` run whose client sent no points and made no request
+    for ``client_gone_after_s`` (a live client sends a heartbeat every minute while it has
+    nothing else to say). One conditional ``UPDATE``: safe in any number of processes at once,
+    and a point that arrives meanwhile wins (the row no longer matches).
 
     Returns:
         How many runs were marked.
     """
     reason = (
-        f"{SILENT_REASON_PREFIX} no points and no request from the client for "
-        f"{_duration(client_gone_after_s)}; marked crashed by the service"
+        f"nothing from its client for {_duration(client_gone_after_s)} (no points, no "
+        "heartbeat); running again if the client is heard from"
     )
     write_connection(session)
     result = session.execute(
         update(Run)
-        .where(_silent(now, stalled_after_s, client_gone_after_s))
-        .values(status="crashed", status_reason=reason[:200], ended_at=now, updated_at=now),
+        .where(_silent(now, client_gone_after_s))
+        .values(status=LOST_RUN_STATUS, status_reason=reason[:200], ended_at=now,
+                updated_at=now),
         execution_options={"synchronize_session": False},
     )
     return int(result.rowcount)  # type: ignore[attr-defined]
@@ -181,8 +167,15 @@ def create_or_get_run(
         raise Conflict(f"run {run_id} already exists in another project; choose a new run id")
     if not created:
         run.last_seen_at = now
+        _revive(run)  # a client that starts again (a resumed run) is back
         session.flush()
     return _to_out(run, project), created
+
+
+def _revive(run: Run) -> None:
+    """A ``lost`` run whose client is heard from is ``running`` again (see revive_values)."""
+    if run.status == LOST_RUN_STATUS:
+        run.status, run.status_reason, run.ended_at = "running", None, None
 
 
 def get_run(session: Session, *, run_id: uuid.UUID, allowed_project: str | None) -> RunOut:
@@ -196,8 +189,8 @@ def update_run(
 ) -> RunOut:
     """Apply a status/name change and merge config keys; record that the client was seen.
 
-    An empty body is the client's heartbeat: it only records ``last_seen_at`` (and revives a
-    run the service marked ``crashed`` because its client went silent).
+    Any request revives a ``lost`` run (its client is back); an empty body is the client's
+    heartbeat: it only records ``last_seen_at``.
     """
     if run_in.status_reason is not None and run_in.status is None:
         raise InvalidInput("status_reason: give it together with the status it explains")
@@ -205,10 +198,7 @@ def update_run(
     run, project = _load(session, run_id, allowed_project)
     now = utcnow()
     run.last_seen_at = now
-    if run_in.status is None and run.status == "crashed" and (
-        run.status_reason or ""
-    ).startswith(SILENT_REASON_PREFIX):
-        run.status, run.status_reason, run.ended_at = "running", None, None
+    _revive(run)
     if not run_in.model_fields_set:
         session.flush()
         return _to_out(run, project)

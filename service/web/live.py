@@ -24,9 +24,10 @@ from curvecast.service.api import metrics as metrics_api
 from curvecast.service.api import runs as runs_api
 from curvecast.service.api._route import OneHopRoute
 from curvecast.service.deps import SessionDep, SettingsDep
-from curvecast.service.schemas import MetricsOut, RunOut
+from curvecast.service.schemas import LossReachedOut, MetricsOut, RunOut
 from curvecast.service.schemas.alerts import AlertList
 from curvecast.service.schemas.forecast import ForecastOut
+from curvecast.service.store import dashboard as dashboard_store
 from curvecast.service.web.login import PagePrincipal
 
 router = APIRouter(route_class=OneHopRoute)
@@ -41,6 +42,8 @@ class LivePoll(BaseModel):
     metrics: MetricsOut
     forecast: ForecastOut
     alerts: AlertList
+    #: The run page's "Train loss reached" card (``store.dashboard.run_loss_reached``).
+    loss_reached: LossReachedOut | None = None
 
 
 @router.get("/dashboards/api/runs/{run_id}/live", response_model=LivePoll)
@@ -62,11 +65,15 @@ def live_poll(
     run = runs_api.get_run(run_id, session, principal)
     wanted = metrics_api.parse_keys(keys)
     metrics = (
-        metrics_api.get_metrics(run_id, session, settings, principal, keys=wanted, start=start,
-                                end=None, max_points=max_points)
+        metrics_api.read_metrics(session, settings, principal, run_id, keys=wanted,
+                                 start=start, end=None, max_points=max_points,
+                                 require_keys=False)
         if wanted else MetricsOut(run_id=run_id, series=[])
     )
     forecast = forecast_api.get_forecast(run_id, session, principal, horizon=horizon,
                                          confidence=0.9, key=key)
     alerts = alerts_api.run_alerts(run_id, session, principal, state=None, limit=100)
-    return LivePoll(run=run, metrics=metrics, forecast=forecast, alerts=alerts)
+    reached = dashboard_store.run_loss_reached(session, run_id=run_id,
+                                               allowed_project=principal.project)
+    return LivePoll(run=run, metrics=metrics, forecast=forecast, alerts=alerts,
+                    loss_reached=reached)

@@ -138,8 +138,11 @@ def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: 
     end, _planned = chart_horizon(run.config, run.last_step)
     alerts = alert_store.run_alerts(session, run_id=run_id, state=None, limit=RUN_ALERTS,
                                     allowed_project=principal.project)
+    reached = dashboard_store.run_loss_reached(session, run_id=run_id,
+                                               allowed_project=principal.project)
     return views.RunPage(
         run=run.model_dump(mode="json"),
+        loss_reached=reached.model_dump(mode="json") if reached else None,
         metrics=metrics,
         forecast=forecast.model_dump(mode="json") if forecast else None,
         band=_band(latest, end, forecast.confidence) if forecast and "loss" in charts else [],

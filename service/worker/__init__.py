@@ -3,7 +3,7 @@
 ``loop`` runs each task on its own daemon thread in every service process, so that one task's
 failure or slowness never stalls the others; each task is a module: ``refit`` (forecasts),
 ``alerts`` (rule evaluation), ``webhooks`` (outbox delivery), ``liveness`` (marking runs
-whose client is gone ``crashed``) and ``retention`` (deleting runs that ended long ago, when
+whose client is gone ``lost``) and ``retention`` (deleting runs that ended long ago, when
 ``CURVECAST_RETENTION_DAYS`` is set). Every task is safe to run in several processes at once
 against one database: each claims its work with leases and row locks, or writes with one
 conditional statement.

@@ -27,6 +27,7 @@ from curvecast.service.alerting.rules import (
     first_present,
     rule_config,
 )
+from curvecast.service.alerting.rules.stalled import SILENCE_WATCHED
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.schemas.alerts import EvalJob
@@ -133,10 +134,13 @@ def evaluate_job(
     with session_scope(factory) as session:
         configs = _configs(alert_store.rule_overrides(session, project_id=job.project_id))
         fit = alert_store.latest_fit(session, run_id=job.run_id) if new_data else None
+        # Asked only while a rule that waits on it is firing (a statement saved per round).
+        acked = (alert_store.acknowledged_rules(session, run_id=job.run_id)
+                 if _firing(job.state, "non_finite") else frozenset())
         ctx = EvalContext(
             config=job.config, last_step=last_step, after_step=after, status=job.status,
             seconds_since_ingest=silent, stalled_after_s=settings.stalled_after_s,
-            fit=fit.fit if fit else None, fit_key=fit.key if fit else None,
+            fit=fit.fit if fit else None, fit_key=fit.key if fit else None, acknowledged=acked,
         )
         rules = tuple(RULES) if new_data else ("stalled",) if not ended else ()
         series = _read_series(session, job, ctx, configs, rules) if new_data else {}
@@ -151,6 +155,11 @@ def evaluate_job(
     if not recorded:
         log.info("alert evaluation of run %s: lease lost; another worker has it", job.run_id)
     return recorded
+
+
+def _firing(state: Mapping[str, Any], rule: str) -> bool:
+    """Whether ``rule``'s alert is firing in a run's evaluation state."""
+    return ((state.get(rule) or {}).get("lifecycle") or {}).get("state") == "firing"
 
 
 def apply_evaluation(
@@ -237,7 +246,7 @@ def _next_check(
         "pending", "firing")
     if open_stall:
         return now + period
-    if job.status != "running" or job.last_ingest_at is None:
+    if job.status not in SILENCE_WATCHED or job.last_ingest_at is None:
         return None
     due = job.last_ingest_at + timedelta(seconds=float(after_s))
     # A hair past the limit, so the check sees the run as silent for longer than after_s.

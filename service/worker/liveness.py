@@ -1,12 +1,15 @@
-"""Worker task: mark ``crashed`` the runs whose client is gone.
+"""Worker task: mark ``lost`` the runs whose client is gone.
 
 A trainer killed by SIGKILL, the OOM killer or a lost node never reports a final status, so its
-run would stay ``running`` forever. A live client is never silent for long: it sends points,
-and while it has nothing to send, a heartbeat (an empty ``PATCH``) every minute. A ``running``
-run that sent no points for ``stalled_after_s`` (the ``stalled`` alert's threshold) and whose
-client made no request for ``client_gone_after_s`` is marked ``crashed`` with a reason that
-says so (``runs.status_reason``, starting ``silent:``). If its client comes back (points, or a
-heartbeat), the run is ``running`` again (``store/runs.revive_values``).
+run would stay ``running`` forever, and be compared and forecast as if it were training. A live
+client is never silent for long: it sends points, and while it has nothing to send, a heartbeat
+(an empty ``PATCH``) every minute. A ``running`` run whose client sent no points and made no
+request for ``client_gone_after_s`` (default 4 minutes: four missed heartbeats) is marked
+``lost`` (the contract's ``LOST_RUN_STATUS``) with a reason that says so; checked every minute
+at most, a silent run leaves ``running`` within 5 minutes of its last contact. If its client
+comes back (points, a heartbeat, any request), the run is ``running`` again
+(``store/runs.revive_values``). The ``stalled`` alert still fires for a lost run that stays
+silent for ``stalled_after_s``: on-call hears of a run that died without a word.
 
 The check is one conditional ``UPDATE`` (after a read that usually finds nothing), so any
 number of service processes may run it at once.
@@ -32,28 +35,24 @@ MAX_CHECK_INTERVAL_S = 60.0
 def mark_silent_runs(
     factory: sessionmaker[Session], settings: Settings, *, now: datetime | None = None
 ) -> int:
-    """One check: mark ``crashed`` every running run whose client is gone (see the module).
+    """One check: mark ``lost`` every running run whose client is gone (see the module).
 
     Args:
         factory: session factory.
-        settings: ``stalled_after_s`` and ``client_gone_after_s``.
+        settings: ``client_gone_after_s``.
         now: the current time (tests pass a later one instead of waiting).
 
     Returns:
         How many runs were marked.
     """
     at = now or utcnow()
-    stalled, gone = settings.stalled_after_s, settings.client_gone_after_s
+    gone = settings.client_gone_after_s
     # Two transactions: a read that usually finds nothing, then (rarely) the write.
     with session_scope(factory) as session:
-        if not run_store.silent_runs_exist(
-            session, now=at, stalled_after_s=stalled, client_gone_after_s=gone
-        ):
+        if not run_store.silent_runs_exist(session, now=at, client_gone_after_s=gone):
             return 0
     with session_scope(factory) as session:
-        return run_store.mark_silent_runs_crashed(
-            session, now=at, stalled_after_s=stalled, client_gone_after_s=gone
-        )
+        return run_store.mark_silent_runs_lost(session, now=at, client_gone_after_s=gone)
 
 
 class LivenessTask:

@@ -1,7 +1,7 @@
 """Worker task: apply the retention setting (``CURVECAST_RETENTION_DAYS``).
 
-Runs that ended (``finished``, ``failed``, ``crashed``) more than the configured number of days
-ago are deleted with everything of theirs, in the same small batches as ``DELETE
+Runs that ended (``finished``, ``failed``, ``crashed``, ``lost``) more than the configured
+number of days ago are deleted with everything of theirs, in the same small batches as ``DELETE
 /api/v1/runs/{id}`` (:func:`curvecast.service.store.retention.delete_run`). Without the setting
 nothing is ever deleted. Deleting is idempotent, so several service processes may run this at
 once (at worst they share the batches of one run), and a deletion cut off by a restart is

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from curvecast.service.alerting.decisions import plan_alert_writes
@@ -64,11 +65,32 @@ def test_a_cancelled_pending_alert_is_deleted_and_a_new_one_comes_after_it() -> 
                              state={}, now=NOW, public_url="http://cc") == []
 
 
-def test_an_open_alert_shows_the_latest_statistic_and_an_unchanged_one_is_not_written() -> None:
-    state = {"non_finite": {"lifecycle": {"step": 99, "value": 3.0}}}
-    (write,) = plan_alert_writes(JOB, [], [_open()], [], state=state, now=NOW,
+def test_an_alert_keeps_the_step_and_value_its_description_describes() -> None:
+    """An off_curve alert fired with the loss 1.05 above the interval ("... by 1.05"); later
+    rounds showed the latest excess, -0.865, beside that description, and REST's step moved on
+    from the page's. Step and value stay those of the firing observation."""
+    fired = Transition("off_curve", Event("firing", 426, 1.05, 400), "warning",
+                       "eval_loss is above its forecast interval",
+                       "The smoothed eval_loss has stayed above the upper end of the 99% forecast "
+                       "interval by 1.05 for a sustained stretch", "eval_loss")
+    (write,) = plan_alert_writes(JOB, [fired], [], HOOKS, state={}, now=NOW,
                                  public_url="http://cc")
-    assert (write.row.step, write.row.value, write.row.updated_at) == (99, 3.0, NOW)
-    unchanged = {"non_finite": {"lifecycle": {"step": 60, "value": 1.0}}}
-    assert plan_alert_writes(JOB, [], [_open()], [], state=unchanged, now=NOW,
+    row = write.row
+    assert (row.step, row.fired_step, row.since_step, row.value) == (426, 426, 400, 1.05)
+    assert "by 1.05" in row.description
+    body = json.loads(write.notifications[0].body)
+    annotations = body["alerts"][0]["annotations"]
+    assert (annotations["step"], annotations["value"]) == ("426", "1.05")
+    # Later rounds: the rule's statistic moved (in its dead band), nothing happened.
+    stored = replace(row, id=5)
+    later = {"off_curve": {"lifecycle": {"state": "firing", "step": 496, "value": -0.865}}}
+    assert plan_alert_writes(JOB, [], [stored], HOOKS, state=later, now=NOW,
                              public_url="http://cc") == []
+    # Resolving adds the time and the reason; the step and value stay.
+    resolved = Transition("off_curve", Event("resolved", 501, -1.2, 400), "warning", "s", "d",
+                          "eval_loss", reason="run ended (finished) while the condition held")
+    (closed,) = plan_alert_writes(JOB, [resolved], [stored], HOOKS, state={}, now=NOW,
+                                  public_url="http://cc")
+    assert (closed.row.state, closed.row.step, closed.row.value) == ("resolved", 426, 1.05)
+    assert closed.row.description.endswith("Resolved: run ended (finished) while the "
+                                           "condition held.")

@@ -216,7 +216,26 @@ def test_non_finite_is_immediate_even_during_burn_in() -> None:
               if e.rule == "non_finite" and e.kind in ("firing", "resolved")]
     assert events[0].kind == "firing" and events[0].step == 5
     assert "sfplus/grad_l1" in events[0].summary
-    assert events[1].kind == "resolved"  # one bad batch, then finite again
+    # One bad batch, then finite again for the rest of the run: it does not resolve itself
+    # while the run goes on (it did, seconds later); the run's end would close it.
+    assert [e.kind for e in events] == ["firing"]
+
+
+def test_non_finite_resolves_only_once_acknowledged() -> None:
+    """Finite again for the whole run: still firing; acknowledged, it resolves once the
+    metrics have been finite for 2% of the run (here 20 steps of 1,000)."""
+    series = planted(base_series(), "sfplus/grad_l1", lambda s, v: np.where(s == 5, np.inf, v))
+    configs = {name: rule_config(name) for name in RULES}
+    first = EvalContext(config=CONFIG, last_step=500)
+    state, out = evaluate_round(series, first, configs, None, rules=("non_finite",))
+    assert [t.event.kind for t in out] == ["firing"]
+    later = EvalContext(config=CONFIG, last_step=600, after_step=500)
+    state, out = evaluate_round(series, later, configs, state, rules=("non_finite",))
+    assert out == [] and state["non_finite"]["lifecycle"]["state"] == "firing"
+    acked = EvalContext(config=CONFIG, last_step=700, after_step=600,
+                        acknowledged=frozenset({"non_finite"}))
+    state, out = evaluate_round(series, acked, configs, state, rules=("non_finite",))
+    assert [(t.event.kind, t.event.step) for t in out] == [("resolved", 601)]
 
 
 def test_off_curve_against_the_forecast() -> None:

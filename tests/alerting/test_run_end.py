@@ -175,3 +175,37 @@ def test_the_worker_logs_an_outage_once_and_its_end(
     messages = [r.getMessage() for r in caplog.records]
     assert len([m for m in messages if "database unavailable" in m]) == 1
     assert len([m for m in messages if "database back" in m]) == 1
+
+
+def test_a_lost_run_keeps_its_alerts_and_its_silence_raises_stalled(tmp_path: Any) -> None:
+    """``lost`` is not an end (the client may come back): the service marking a run lost closes
+    none of its alerts, and the run's silence goes on being watched, so on-call hears of a run
+    that died without a word; its next point makes it running and resolves the stall."""
+    import httpx
+
+    from curvecast.service.migrate import upgrade
+    from curvecast.service.testing import thread_server, wait_for
+
+    url = f"sqlite:///{tmp_path / 'lost.db'}"
+    upgrade(url)
+    settings = Settings(database_url=url, worker_interval_s=0.05, stalled_after_s=1.5,
+                        client_gone_after_s=0.3, alert_eval_min_interval_s=0)
+    with thread_server(settings) as server:
+        run_id = str(uuid.uuid4())
+        base = f"{server}/api/v1/runs/{run_id}"
+        httpx.put(base, json={"project": "lost", "config": {"total_steps": 1000}})
+        steps = list(range(30))
+        httpx.post(f"{base}/metrics", json={
+            "steps": steps, "values": {"loss": [2.0] * 20 + ["NaN"] * 10}}).raise_for_status()
+
+        def alerts() -> dict[str, str]:
+            body = httpx.get(f"{server}/api/v1/alerts", params={"run_id": run_id}).json()
+            return {a["rule"]: a["state"] for a in body["alerts"]}
+
+        wait_for(lambda: httpx.get(base).json()["status"] == "lost", 30, "the run lost")
+        wait_for(lambda: alerts().get("stalled") == "firing", 30, "stalled firing")
+        assert httpx.get(base).json()["status"] == "lost"
+        assert alerts()["non_finite"] == "firing"
+        httpx.post(f"{base}/metrics", json={"steps": [30], "values": {"loss": [2.0]}})
+        assert httpx.get(base).json()["status"] == "running"
+        wait_for(lambda: alerts().get("stalled") == "resolved", 30, "stalled resolved")

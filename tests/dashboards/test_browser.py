@@ -201,7 +201,8 @@ def test_run_page_draws_everything_and_updates_live(
     # (it wrote "training loss at step 4,499" and dropped the eval loss until the next fit's
     # refresh rewrote the card).
     detail = tab.page.locator('[data-kpi="last_loss"] .kpi-detail').inner_text()
-    assert re.fullmatch(r"at step 4,499; last eval loss [0-9.]+ at step 4,250", detail), detail
+    assert re.fullmatch(r"at step 4,499, median of the last 1% of steps; last eval loss "
+                        r"[0-9.]+ at step 4,250", detail), detail
     wait_for_fit(client, run_id, upto=4000)
     tab.page.wait_for_function(
         """() => document.getElementById('chart-loss').data.some(t => t.meta &&

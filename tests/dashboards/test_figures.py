@@ -520,6 +520,9 @@ def test_the_forecast_card_of_a_run_that_ended_early_says_it_will_not_get_there(
     assert card(status).endswith(
         f"; the run {status} at step 8,000: where it was heading, had it gone on")
     assert "heading" not in card("running")
+    # A run whose client went silent is not heading anywhere live either.
+    assert card("lost").endswith("; the run was lost (its client went silent) at step 8,000: "
+                                 "where it was heading, had it gone on")
 
 
 def test_run_payload_is_json_with_kpis_and_cursor() -> None:
@@ -541,14 +544,22 @@ def test_run_payload_is_json_with_kpis_and_cursor() -> None:
                             forecast={"status": "pending", "message": "no fit yet"})
     kpis = {k.id: k for k in views.run_kpis(pending)}
     assert kpis["forecast"].value == "pending" and kpis["last_loss"].value == "—"
-    # The headline says which loss it shows.
-    kpis = {k.id: k for k in views.run_kpis(page)}
-    assert kpis["last_loss"].label == "Last train loss"
-    assert "last eval loss 2.55 at step 10,000" in kpis["last_loss"].detail
+    # The headline says which loss it shows, and by which rule (the one the reads supply).
+    reached = views.RunPage(run=page.run, metrics=page.metrics,
+                            loss_reached={"key": "loss", "step": 10_000, "value": 2.4567})
+    kpi = {k.id: k for k in views.run_kpis(reached)}["last_loss"]
+    assert (kpi.label, kpi.value) == ("Train loss reached", "2.457")
+    assert kpi.detail == ("at step 10,000, median of the last 1% of steps; "
+                          "last eval loss 2.55 at step 10,000")
     only_eval = views.RunPage(run={"id": "r", "config": {}, "last_step": 500},
-                              metrics=[raw("eval_loss", [250, 500], [3.1, 2.9])])
+                              metrics=[raw("eval_loss", [250, 500], [3.1, 2.9])],
+                              loss_reached={"key": "eval_loss", "step": 500, "value": 2.9})
     kpi = {k.id: k for k in views.run_kpis(only_eval)}["last_loss"]
-    assert (kpi.label, kpi.value) == ("Last eval loss", "2.9")
+    assert (kpi.label, kpi.value) == ("eval_loss reached", "2.9")
+    assert kpi.detail.endswith("; no training loss logged")
+    diverged = views.RunPage(run=page.run, loss_reached={"key": "loss", "step": 9,
+                                                         "value": "NaN"})
+    assert {k.id: k for k in views.run_kpis(diverged)}["last_loss"].tone == "bad"
 
 
 def test_compare_rows_name_train_and_eval_losses() -> None:

@@ -104,7 +104,7 @@ def test_runs_list_shows_progress_loss_forecast_and_trend(dash: str, project: st
     for path, params, message in (
             ("/", {"status": "bogus"},
              "status: Input should be &#39;running&#39;, &#39;finished&#39;, &#39;failed&#39;, "
-             "&#39;crashed&#39; or &#39;&#39;"),
+             "&#39;crashed&#39;, &#39;lost&#39; or &#39;&#39;"),
             ("/compare", {"runs": str(fitted), "horizon": "abc"},
              "horizon: Input should be a valid integer"),
             ("/runs/not-a-run", {}, "run_id: Input should be a valid UUID")):

@@ -226,7 +226,9 @@ def test_keys_filter_and_bad_key_query(run_url: str) -> None:
     assert list(series(run_url, keys=["a,b", "c/d"])) == ["a", "b", "c/d"]
     export = httpx.get(f"{run_url}/metrics.csv", params={"keys": ["a", "c/d"]}).text
     assert {line.split(",")[0] for line in export.splitlines()[1:]} == {"a", "c/d"}
-    assert series(run_url, keys="zzz")["zzz"]["total_points"] == 0
+    # A key the run does not have: 404 naming the keys it has, as forecast?key= answers.
+    missing = httpx.get(f"{run_url}/metrics", params={"keys": "zzz"})
+    assert missing.status_code == 404 and "the keys it has: a, b, c/d" in missing.json()["message"]
     bad = httpx.get(f"{run_url}/metrics", params={"keys": "a,b c"})
     assert bad.status_code == 422 and "keys[1]" in bad.json()["message"]
 

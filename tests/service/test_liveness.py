@@ -1,6 +1,6 @@
-"""Liveness: running runs whose client is gone are marked ``crashed`` with a reason, and come
-back to ``running`` when their client is heard from again; on both backends, through a real
-server. The check takes its ``now`` as an argument, so thresholds are crossed without waiting."""
+"""Liveness: running runs whose client is gone are marked ``lost`` with a reason, and come back
+to ``running`` when their client is heard from again; on both backends, through a real server.
+The check takes its ``now`` as an argument, so thresholds are crossed without waiting."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _stamp(settings: Settings, run_id: str, **times: datetime | None) -> None:
         engine.dispose()
 
 
-def test_only_runs_silent_with_their_client_gone_are_marked_crashed(
+def test_only_runs_silent_with_their_client_gone_are_marked_lost(
     server: str, settings: Settings
 ) -> None:
     now = utcnow()
@@ -89,7 +89,8 @@ def test_only_runs_silent_with_their_client_gone_are_marked_crashed(
                        json={"status": "finished"}).status_code == 200
     _stamp(settings, runs["gone"], created_at=long_ago, last_seen_at=long_ago,
            last_ingest_at=long_ago)
-    # Points stopped long ago but the client still says it is there: the stall alert's case.
+    # Points stopped long ago but the client still says it is there: the stall alert's case
+    # (a hung loop whose client thread still heartbeats), not a lost client.
     _stamp(settings, runs["heartbeat"], created_at=long_ago, last_ingest_at=long_ago,
            last_seen_at=now - timedelta(seconds=GONE_S / 2))
     _stamp(settings, runs["recent_points"], created_at=long_ago, last_seen_at=long_ago,
@@ -101,24 +102,26 @@ def test_only_runs_silent_with_their_client_gone_are_marked_crashed(
     assert mark_silent_runs(factory, settings, now=now) == 0  # already marked
 
     gone = _run(server, runs["gone"])
-    assert gone["status"] == "crashed"
-    assert gone["status_reason"].startswith("silent:")
-    assert "5 min" in gone["status_reason"] and gone["ended_at"] is not None
+    assert gone["status"] == "lost"
+    assert gone["status_reason"].startswith("nothing from its client for 5 min")
+    assert gone["ended_at"] is not None
     page = httpx.get(f"{server}/runs/{runs['gone']}")
-    assert page.status_code == 200 and 'id="run-status-reason">(silent: no points' in page.text
+    assert page.status_code == 200
+    assert 'id="run-status-reason">(nothing from its client' in page.text
     for name in ("heartbeat", "recent_points", "young"):
         assert _run(server, runs[name])["status"] == "running", name
         assert _run(server, runs[name])["status_reason"] is None, name
     assert _run(server, finished)["status"] == "finished"
 
 
-def test_a_crashed_run_comes_back_with_points_or_a_heartbeat(
+def test_a_lost_run_comes_back_with_points_a_heartbeat_or_a_new_put(
     server: str, settings: Settings
 ) -> None:
     factory = make_sessionmaker(make_engine(settings))
     later = utcnow() + timedelta(seconds=10 * GONE_S)
-    by_points, by_heartbeat = _put(server), _put(server)
-    assert mark_silent_runs(factory, settings, now=later) == 2
+    by_points, by_heartbeat, by_put = _put(server), _put(server), _put(server)
+    assert mark_silent_runs(factory, settings, now=later) == 3
+    assert {_run(server, r)["status"] for r in (by_points, by_heartbeat, by_put)} == {"lost"}
 
     _post_point(server, by_points, 7)
     back = _run(server, by_points)
@@ -128,6 +131,28 @@ def test_a_crashed_run_comes_back_with_points_or_a_heartbeat(
     beat = httpx.patch(f"{server}/api/v1/runs/{by_heartbeat}", json={})
     assert beat.status_code == 200 and beat.json()["status"] == "running"
     assert beat.json()["last_seen_at"] is not None
+    # A resumed client creates its run again (idempotent PUT): it is back too.
+    again = httpx.put(f"{server}/api/v1/runs/{by_put}", json={"project": "live"})
+    assert again.status_code == 200 and again.json()["status"] == "running", again.text
+    assert again.json()["status_reason"] is None and again.json()["ended_at"] is None
+
+
+def test_lost_is_the_service_s_word_not_a_client_s(server: str) -> None:
+    run_id = _put(server)
+    resp = httpx.patch(f"{server}/api/v1/runs/{run_id}", json={"status": "lost"})
+    assert resp.status_code == 422 and "status" in resp.json()["message"], resp.text
+    listed = httpx.get(f"{server}/api/v1/runs", params={"status": "lost"})
+    assert listed.status_code == 200 and listed.json()["runs"] == []
+
+
+def test_by_default_a_silent_run_leaves_running_within_five_minutes() -> None:
+    """The client heartbeats every minute; the service used to wait 30 minutes. Marked after
+    client_gone_after_s of silence, by a check that runs at most a minute apart."""
+    from curvecast.client._sender import HEARTBEAT_INTERVAL
+
+    gone = Settings().client_gone_after_s
+    assert gone + min(MAX_CHECK_INTERVAL_S, gone / 4) <= 300
+    assert gone >= 3 * HEARTBEAT_INTERVAL  # a missed heartbeat or two is not a lost client
 
 
 def test_a_status_the_client_set_is_never_revived(server: str) -> None:
@@ -159,16 +184,16 @@ def test_the_reason_is_bounded_and_a_new_status_clears_it(server: str) -> None:
     assert "status_reason: give it together with the status" in alone.json()["message"]
 
 
-def test_the_service_worker_marks_a_silent_run_crashed(db_url: str) -> None:
+def test_the_service_worker_marks_a_silent_run_lost(db_url: str) -> None:
     # The real worker thread, with thresholds small enough to cross while the test polls.
     settings = Settings(database_url=db_url, worker_interval_s=0.05, stalled_after_s=0.2,
                         client_gone_after_s=0.4)
     with thread_server(settings) as url:
         run_id = _put(url)
         _post_point(url, run_id, 1)
-        run = wait_for(lambda: (r := _run(url, run_id))["status"] == "crashed" and r, 30,
-                       "the silent run marked crashed")
-        assert run["status_reason"].startswith("silent:") and run["last_step"] == 1
+        run = wait_for(lambda: (r := _run(url, run_id))["status"] == "lost" and r, 30,
+                       "the silent run marked lost")
+        assert run["status_reason"].startswith("nothing from its client") and run["last_step"] == 1
 
 
 def test_the_task_checks_at_most_every_minute_or_quarter_threshold(
@@ -192,11 +217,11 @@ def test_the_task_checks_at_most_every_minute_or_quarter_threshold(
     assert _run(server, first)["status"] == "running"
     clock[0] = every
     assert task(factory, settings) == 0  # never "work found": the loop must not spin on it
-    assert _run(server, first)["status"] == "crashed"
+    assert _run(server, first)["status"] == "lost"
     second = silent_run()
     clock[0] = 2 * every - 0.1
     task(factory, settings)
     assert _run(server, second)["status"] == "running"
     clock[0] = 2 * every
     task(factory, settings)
-    assert _run(server, second)["status"] == "crashed"
+    assert _run(server, second)["status"] == "lost"

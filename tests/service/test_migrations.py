@@ -134,3 +134,43 @@ def test_upgrade_from_0001_backfills_rollups_and_work(empty_db: str) -> None:
         (2, 8, 32.0, 39.0, 39, 39.0, float(sum(range(32, 40))), 8),
     ]
     assert work == 1
+
+
+def test_runs_marked_silent_under_0008_become_lost_and_back(empty_db: str) -> None:
+    """Before 0009 the service marked a silent client's run ``crashed`` with a reason starting
+    "silent:"; such runs are ``lost`` after the upgrade (what ingest revives), a run its client
+    set ``crashed`` stays so, and the downgrade gives the old form back."""
+    import uuid
+
+    from sqlalchemy import text
+
+    upgrade(empty_db, "0008")
+    engine = create_engine(Settings(database_url=empty_db).database_url)
+    pg = engine.dialect.name == "postgresql"
+    ids = {name: uuid.uuid4() for name in ("silent", "client")}
+    reasons = {"silent": "silent: no points and no request from the client for 30 min",
+               "client": "OOM"}
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO projects (name, created_at) VALUES ('p', '2026-01-01')"))
+        for name, run_id in ids.items():
+            conn.execute(
+                text("INSERT INTO runs (id, project_id, name, config, status, status_reason,"
+                     " created_at, updated_at, n_points) VALUES (:id, 1, :n, '{}', 'crashed',"
+                     " :why, '2026-01-01', '2026-01-01', 0)"),
+                {"id": str(run_id) if pg else run_id.hex, "n": name, "why": reasons[name]},
+            )
+
+    def statuses() -> dict[str, tuple[str, str]]:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT name, status, status_reason FROM runs")).all()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    try:
+        upgrade(empty_db)
+        assert statuses() == {"silent": ("lost", reasons["silent"]),
+                              "client": ("crashed", "OOM")}
+        downgrade(empty_db, "0008")
+        assert statuses() == {"silent": ("crashed", reasons["silent"]),
+                              "client": ("crashed", "OOM")}
+    finally:
+        engine.dispose()

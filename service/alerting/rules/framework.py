@@ -79,6 +79,8 @@ class EvalContext:
         stalled_after_s: the service-wide default of the ``stalled`` rule's ``after_s``.
         fit: the latest stored forecast fit (parsed once, by the store) and ``fit_key`` the
             series it was fitted on, for the off-curve rule.
+        acknowledged: the rules whose open alert of this run someone acknowledged (a
+            ``non_finite`` alert resolves only once acknowledged).
     """
 
     config: Mapping[str, Any]
@@ -89,6 +91,7 @@ class EvalContext:
     stalled_after_s: float = 900.0
     fit: Fit | None = None
     fit_key: str | None = None
+    acknowledged: frozenset[str] = frozenset()
 
     @cached_property
     def run_config(self) -> RunConfig:

@@ -1,6 +1,13 @@
 """Non-finite values: a NaN or infinite loss or optimizer statistic means the run diverged.
 
 Judged from step 0 (no burn-in) and fires at once: a diverged run does not recover on its own.
+
+It does not resolve itself while the run goes on: a critical alert that says "restore the last
+good checkpoint" needs a person, and one that resolved six seconds later (the run logged finite
+values again after a bad batch) read as a fix nobody made. It stays firing until someone
+acknowledges it (``POST /api/v1/alerts/{id}/ack``); from then on it resolves once every watched
+metric has been finite for 2% of the run (20 to 200 steps; 200 without ``total_steps``). The
+run's end closes it, as it closes every alert, with that reason.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS, telemetry_keys
+from curvecast.contract import EVAL_LOSS_KEYS, MAX_STEP, TRAIN_LOSS_KEYS, telemetry_keys
 from curvecast.service.alerting.rules.framework import (
     EvalContext,
     ParamSpec,
@@ -35,6 +42,16 @@ _DEFAULT_KEYS = list(
         ]
     )
 )
+
+
+#: A resolve duration no run reaches: the alert stays firing while unacknowledged.
+UNTIL_ACKNOWLEDGED = MAX_STEP + 1
+_RECOVERED = run_fraction(0.02, 20, 200)
+
+
+def _resolve_after(ctx: EvalContext) -> int:
+    """Steps of finite values before the alert resolves: never before it is acknowledged."""
+    return _RECOVERED(ctx) if "non_finite" in ctx.acknowledged else UNTIL_ACKNOWLEDGED
 
 
 def _inputs(cfg: RuleConfig) -> list[list[str]]:
@@ -90,14 +107,15 @@ NON_FINITE = RuleSpec(
     title="Non-finite loss or norms",
     description=(
         "Any of the watched metrics (loss, eval loss, the optimizer's loss, gradient and "
-        "weight norms, eta) is NaN or infinite. Judged from step 0, fires at once."
+        "weight norms, eta) is NaN or infinite. Judged from step 0, fires at once; "
+        "resolves only once acknowledged, after 2% of the run with finite values."
     ),
     severity="critical",
     params={"keys": ParamSpec(None, "keys", "metrics to watch instead of the defaults")},
     evaluate=_evaluate,
     describe=_describe,
     for_auto=immediately,
-    resolve_auto=run_fraction(0.02, 20, 200),
+    resolve_auto=_resolve_after,
     lookback=since_last_round,
     inputs=_inputs,
     for_steps=0,
