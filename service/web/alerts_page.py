@@ -69,7 +69,7 @@ def alerts_table(request: Request, settings: SettingsDep, session: SessionDep,
         view = _view(session, principal, project, state)
     except ServiceError as exc:
         return Response(exc.message, status_code=exc.status_code, headers=PAGE_HEADERS)
-    return fragment("_alerts_rows.html", back=local_path(back), **view)
+    return fragment("_alerts_rows.html", back=local_path(back), state=state or "", **view)
 
 
 def _back(next_page: str) -> RedirectResponse:

@@ -37,17 +37,17 @@ def projects_page(request: Request, settings: SettingsDep, session: SessionDep) 
     return serve_page(request, settings, render)
 
 
-@router.get("/projects/{name}", response_class=HTMLResponse)
-def project_page(request: Request, name: ProjectName, settings: SettingsDep,
+@router.get("/projects/{project}", response_class=HTMLResponse)
+def project_page(request: Request, project: ProjectName, settings: SettingsDep,
                  session: SessionDep) -> Response:
     """One project: its runs (newest first), each as on the runs list, ticked to compare."""
 
     def render(principal: Principal) -> Response:
-        summary = reads.project_rows(session, principal, name)[0]
-        rows, next_token = reads.runs_rows(session, principal, name, None, None)
-        return page("project.html", title=f"{name} · project", project=summary, rows=rows,
+        summary = reads.project_rows(session, principal, project)[0]
+        rows, next_token = reads.runs_rows(session, principal, project, None, None)
+        return page("project.html", title=f"{project} · project", project=summary, rows=rows,
                     next_token=next_token,
-                    config=page_config(settings, "project", nav="projects", project=name,
-                                       rows_query="?" + urlencode({"project": name})))
+                    config=page_config(settings, "project", nav="projects", project=project,
+                                       rows_query="?" + urlencode({"project": project})))
 
     return serve_page(request, settings, render)

@@ -92,6 +92,8 @@ def test_alerts_page_lists_every_state_across_runs(site: str, alerts: FakeAlerts
         fragment = client.get("/dashboards/api/alerts-table", params={"project": project})
         assert fragment.status_code == 200 and len(_rows(
             f'<tbody id="x">{fragment.text}</tbody>', "x")) == 3
+        none = client.get("/dashboards/api/alerts-table", params={"project": "nobody-here"})
+        assert none.status_code == 200 and "No alerts" in none.text
 
 
 def test_acknowledge_and_silence_from_the_page(site: str, alerts: FakeAlerts,
