@@ -22,7 +22,11 @@ from curvecast.dashboards.data import (
 )
 from curvecast.dashboards.figures.spec import FigureSpec
 
-GL_MIN_POINTS = 1000
+#: Traces of more points than this are drawn with WebGL (``scattergl``), shorter ones as SVG.
+#: Above the pages' bucket counts (1,200 at most): a first WebGL chart makes a fresh browser
+#: start a WebGL context, slow with software rendering and on the way to the first chart,
+#: while SVG draws a few thousand points as fast and sharper (BENCHMARKS.md, "dashboard").
+GL_MIN_POINTS = 2500
 #: Alert markers per chart at most (the newest); the alert list on the page has all of them.
 MAX_ALERT_MARKS = 60
 #: Series of at most this many points are drawn with markers too (a line needs two points).
