@@ -326,6 +326,18 @@ def ms(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def _goal_note(first: float, floor: float) -> str:
+    """Whether the first interactive chart met its goal here, and what stood in the way."""
+    goal = f"The ≤ {ms(FRESH_GOAL_MS)} ms goal (for an idle machine)"
+    if first <= FRESH_GOAL_MS:
+        return f"{goal} is met here."
+    if floor >= FRESH_GOAL_MS:
+        return (f"{goal} is not met here: plotly.js alone, loaded and run, took longer than "
+                "that on this machine at this load.")
+    return (f"{goal} is not met here: {ms(first - FRESH_GOAL_MS)} ms over, with the floor "
+            f"{ms(FRESH_GOAL_MS - floor)} ms under it.")
+
+
 def report(results: dict[str, dict[str, Any]]) -> str:
     parts = []
     for backend, r in results.items():
@@ -392,10 +404,7 @@ def report(results: dict[str, dict[str, Any]]) -> str:
             f"{ms(floor)} ms ({fresh['first'].median / floor:.2f}×; "
             f"{ms(fresh['first'].median - floor)} ms above it, for the page's HTML, its data "
             f"and drawing the loss chart; the floor's plotly.js had run after "
-            f"{ms(fresh['floor_ran'].median)} ms). The ≤ {ms(FRESH_GOAL_MS)} ms goal is for "
-            f"an idle machine: with the page's {ms(fresh['first'].median - floor)} ms above "
-            f"the floor, it holds where plotly.js alone takes under "
-            f"{ms(FRESH_GOAL_MS - (fresh['first'].median - floor))} ms.")
+            f"{ms(fresh['floor_ran'].median)} ms). " + _goal_note(fresh["first"].median, floor))
         before = PREVIOUS_FRESH.get(backend)
         if before:
             notes.append(

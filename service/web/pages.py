@@ -49,7 +49,7 @@ PageToken = Annotated[str | None, Query(max_length=500)]
 
 
 def serve_page(request: Request, settings: SettingsDep,
-           render: Callable[[Principal], Response]) -> Response:
+               render: Callable[[Principal], Response]) -> Response:
     """A page: the ``?token=`` login when asked, else ``render`` for the caller, with any
     error (no token, no such run, bad input) as an error page."""
     if (login := token_login(request, settings)) is not None:
@@ -153,8 +153,8 @@ def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
         config_rows = [(k, v if isinstance(v, str) else json.dumps(v))
                        for k, v in sorted(run.config.items())]
         config = page_config(settings, "run", run_id=str(run_id), run_status=run.status,
-                         charts=list(views.RUN_CHARTS), key=key or None,
-                         level_extending=list(LEVEL_EXTENDING_STATUSES))
+                             charts=list(views.RUN_CHARTS), key=key or None,
+                             level_extending=list(LEVEL_EXTENDING_STATUSES))
         # The loss chart drawn by the server too: it shows at first paint, before plotly.js
         # (megabytes of JavaScript on a first visit) has loaded and drawn the real one.
         loss = views.run_figures(reads.run_page(session, principal, run_id, ["loss"],
@@ -221,8 +221,9 @@ def compare_page(
                    "remove": compare_href([k for k in keys if k != run["id"]], horizon, key)
                    if len(keys) > 1 else None}
                   for index, run in enumerate(found)]
-        config = page_config(settings, "compare", run_ids=keys, horizon=horizon, key=key or None,
-                         project=found[0]["project"], max_runs=reads.MAX_COMPARE)
+        config = page_config(settings, "compare", run_ids=keys, horizon=horizon,
+                             key=key or None, project=found[0]["project"],
+                             max_runs=reads.MAX_COMPARE)
         # The horizon the page compares at when none is typed (views.common_horizon).
         default = views.common_horizon(found)
         return page("compare.html", title="Compare runs", runs=chosen, horizon=horizon or "",
