@@ -70,6 +70,27 @@ def duration(seconds: float | None) -> str:
     return f"{days} d {hours} h" if hours else f"{days} d"
 
 
+def _parse_time(when: datetime | str) -> datetime | None:
+    """A timestamp (ISO 8601 text or datetime) as an aware datetime; None if unreadable."""
+    if isinstance(when, str):
+        try:
+            when = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def when(value: datetime | str | None) -> str:
+    """A moment for people, in UTC to the second: ``2026-11-28 13:53:10 UTC`` (the scripts'
+    ``cc.fmtTime`` writes the same)."""
+    if value is None:
+        return "—"
+    moment = _parse_time(value)
+    if moment is None:
+        return str(value)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def ago(when: datetime | str | None, now: datetime | None = None) -> str:
     """How long ago ``when`` was (``3 min ago``)."""
     if when is None:

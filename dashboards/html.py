@@ -28,6 +28,7 @@ STATIC_FILES = {
     "run.js": _JAVASCRIPT,
     "compare.js": _JAVASCRIPT,
     "runs.js": _JAVASCRIPT,
+    "alerts.js": _JAVASCRIPT,
     "dashboards.css": "text/css; charset=utf-8",
 }
 

@@ -382,16 +382,42 @@ class CompareRun:
 
 
 def common_horizon(runs: Sequence[Mapping[str, Any]], requested: int | None = None) -> int | None:
-    """The horizon the compare page forecasts to: as requested, else the largest planned
-    ``total_steps`` among the runs, else the furthest of the runs' own (contract) horizons."""
+    """The horizon the compare page forecasts to: as requested, else the furthest step at
+    which every run can be compared.
+
+    A running run can be compared up to its planned end (``total_steps``); a finished one up
+    to where it got (past its end it has no loss and no forecast): the default is the
+    earliest of those. Runs with no planned end do not bound it (the furthest of their last
+    steps is used when no run has one). A run that failed, crashed or stopped reporting does
+    not set it either (its end was not planned): it is compared when it got that far, and
+    named as ended before the horizon otherwise; only when every run is such a run, the
+    earliest of their ends is used.
+    """
     if requested is not None:
         return requested
-    configs = [(RunConfig.read(r.get("config")), r.get("last_step")) for r in runs]
-    totals = [cfg.total_steps for cfg, _ in configs if cfg.total_steps is not None]
-    if totals:
-        return max(totals)
-    others = [h for h in (cfg.horizon(last) for cfg, last in configs) if h is not None]
-    return max(others) if others else None
+    planned: list[int] = []
+    open_ended: list[int] = []
+    broken_off: list[int] = []
+    for run in runs:
+        last = run.get("last_step")
+        last = int(last) if isinstance(last, int | float) else None
+        status = run.get("status")
+        total = RunConfig.read(run.get("config")).total_steps
+        if status == "running":
+            if total is not None:
+                planned.append(total)
+            elif last is not None:
+                open_ended.append(last)
+        elif status == "finished":
+            if last is not None:
+                planned.append(last)
+        elif last is not None:
+            broken_off.append(last)
+    if planned:
+        return min(planned)
+    if open_ended:
+        return max(open_ended)
+    return min(broken_off) if broken_off else None
 
 
 def compare_entries(runs: Sequence[CompareRun]) -> list[figures.CompareEntry]:

@@ -25,6 +25,7 @@ from curvecast.service.edge import EdgeGuard
 from curvecast.service.errors import ERROR_CODE_TO_HTTP_STATUS, ERROR_RESPONSES, install_handlers
 from curvecast.service.migrate import check_schema, upgrade
 from curvecast.service.web import docs, static
+from curvecast.service.web.responses import page_not_found
 from curvecast.service.worker import (
     LivenessTask,
     RetentionTask,
@@ -248,7 +249,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.sessionmaker = sessions
     app.state.notify_ingest = (lambda _run_id: worker.notify()) if worker else _no_worker
-    install_handlers(app, settings.retry_after_s)
+    install_handlers(app, settings.retry_after_s, page_not_found=page_not_found)
     for module in (health, runs, metrics, forecast, alerts):
         # API routes document the standard error answers (health probes have their own).
         app.include_router(module.router, responses=None if module is health else ERROR_RESPONSES)

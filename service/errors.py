@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -257,8 +258,14 @@ def _allowed_methods(request: Request) -> str:
     )
 
 
-def install_handlers(app: FastAPI, retry_after_s: int) -> None:
-    """Register the handlers that turn every failure into the standard error body."""
+def install_handlers(app: FastAPI, retry_after_s: int,
+                     page_not_found: Callable[[Request], Response | None] | None = None
+                     ) -> None:
+    """Register the handlers that turn every failure into the standard error body.
+
+    ``page_not_found`` answers an unknown address first, when it returns a response: the
+    pages' HTML 404 for a page address a browser opened (API paths keep the JSON body).
+    """
 
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
@@ -273,7 +280,11 @@ def install_handlers(app: FastAPI, retry_after_s: int) -> None:
         return error_response(code, message)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404 and page_not_found is not None:
+            page = page_not_found(request)
+            if page is not None:
+                return page
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
             exc.status_code, "invalid_request" if exc.status_code < 500 else "internal_error"
         )

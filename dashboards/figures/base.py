@@ -22,9 +22,15 @@ from curvecast.dashboards.data import (
 )
 from curvecast.dashboards.figures.spec import FigureSpec
 
-GL_MIN_POINTS = 1000
+#: Traces of more points than this are drawn with WebGL (``scattergl``), shorter ones as SVG.
+#: Above the pages' bucket counts (1,200 at most): a first WebGL chart makes a fresh browser
+#: start a WebGL context, slow with software rendering and on the way to the first chart,
+#: while SVG draws a few thousand points as fast and sharper (BENCHMARKS.md, "dashboard").
+GL_MIN_POINTS = 2500
 #: Alert markers per chart at most (the newest); the alert list on the page has all of them.
 MAX_ALERT_MARKS = 60
+#: Series of at most this many points are drawn with markers too (a line needs two points).
+SPARSE_POINTS = 20
 #: Points of the fitted curve drawn per chart.
 CURVE_POINTS = 400
 #: Validate figures as they are built (tests switch this on; see FigureBuilder.spec).
@@ -272,6 +278,10 @@ def add_series(
     steps = series.steps
     kind = trace_type(len(steps))
     group = series.key
+    # A line through one point draws nothing: a chart of a series logged every few hundred
+    # steps looked empty. Few points get their markers (the page drops them as it grows).
+    sparse = not markers and 0 < len(steps) <= SPARSE_POINTS
+    markers = markers or sparse
     if band and series.downsampled and series.vmin is not None and series.vmax is not None:
         common: dict[str, Any] = {
             "type": kind, "x": steps, "mode": "lines", "line": {"width": 0, "color": colour},
@@ -289,7 +299,8 @@ def add_series(
     trace: dict[str, Any] = {
         "type": kind, "x": steps, "y": plottable(series.values), "name": name,
         "mode": "lines+markers" if markers else "lines", "line": line, "legendgroup": group,
-        "yaxis": yaxis, "meta": {"key": series.key, "role": "last"},
+        "yaxis": yaxis,
+        "meta": {"key": series.key, "role": "last", **({"sparse": True} if sparse else {})},
         "hovertemplate": f"%{{y:{hover}}}", "connectgaps": markers,
     }
     if markers:
@@ -328,6 +339,19 @@ def add_alert_marks(fig: FigureBuilder, alerts: Sequence[AlertData]) -> None:
                 f"{alert.rule} — {alert.state} at step {fmt.step(alert.step)}: {alert.summary}"
             ),
         })
+
+
+def opening_peak(series: SeriesData, fraction: float = 0.02) -> list[float]:
+    """The highest value of a series' first points (its first 2%, at least 3; each bucket's
+    maximum when downsampled, so the very first step counts): where a loss curve starts.
+
+    A chart's y range takes it in as an extra bound: quantiles of the whole series alone left
+    the first steps' fall above the top of the loss chart (and, on a log x axis, most of the
+    plot empty)."""
+    values = series.vmax if series.downsampled and series.vmax is not None else series.values
+    head = values[:max(3, math.ceil(fraction * len(values)))]
+    finite = head[np.isfinite(head)]
+    return [float(finite.max())] if len(finite) else []
 
 
 def focus_range(arrays: Sequence[FloatArray], extra: Sequence[float]) -> list[float] | None:

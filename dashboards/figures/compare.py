@@ -27,6 +27,7 @@ from curvecast.dashboards.figures.base import (
     gap,
     log_menu,
     log_range_of,
+    opening_peak,
     trace_type,
 )
 from curvecast.dashboards.figures.spec import FigureSpec
@@ -162,8 +163,9 @@ def rank_forecasts(entries: Sequence[CompareEntry], horizon: int | None) -> Rank
     best_reached = entries[best].reached is not None
     where = f"step {fmt.step(horizon)}" if horizon else "the horizon"
     if len(entries) == 1:  # e.g. opened from a run's "Compare with…": nothing to rank yet
+        # Not "best": a run alone has nothing to be better than.
         said = "the loss of" if best_reached else "the forecast for"
-        return Ranking(horizon, ranked, best, False,
+        return Ranking(horizon, ranked, None, False,
                        f"At {where} {said} {entries[best].name}: "
                        f"{_standing(entries[best])}. Add a run to compare it with.")
     if len(ranked) == 1:
@@ -300,8 +302,8 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
                        "legendgroup": group, "hovertemplate": "%{y:.4g}",
                        "meta": {"key": s.key, "role": "last", **run_meta}})
         last = s.last
-        skip = 0.05 * (last[0] if last else 0)
-        focus_arrays.append(s.values[s.steps >= skip])
+        focus_arrays.append(s.values)  # from the first step: where each loss started
+        focus_extra += opening_peak(s)
         fit = entry.forecast
         if fit is None or horizon is None or entry.ended_before(horizon):
             continue
@@ -391,5 +393,9 @@ def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureS
         "meta": {"role": "ranking"}, "hovertemplate": "%{text}<extra></extra>",
     })
     if not ordered:
-        fig.note("no forecasts yet")
+        # No axes around nothing (Plotly's default range of an empty axis is -1 to 6).
+        layout["xaxis"]["visible"] = False
+        layout["yaxis"]["visible"] = False
+        fig.note("no run has a loss or a forecast at this horizon" if ranking.ended
+                 else "no forecasts yet")
     return fig.spec()

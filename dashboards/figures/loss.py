@@ -32,6 +32,7 @@ from curvecast.dashboards.figures.base import (
     gap,
     log_menu,
     log_range_of,
+    opening_peak,
     parse_band,
     parse_forecast,
     shade_burn_in,
@@ -148,8 +149,10 @@ def loss_figure(
     if not with_data:
         fig.note(fmt.esc("no data yet for " + ", ".join(keys)))
 
-    skip = float(max(averaging_start or 0, 0.05 * (last_step or 0)))
-    arrays = [s.values[s.steps >= skip] for s in with_data]
+    # Every step from the first: the y range shows where the loss started (a lone spike later
+    # on is left to the min-max band: the quantiles do not stretch to it).
+    arrays = [s.values for s in with_data]
+    focus_extra += [peak for s in with_data for peak in opening_peak(s)]
     focus = focus_range(arrays, focus_extra) if x_range is None else None
     layout = fig.layout
     if focus is not None:

@@ -84,6 +84,18 @@
     return Math.floor(h / 24) + " d " + (h % 24) + " h";
   }
 
+  function pad2(n) { return (n < 10 ? "0" : "") + n; }
+
+  function fmtTime(iso) {
+    // A moment for people, in UTC to the second (fmt.when on the server writes the same):
+    // "2026-11-28 13:53:10 UTC", not the raw ISO timestamp.
+    if (!iso) return "—";
+    var d = new Date(iso);
+    if (isNaN(d.getTime())) return String(iso);
+    return d.getUTCFullYear() + "-" + pad2(d.getUTCMonth() + 1) + "-" + pad2(d.getUTCDate()) + " " +
+      pad2(d.getUTCHours()) + ":" + pad2(d.getUTCMinutes()) + ":" + pad2(d.getUTCSeconds()) + " UTC";
+  }
+
   function el(tag, attrs, children) {
     var node = document.createElement(tag);
     Object.keys(attrs || {}).forEach(function (k) {
@@ -165,11 +177,24 @@
 
   var drawn = {};
 
+  function sizeBox(gd, layout) {
+    // The figure's height goes to its box, and Plotly sizes the chart to the box. With
+    // `responsive`, a window resize relayouts with autosize, which drops layout.height: the
+    // chart then took the box's own height (its CSS min-height, 120 px) and overlapped the
+    // cards below it. The width follows the box too, whatever the window does.
+    if (layout.height) {
+      gd.style.height = layout.height + "px";
+      delete layout.height;
+    }
+    layout.autosize = true;
+  }
+
   function draw(id, fig, onFirst) {
     var gd = document.getElementById("chart-" + id);
     // Without plotly.js (it failed to load) the server's static preview stays.
     if (!gd || !fig || typeof Plotly === "undefined") return Promise.resolve();
     prepare(fig);
+    sizeBox(gd, fig.layout);
     if (!drawn[id]) {
       drawn[id] = true;
       // The server's static preview of this chart (if any) gives way to the interactive one.
@@ -227,7 +252,7 @@
 
   window.cc = {
     CFG: CFG, ApiError: ApiError, getJSON: getJSON, query: query, num: num, fmtLoss: fmtLoss,
-    fmtStep: fmtStep, fmtDuration: fmtDuration, el: el, setLive: setLive, draw: draw,
+    fmtStep: fmtStep, fmtDuration: fmtDuration, fmtTime: fmtTime, el: el, setLive: setLive, draw: draw,
     drawn: drawn, xRangeFromEvent: xRangeFromEvent, onReady: onReady, firstData: firstData,
     compareHref: compareHref,
   };

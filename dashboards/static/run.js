@@ -153,6 +153,15 @@
         if (t.x && t.x.length > MAX_TRACE_POINTS) redraw.push(id);
       });
       if (idx.length) Plotly.extendTraces(gd, { x: xs, y: ys }, idx);
+      // A series drawn with markers while it had few points (figures.base.SPARSE_POINTS)
+      // becomes a plain line once it has grown.
+      var grown = (gd.data || []).map(function (t, i) {
+        return t.meta && t.meta.sparse && t.x && t.x.length > 20 ? i : -1;
+      }).filter(function (i) { return i >= 0; });
+      if (grown.length) {
+        grown.forEach(function (i) { delete gd.data[i].meta.sparse; });
+        Plotly.restyle(gd, { mode: "lines" }, grown);
+      }
     });
     Object.keys(fresh).forEach(function (k) {
       var xs = fresh[k].x;
@@ -218,18 +227,13 @@
           a.acknowledged_at ? el("span", { class: "muted small", text: " acknowledged" }) : ""]),
         el("td", { text: String(a.rule || "") }),
         el("td", { text: String(a.severity || "") }),
-        el("td", { class: "num", text: fmtStep(firstOf(a, ["fired_step", "since_step", "step"])) }),
+        // The step REST reports (its `step`: the rule's last evaluation while the alert was
+        // open), not one of its other steps: the table and the API must agree.
+        el("td", { class: "num", text: fmtStep(a.step) }),
         el("td", { text: String(a.summary || "") }),
-        el("td", { class: "muted", text: String(a.fired_at || a.started_at || "") }),
+        el("td", { class: "muted", title: String(a.started_at || ""), text: cc.fmtTime(a.started_at) }),
       ]));
     });
-  }
-
-  function firstOf(obj, keys) {
-    for (var i = 0; i < keys.length; i++) {
-      if (obj[keys[i]] !== null && obj[keys[i]] !== undefined) return obj[keys[i]];
-    }
-    return null;
   }
 
   function alertsSignature(alerts) {
@@ -303,6 +307,12 @@
     nodes.forEach(function (n) { out.appendChild(typeof n === "string" ? document.createTextNode(n) : n); });
   }
 
+  function sentence(text) {
+    // One message as one sentence: trimmed, ending with its full stop.
+    text = String(text || "").trim();
+    return /[.!?]$/.test(text) ? text : text + ".";
+  }
+
   function setRest(path) {
     var code = document.getElementById("ask-rest");
     if (code) code.textContent = "GET " + path;
@@ -321,17 +331,32 @@
       answer("ask-step-answer", ["Asking…"]);
       getJSON(CFG.api + path).then(function (f) {
         var p = f.prediction;
+        var key = f.key || "loss";
         // A step the run is past: the loss it had there (REST's prediction.reached: the series
         // smoothed over the last 1% of the steps up to it).
         var had = p && p.reached !== null && p.reached !== undefined ? p.reached : null;
         if (!p || p.value === null) {
-          var why = f.status === "pending" ? "No forecast yet: " + f.message : "No forecast: " + (f.message || f.status);
+          // Written from REST's fields, one sentence each: REST's message joins the fit's
+          // message and the step's ("... with a wide interval step 10 is before ...") and
+          // names its own fields ("is in prediction.reached").
+          var lines = [];
           if (had !== null) {
-            answer("ask-step-answer", ["Reached at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(had) }),
-              " (" + (f.key || "loss") + ", data). " + why]);
-          } else {
-            answer("ask-step-answer", [why], true);
+            lines.push("Reached at step " + fmtStep(p.step) + ": ", el("b", { text: fmtLoss(had) }),
+              " (" + key + ", data). ");
           }
+          if (f.status === "pending") {
+            lines.push("No forecast yet: " + sentence(f.message || "the first fit comes seconds after the first points"));
+          } else if (p && f.c !== null && f.c !== undefined) {
+            // The fit has a curve (REST's c): the step comes before the steps it was fitted to.
+            lines.push("No forecast at step " + fmtStep(p.step) + ": the curve is fitted to " + key +
+              (f.burn_in ? " after the burn-in (step " + fmtStep(f.burn_in) + ")" : "") +
+              (f.fitted_upto_step ? " up to step " + fmtStep(f.fitted_upto_step) : "") +
+              " and describes the loss from there on, not before" +
+              (f.status !== "ok" ? " (fit status: " + f.status.replace(/_/g, " ") + ")." : "."));
+          } else {
+            lines.push("No forecast (" + f.status.replace(/_/g, " ") + "): " + sentence(f.message || "the fit has no curve"));
+          }
+          answer("ask-step-answer", lines, had === null);
           return;
         }
         var last = run.lastRun ? run.lastRun.last_step : (run.state && run.state.last_step);
@@ -346,7 +371,7 @@
         if (f.off_model) nodes.push(" Warning: the recent loss departs from the fitted curve.");
         // The statuses whose answers extend the current loss (contract.LEVEL_EXTENDING_STATUSES,
         // from the page's config): the number is not the fitted curve's, and the message says why.
-        if (CFG.level_extending.indexOf(f.status) >= 0) nodes.push(" (" + f.status.replace(/_/g, " ") + ": " + f.message + ")");
+        if (CFG.level_extending.indexOf(f.status) >= 0) nodes.push(" (" + f.status.replace(/_/g, " ") + ": " + sentence(f.message) + ")");
         answer("ask-step-answer", nodes);
       }, function (err) { answer("ask-step-answer", [err.message], true); });
     });

@@ -59,7 +59,9 @@
     setLive("", "live · updated " + new Date().toLocaleTimeString());
     var refresh = function () {
       setTimeout(function () {
-        var url = CFG.data + "/runs-table" + window.location.search;
+        // A project's page lists that project's runs (its config says so); the runs list
+        // the runs its own address filters.
+        var url = CFG.data + "/runs-table" + (CFG.rows_query !== undefined ? CFG.rows_query : window.location.search);
         fetch(url, { credentials: "same-origin" }).then(function (r) {
           if (!r.ok) throw new ApiError(r.status, r.statusText);
           return r.text();

@@ -1,6 +1,7 @@
-"""Reads for the dashboards' runs list: per run the loss it reached, a small trend (sparkline),
-its latest stored fit and its firing alerts, for a whole page of runs in a bounded number of
-index probes; and the loss a run reached, for the run page.
+"""Reads for the dashboards' lists: per run the loss it reached, a small trend (sparkline), its
+latest stored fit and its firing alerts, for a whole page of runs in a bounded number of index
+probes; the loss a run reached, for the run page; per project its runs by status and firing
+alerts; run names for the alerts page.
 
 Why not the metrics API per run: a page lists up to a few hundred runs, each with up to 10^6
 points per series. Here each run costs two statements that touch O(``spark_points`` ×
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
@@ -20,10 +22,10 @@ from sqlalchemy.orm import Session
 from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS
 from curvecast.service.errors import RunNotFound
 from curvecast.service.forecast.answer import REACHED_MAX_POINTS, smoothed_reached
-from curvecast.service.models import Alert, Series
+from curvecast.service.models import Alert, Project, Run, Series
 from curvecast.service.schemas import LossReachedOut, RunOut, RunStatus
 from curvecast.service.store import runs as run_store
-from curvecast.service.store._common import run_created_at
+from curvecast.service.store._common import as_utc, run_created_at
 from curvecast.service.store.forecasts import StoredFit, newest_default_fits
 
 #: Series a run's trend and the loss it reached are read from, in order of preference. Unlike the
@@ -201,3 +203,57 @@ def run_summaries(
             )
         )
     return out, page.next_page_token
+
+
+@dataclass(frozen=True)
+class ProjectSummary:
+    """One row of the projects page."""
+
+    name: str
+    #: Runs per status (only statuses that have runs).
+    runs_by_status: dict[str, int] = field(default_factory=dict)
+    #: When a run of the project last changed (None: no runs).
+    last_update: datetime | None = None
+    firing_alerts: int = 0
+
+    @property
+    def runs(self) -> int:
+        """How many runs the project has."""
+        return sum(self.runs_by_status.values())
+
+
+def project_summaries(session: Session, *, allowed_project: str | None,
+                      name: str | None = None) -> list[ProjectSummary]:
+    """Every project the caller may see (or only ``name``), by name, with its runs counted by
+    status, its last update and its firing alerts: two grouped statements."""
+    runs = (select(Project.name, Run.status, func.count(Run.id), func.max(Run.updated_at))
+            .select_from(Project).outerjoin(Run, Run.project_id == Project.id)
+            .group_by(Project.name, Run.status))
+    firing = (select(Project.name, func.count(Alert.id)).select_from(Project)
+              .join(Alert, Alert.project_id == Project.id).where(Alert.state == "firing")
+              .group_by(Project.name))
+    for wanted in (allowed_project, name):
+        if wanted is not None:
+            runs = runs.where(Project.name == wanted)
+            firing = firing.where(Project.name == wanted)
+    counts: dict[str, dict[str, int]] = {}
+    updated: dict[str, datetime | None] = {}
+    for project, status, n, last in session.execute(runs).all():
+        counts.setdefault(project, {})
+        if status is not None and n:
+            counts[project][str(status)] = int(n)
+        newest = updated.get(project)
+        if last is not None and (newest is None or as_utc(last) > newest):
+            updated[project] = as_utc(last)  # SQLite hands back naive datetimes
+    alerts = {project: int(n) for project, n in session.execute(firing).all()}
+    return [ProjectSummary(name=project, runs_by_status=counts[project],
+                           last_update=updated.get(project), firing_alerts=alerts.get(project, 0))
+            for project in sorted(counts)]
+
+
+def run_names(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The names of ``run_ids`` (one statement; runs that no longer exist are absent)."""
+    if not run_ids:
+        return {}
+    rows = session.execute(select(Run.id, Run.name).where(Run.id.in_(set(run_ids)))).all()
+    return {run_id: str(name) for run_id, name in rows}

@@ -52,6 +52,18 @@ def page_principal(request: Request, settings: SettingsDep) -> Principal:
     return _can_read(get_principal(request, settings))
 
 
+_can_act = require("ingest")
+
+
+def page_actor(request: Request, settings: Settings) -> Principal:
+    """The caller of a page's action (acknowledge or silence an alert), by the same rules,
+    needing what the REST API's same action needs: an ingest token (or auth off)."""
+    token = cookie_token(request)
+    if settings.auth_enabled and token is not None:
+        return _can_act(principal_of_token(request, token))
+    return _can_act(get_principal(request, settings))
+
+
 #: A route's caller (chart data: errors answer as JSON, like the REST API's).
 PagePrincipal = Annotated[Principal, Depends(page_principal)]
 
@@ -112,7 +124,7 @@ def _valid_cookie(request: Request) -> Principal | None:
         return None
 
 
-def _local(target: str) -> str:
+def local_path(target: str) -> str:
     """``target`` if it is a path of this site, else ``/`` (no open redirect)."""
     if target.startswith("/") and not target.startswith(("//", "/\\")):
         return target
@@ -132,7 +144,7 @@ def confirm_login(request: Request, settings: SettingsDep,
         principal_of_token(request, token)
     except ServiceError as exc:
         return error_page(settings, exc)
-    response = _signed_in(request, settings, token, _local(next))
+    response = _signed_in(request, settings, token, local_path(next))
     response.delete_cookie(PENDING_COOKIE, path="/login")
     return response
 

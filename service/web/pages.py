@@ -48,8 +48,8 @@ ProjectFilter = Annotated[str | None, Query(pattern=PROJECT_FILTER_PATTERN)]
 PageToken = Annotated[str | None, Query(max_length=500)]
 
 
-def _serve(request: Request, settings: SettingsDep,
-           render: Callable[[Principal], Response]) -> Response:
+def serve_page(request: Request, settings: SettingsDep,
+               render: Callable[[Principal], Response]) -> Response:
     """A page: the ``?token=`` login when asked, else ``render`` for the caller, with any
     error (no token, no such run, bad input) as an error page."""
     if (login := token_login(request, settings)) is not None:
@@ -60,7 +60,7 @@ def _serve(request: Request, settings: SettingsDep,
         return error_page(settings, exc)
 
 
-def _config(settings: SettingsDep, page_id: str, **extra: Any) -> dict[str, Any]:
+def page_config(settings: SettingsDep, page_id: str, **extra: Any) -> dict[str, Any]:
     """What a page's script needs to know (JSON in the page, ``cc-config``)."""
     # "auth": the page shows its "Sign out" form (base.html).
     return {"page": page_id, "api": _API_VIA_COOKIE if settings.auth_enabled else _API,
@@ -97,9 +97,9 @@ def runs_page(request: Request, settings: SettingsDep, session: SessionDep,
         rows, next_token = _rows(session, principal, project, status, page_token)
         return page("runs.html", title="Runs", rows=rows, project=project or "",
                     status=status or "", next_token=next_token, statuses=_STATUSES,
-                    config=_config(settings, "runs", project=project, status=status))
+                    config=page_config(settings, "runs", project=project, status=status))
 
-    return _serve(request, settings, render)
+    return serve_page(request, settings, render)
 
 
 @router.get("/dashboards/api/runs-table", response_class=HTMLResponse)
@@ -152,9 +152,9 @@ def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
         series = _series_options(session, [run], key)
         config_rows = [(k, v if isinstance(v, str) else json.dumps(v))
                        for k, v in sorted(run.config.items())]
-        config = _config(settings, "run", run_id=str(run_id), run_status=run.status,
-                         charts=list(views.RUN_CHARTS), key=key or None,
-                         level_extending=list(LEVEL_EXTENDING_STATUSES))
+        config = page_config(settings, "run", run_id=str(run_id), run_status=run.status,
+                             charts=list(views.RUN_CHARTS), key=key or None,
+                             level_extending=list(LEVEL_EXTENDING_STATUSES))
         # The loss chart drawn by the server too: it shows at first paint, before plotly.js
         # (megabytes of JavaScript on a first visit) has loaded and drawn the real one.
         loss = views.run_figures(reads.run_page(session, principal, run_id, ["loss"],
@@ -170,13 +170,14 @@ def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
                     compare_href=compare_href([str(run_id)], key=key or None),
                     first_data=first, loss_preview=Markup(static_svg(loss)))
 
-    return _serve(request, settings, render)
+    return serve_page(request, settings, render)
 
 
 #: The compare form's horizon: its field left empty ("planned end") submits ``horizon=``.
 FormHorizon = Annotated[
     int | None, BeforeValidator(lambda v: None if v == "" else v),
-    Query(description="Step to forecast to (default: the largest planned end)"),
+    Query(description="Step to forecast to (default: the furthest step every run can be "
+          "compared at)"),
 ]
 
 
@@ -220,10 +221,14 @@ def compare_page(
                    "remove": compare_href([k for k in keys if k != run["id"]], horizon, key)
                    if len(keys) > 1 else None}
                   for index, run in enumerate(found)]
-        config = _config(settings, "compare", run_ids=keys, horizon=horizon, key=key or None,
-                         project=found[0]["project"], max_runs=reads.MAX_COMPARE)
+        config = page_config(settings, "compare", run_ids=keys, horizon=horizon,
+                             key=key or None, project=found[0]["project"],
+                             max_runs=reads.MAX_COMPARE)
+        # The horizon the page compares at when none is typed (views.common_horizon).
+        default = views.common_horizon(found)
         return page("compare.html", title="Compare runs", runs=chosen, horizon=horizon or "",
+                    default_horizon=default,
                     run_ids=listed, config=config, first_data=first, series=series, key=key,
                     max_runs=reads.MAX_COMPARE)
 
-    return _serve(request, settings, render)
+    return serve_page(request, settings, render)

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from curvecast.contract import LOSS_KEYS, RunConfig, fit_candidates
-from curvecast.dashboards import views
+from curvecast.dashboards import lists, views
 from curvecast.dashboards.data import Prediction, chart_horizon
 from curvecast.service.errors import InvalidInput, NotFound
 from curvecast.service.forecast.answer import band, forecast_answer, history_answer
@@ -25,7 +25,9 @@ from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import dashboard as dashboard_store
 from curvecast.service.store import forecasts as forecast_store
 from curvecast.service.store import metrics as metric_store
+from curvecast.service.store import projects as project_store
 from curvecast.service.store import runs as run_store
+from curvecast.service.store._common import utcnow
 from curvecast.service.store.forecasts import StoredFit
 
 #: Runs on one compare page at most.
@@ -38,6 +40,8 @@ COMPARE_BAND_SAMPLES = 6
 HISTORY_FITS = 200
 #: Alerts listed on the run page (the newest).
 RUN_ALERTS = 100
+#: Alerts listed per state on the alerts page (the newest).
+ALERTS_PER_STATE = 200
 
 
 def parse_run_ids(text: str) -> list[uuid.UUID]:
@@ -268,3 +272,33 @@ def runs_rows(session: Session, principal: Principal, project: str | None,
             "firing": s.firing_alerts,
         })
     return views.runs_rows(items), next_token
+
+
+def alerts_rows(session: Session, principal: Principal, project: str | None,
+                state: str | None) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The alerts page's rows across the runs the caller may see (of ``project``, in
+    ``state``, when given; the newest :data:`ALERTS_PER_STATE` of each state), and how many
+    of them are in each state."""
+    alerts = []
+    for wanted in [state] if state else lists.ALERT_STATES:
+        found = alert_store.list_alerts(session, project=project, run_id=None, state=wanted,
+                                        limit=ALERTS_PER_STATE,
+                                        allowed_project=principal.project)
+        alerts += [a.model_dump(mode="json") for a in found.alerts]
+    names = dashboard_store.run_names(session, list({uuid.UUID(a["run_id"]) for a in alerts}))
+    rows = lists.alert_rows(alerts, {str(k): v for k, v in names.items()}, utcnow())
+    return rows, lists.alert_counts(alerts)
+
+
+def project_rows(session: Session, principal: Principal, name: str | None = None
+                 ) -> list[dict[str, Any]]:
+    """The projects page's rows (every project the caller may see, or only ``name``: NotFound
+    when it does not exist or is not the caller's)."""
+    if name is not None and (project_store.project_id(session, name=name) is None or
+                             principal.project not in (None, name)):
+        raise NotFound(f"project {name!r} not found")
+    summaries = dashboard_store.project_summaries(session, allowed_project=principal.project,
+                                                  name=name)
+    return lists.project_rows(
+        [{"name": p.name, "runs_by_status": p.runs_by_status, "last_update": p.last_update,
+          "firing_alerts": p.firing_alerts} for p in summaries], utcnow())

@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 
 from curvecast.dashboards import html
 from curvecast.service.config import Settings
-from curvecast.service.errors import InvalidInput, ServiceError, validation_message
+from curvecast.service.errors import InvalidInput, NotFound, ServiceError, validation_message
 from curvecast.service.web.static import plotly_url
 
 # plotly.js compiles shader code with new Function (WebGL traces): 'unsafe-eval' is needed;
@@ -57,6 +57,31 @@ def error_page(settings: Settings, error: ServiceError) -> HTMLResponse:
     return HTMLResponse(body, status_code=status, headers=PAGE_HEADERS)
 
 
+#: Paths that scripts and API clients read (JSON, static files): an error there answers as
+#: the REST API's do, in JSON. Every other path is a page a person opens.
+_MACHINE_PREFIXES = ("/api/", "/dashboards/api/", "/static/")
+_MACHINE_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+
+
+def is_page_path(path: str) -> bool:
+    """Whether ``path`` is (or would be) a page a person opens, not an API or file path."""
+    return path not in _MACHINE_PATHS and not path.startswith(_MACHINE_PREFIXES)
+
+
+def not_found_page(settings: Settings, path: str) -> HTMLResponse:
+    """The one 404 page: no page at ``path`` (shown for every unknown page address)."""
+    shown = path if len(path) <= 120 else path[:119] + "…"
+    return error_page(settings, NotFound(f"There is no page at {shown}."))
+
+
+def page_not_found(request: Request) -> Response | None:
+    """The HTML 404 page for an unknown page address opened in a browser (GET or HEAD); None
+    for API and file paths, which keep the REST API's JSON 404."""
+    if request.method not in ("GET", "HEAD") or not is_page_path(request.url.path):
+        return None
+    return not_found_page(request.app.state.settings, request.url.path)
+
+
 def chart_json(body: str) -> Response:
     """Chart data (already JSON): never cached, it changes with every new point."""
     return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
@@ -77,7 +102,12 @@ class PageRoute(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                _code, message = validation_message(list(exc.errors()))
-                return error_page(request.app.state.settings, InvalidInput(message))
+                errors = list(exc.errors())
+                settings = request.app.state.settings
+                if any(e.get("loc", ("",))[0] == "path" for e in errors):
+                    # /runs/nope: an address no page has, answered as every unknown page is.
+                    return not_found_page(settings, request.url.path)
+                _code, message = validation_message(errors)
+                return error_page(settings, InvalidInput(message))
 
         return page_handler

@@ -1,12 +1,17 @@
 """Fixtures for the dashboard tests: real servers (optionally with alerts a test chose),
-synthetic ScheduleFree+ runs, and helpers to wait for the worker's fits."""
+synthetic ScheduleFree+ runs, helpers to wait for the worker's fits, and a real headless
+Chromium (Debian's, driven by playwright-python) with a tab that records console errors."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +28,7 @@ from curvecast.service.store._common import write_connection
 from curvecast.service.testing import synthetic as syn
 from curvecast.service.testing import wait_for
 from tests._servers import serve_app
+from tests.conftest import IN_CI
 
 TOTAL = 20_000
 
@@ -123,3 +129,95 @@ def new_app(settings: Settings, alerts: FakeAlerts | None = None) -> FastAPI:
     if alerts is not None:
         alerts.bind(app)
     return app
+
+
+# --- the browser ---------------------------------------------------------------------------
+
+CHROMIUM = os.environ.get("CURVECAST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+#: Exactly the flags of the issue (the user-data directory is a fresh temporary one).
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run"]
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"the browser tests must run under CI=true but {reason}; .ci/run installs "
+                    "Debian's chromium (apt-get install chromium) and the dev extra playwright",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One headless Chromium (persistent context on a fresh profile) for the module."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed")
+    if not Path(CHROMIUM).exists():
+        _unavailable(f"Chromium is not installed at {CHROMIUM}")
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=FLAGS,
+            viewport={"width": 1280, "height": 800},
+        )
+        context.set_default_timeout(30_000)
+        yield context
+        context.close()
+
+
+@dataclass
+class Tab:
+    """A page with everything it logged: console errors, uncaught exceptions, dialogs."""
+
+    page: Any
+    errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+
+    def no_errors(self) -> None:
+        assert not self.errors, f"console errors: {self.errors}"
+        assert not self.dialogs, f"dialogs opened (script ran): {self.dialogs}"
+
+    def wait_for_charts(self, charts: tuple[str, ...]) -> None:
+        selector = ", ".join(f"#chart-{c}[data-rendered]" for c in charts)
+        self.page.wait_for_function(
+            f"document.querySelectorAll({selector!r}).length === {len(charts)}")
+
+    def ask(self, form: str, value: str, until: str) -> str:
+        """Type ``value`` into the run page's "ask the forecast" box ``form`` ("step" or
+        "loss"), submit, and return the answer once it contains ``until``."""
+        self.page.fill(f"#ask-{form}-input", value)
+        self.page.click(f"#ask-{form} button")
+        self.page.wait_for_function(f"""() => document.getElementById('ask-{form}-answer')
+            .textContent.includes({until!r})""")
+        return str(self.page.locator(f"#ask-{form}-answer").inner_text())
+
+    def traces(self, chart: str) -> list[dict[str, Any]]:
+        """What Plotly is drawing: each trace's meta, type and x-range, read from the DOM."""
+        return list(self.page.evaluate(
+            """chart => document.getElementById('chart-' + chart).data.map(t => ({
+                meta: t.meta || {}, type: t.type, name: t.name,
+                n: t.x ? t.x.length : 0,
+                x0: t.x && t.x.length ? t.x[0] : null,
+                x1: t.x && t.x.length ? t.x[t.x.length - 1] : null}))""", chart))
+
+
+@pytest.fixture
+def tab(browser: Any) -> Iterator[Tab]:
+    page = browser.new_page()
+    tab = Tab(page)
+
+    def on_console(msg: Any) -> None:
+        if msg.type == "error":
+            tab.errors.append(msg.text)
+
+    def on_dialog(dialog: Any) -> None:
+        tab.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: tab.errors.append(f"uncaught: {exc}"))
+    page.on("dialog", on_dialog)
+    yield tab
+    page.close()

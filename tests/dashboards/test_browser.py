@@ -7,12 +7,9 @@ every page land in ``artifacts/`` (look at them).
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +20,10 @@ from curvecast.contract import LEVEL_EXTENDING_STATUSES
 from curvecast.dashboards import fmt
 from curvecast.service.testing import create_token
 from curvecast.service.testing import synthetic as syn
-from tests.conftest import IN_CI
 from tests.dashboards.conftest import (
     TOTAL,
     FakeAlerts,
+    Tab,
     app_server,
     live_settings,
     make_run,
@@ -36,96 +33,8 @@ from tests.dashboards.conftest import (
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("CURVECAST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-#: Exactly the flags of the issue (the user-data directory is a fresh temporary one).
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run"]
 XSS = "<script>alert(1)</script></script><img src=x onerror=alert(2)>"
 CHARTS = ("loss", "step_size", "gradient", "norms", "averaging", "evolution")
-
-
-def _unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"the browser tests must run under CI=true but {reason}; .ci/run installs "
-                    "Debian's chromium (apt-get install chromium) and the dev extra playwright",
-                    pytrace=False)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One headless Chromium (persistent context on a fresh profile) for the module."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("playwright is not installed")
-    if not Path(CHROMIUM).exists():
-        _unavailable(f"Chromium is not installed at {CHROMIUM}")
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, headless=True, args=FLAGS,
-            viewport={"width": 1280, "height": 800},
-        )
-        context.set_default_timeout(30_000)
-        yield context
-        context.close()
-
-
-@dataclass
-class Tab:
-    """A page with everything it logged: console errors, uncaught exceptions, dialogs."""
-
-    page: Any
-    errors: list[str] = field(default_factory=list)
-    dialogs: list[str] = field(default_factory=list)
-
-    def no_errors(self) -> None:
-        assert not self.errors, f"console errors: {self.errors}"
-        assert not self.dialogs, f"dialogs opened (script ran): {self.dialogs}"
-
-    def wait_for_charts(self, charts: tuple[str, ...]) -> None:
-        selector = ", ".join(f"#chart-{c}[data-rendered]" for c in charts)
-        self.page.wait_for_function(
-            f"document.querySelectorAll({selector!r}).length === {len(charts)}")
-
-    def ask(self, form: str, value: str, until: str) -> str:
-        """Type ``value`` into the run page's "ask the forecast" box ``form`` ("step" or
-        "loss"), submit, and return the answer once it contains ``until``."""
-        self.page.fill(f"#ask-{form}-input", value)
-        self.page.click(f"#ask-{form} button")
-        self.page.wait_for_function(f"""() => document.getElementById('ask-{form}-answer')
-            .textContent.includes({until!r})""")
-        return str(self.page.locator(f"#ask-{form}-answer").inner_text())
-
-    def traces(self, chart: str) -> list[dict[str, Any]]:
-        """What Plotly is drawing: each trace's meta, type and x-range, read from the DOM."""
-        return list(self.page.evaluate(
-            """chart => document.getElementById('chart-' + chart).data.map(t => ({
-                meta: t.meta || {}, type: t.type, name: t.name,
-                n: t.x ? t.x.length : 0,
-                x0: t.x && t.x.length ? t.x[0] : null,
-                x1: t.x && t.x.length ? t.x[t.x.length - 1] : null}))""", chart))
-
-
-@pytest.fixture
-def tab(browser: Any) -> Iterator[Tab]:
-    page = browser.new_page()
-    tab = Tab(page)
-
-    def on_console(msg: Any) -> None:
-        if msg.type == "error":
-            tab.errors.append(msg.text)
-
-    def on_dialog(dialog: Any) -> None:
-        tab.dialogs.append(dialog.message)
-        dialog.dismiss()
-
-    page.on("console", on_console)
-    page.on("pageerror", lambda exc: tab.errors.append(f"uncaught: {exc}"))
-    page.on("dialog", on_dialog)
-    yield tab
-    page.close()
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +183,7 @@ def test_forecast_box_answers_through_the_rest_api(
     assert early["value"] is None and early["reached"] is not None
     assert ask("step", "250", "Reached").startswith(
         f"Reached at step 250: {fmt.loss(early['reached'])} (eval_loss, data). "
-        "No forecast: step 250 is before the fitted range")
+        "No forecast at step 250: the curve is fitted to eval_loss after the burn-in")
     assert "is forecast at step" in ask("loss", "2.6", "step")
     assert ask("loss", "0.5", "reachable").startswith("Not reachable")
     # A loss the fitted curve reaches only after the planned last step: where, and that it

@@ -214,9 +214,13 @@ def test_zoomed_loss_figure_keeps_the_range() -> None:
 
 
 def test_long_series_use_webgl_and_short_ones_svg() -> None:
-    long = downsampled("loss", n_buckets=1500)
+    long = downsampled("loss", n_buckets=3000)
     fig = figures.loss_figure(train=long, config={}, horizon=None).figure()
     assert {t.type for t in fig.data} == {"scattergl"}
+    # The pages' charts (at most 1,200 buckets) are SVG: no WebGL context to start.
+    fig = figures.loss_figure(train=downsampled("loss", n_buckets=1200), config={},
+                              horizon=None).figure()
+    assert {t.type for t in fig.data} == {"scatter"}
     fig = figures.loss_figure(train=downsampled("loss", n_buckets=50), config={},
                               horizon=None).figure()
     assert {t.type for t in fig.data} == {"scatter"}
@@ -393,7 +397,7 @@ def test_figure_json_is_what_plotly_sends() -> None:
     must be Plotly's own for every chart: typed arrays with the same bytes (float and int64
     steps), null for a missing or NaN point, lists where Plotly keeps lists, and nothing that
     could close the page's <script>."""
-    loss = downsampled("loss", n_buckets=1500)  # > GL_MIN_POINTS: scattergl traces too
+    loss = downsampled("loss", n_buckets=3000)  # > GL_MIN_POINTS: scattergl traces too
     loss["values"][5] = None
     loss["steps"] = np.asarray(loss["steps"], dtype=np.int64).tolist()
     history = {"horizon": 20_000, "points": [
