@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 SERVER_MODULES = (
     "fastapi",
     "uvicorn",
+    # uvicorn's C HTTP parser: the request-head limits are built on it (service/http_guard.py).
+    "httptools",
     "sqlalchemy",
     "alembic",
     "psycopg",
@@ -39,10 +41,9 @@ SERVER_MODULES = (
     "fastapi_offline",
     "cryptography",
 )
-#: Packages of the ``[server]`` extra that uvicorn uses when they are there (its C HTTP parser
-#: and event loop) and does without when they are not (uvloop has no Windows build): not
-#: required.
-SERVER_SPEEDUPS = ("httptools", "uvloop")
+#: Packages of the ``[server]`` extra that uvicorn uses when they are there (its C event loop)
+#: and does without when they are not (uvloop has no Windows build): not required.
+SERVER_SPEEDUPS = ("uvloop",)
 #: Commands that run without the ``[server]`` extra.
 CLIENT_COMMANDS = frozenset({"sync"})
 
@@ -74,6 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from curvecast.service.app import prepare_database
     from curvecast.service.config import Settings, is_loopback_host
     from curvecast.service.errors import SchemaOutOfDate
+    from curvecast.service.http_guard import protocol_for
 
     if args.database_url:
         os.environ["CURVECAST_DATABASE_URL"] = args.database_url
@@ -121,6 +123,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             log_level=args.log_level,
             access_log=args.access_log,
+            # Request-head size, header lines, head timeout and connection limits, enforced
+            # before the app sees a request (CURVECAST_MAX_HEADER_BYTES, ...).
+            http=protocol_for(settings),
         )
     finally:
         if worker is not None:

@@ -44,6 +44,7 @@ ERROR_CODE_TO_HTTP_STATUS: dict[str, int] = {
     "conflict": 409,
     "payload_too_large": 413,
     "too_many_points": 413,
+    "headers_too_large": 431,
     "read_too_large": 422,
     "webhook_target_not_allowed": 422,
     "unavailable": 503,
