@@ -81,6 +81,12 @@ class Settings(BaseSettings):
     )
     max_points_per_request: int = Field(default=100_000, gt=0)
     max_keys_per_request: int = Field(default=1_000, gt=0)
+    max_keys_per_run: int = Field(
+        default=10_000, gt=0,
+        description="Most distinct metric keys one run may have; a batch that would add more "
+        "is refused whole (422 too_many_keys). Every listing, export and page of a run costs "
+        "something per key.",
+    )
     db_connect_timeout_s: int = Field(default=3, gt=0)
     db_ping_after_idle_s: float = Field(
         default=1.0,

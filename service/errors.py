@@ -46,6 +46,7 @@ ERROR_CODE_TO_HTTP_STATUS: dict[str, int] = {
     "too_many_points": 413,
     "headers_too_large": 431,
     "read_too_large": 422,
+    "too_many_keys": 422,
     "webhook_target_not_allowed": 422,
     "unavailable": 503,
     "schema_out_of_date": 503,
@@ -66,8 +67,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {
         "model": ErrorOut,
         "description": "Invalid request; the message names the field (`invalid_request`), or a "
-        "raw read over the configured size (`read_too_large`: downsample or export), or a "
-        "webhook URL whose host is a private address (`webhook_target_not_allowed`).",
+        "raw read over the configured size (`read_too_large`: downsample or export), a batch "
+        "that would give a run more keys than allowed (`too_many_keys`), or a webhook URL "
+        "whose host is a private address (`webhook_target_not_allowed`).",
     },
     503: {
         "model": ErrorOut,
@@ -104,6 +106,12 @@ class ReadTooLarge(InvalidInput):
     export the CSV, which streams)."""
 
     error_code = "read_too_large"
+
+
+class TooManyKeys(InvalidInput):
+    """A batch would give a run more distinct keys than ``CURVECAST_MAX_KEYS_PER_RUN``."""
+
+    error_code = "too_many_keys"
 
 
 class WebhookTargetNotAllowed(InvalidInput):

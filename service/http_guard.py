@@ -113,9 +113,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._slots = slots
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusal: _Refused | None = None
-        # The head being read: whether one began (a byte of it arrived), its bytes so far,
-        # its header lines, and how many heads began in all (the current read's share).
-        self._head_begun = False
+        # Whether a message is in progress (its first byte arrived, its end not yet), whether
+        # its head is (begun, not complete), the head's bytes and header lines so far, and how
+        # many heads began in all (to tell which part of a read a head had).
+        self._in_message = False
+        self._in_head = False
         self._head_bytes = 0
         self._head_fields = 0
         self._heads_begun = 0
@@ -184,10 +186,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # head if the head is still incomplete after it. A read that also held the end of
         # the previous message is not counted (the head's share of it is unknown, and at
         # most one read).
-        between = not self._head_begun
+        between = not self._in_message
         heads_before = self._heads_begun
         super().data_received(data)
-        if self.transport.is_closing() or not self._head_begun:
+        if self.transport.is_closing() or not self._in_head:
             return
         began = self._heads_begun - heads_before
         if began == 0 or (began == 1 and between):
@@ -196,7 +198,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(_too_large(self.limits))
 
     def on_message_begin(self) -> None:
-        self._head_begun = True
+        self._in_message = self._in_head = True
         self._head_bytes = 0
         self._head_fields = 0
         self._heads_begun += 1
@@ -212,11 +214,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         size = len(self.url) + sum(len(n) + len(v) + _FIELD_OVERHEAD for n, v in self.headers)
         if size > self.limits.max_bytes:
             self._raise(_too_large(self.limits))
+        self._in_head = False
         self._head_complete()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._head_begun = False
+        self._in_message = False
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:

@@ -6,6 +6,7 @@ and two ``Host`` headers are refused."""
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import time
@@ -68,6 +69,20 @@ def _answer(sock: socket.socket, timeout: float = 30) -> bytes:
     except ConnectionResetError:
         pass
     return out
+
+
+def _one_response(sock: socket.socket) -> bytes:
+    """One whole response (head and ``Content-Length`` body) on a connection kept open."""
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
 
 
 def _status(answer: bytes) -> int:
@@ -136,6 +151,32 @@ def test_a_hundred_header_lines_are_served(served: ServerProcess) -> None:
         assert _status(_answer(sock)) == 200
 
 
+def test_bodies_and_pipelined_requests_do_not_count_as_heads(served: ServerProcess,
+                                                             sqlite_url: str) -> None:
+    """Large bodies, and requests pipelined behind them in the same reads, are served: only
+    a head's own bytes count against the head limit."""
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    token = create_token(sqlite_url, project, "ingest")
+    run = f"/api/v1/runs/{uuid.uuid4()}"
+    auth = {"authorization": f"Bearer {token}"}
+    httpx.put(served.url + run, json={"project": project}, headers=auth).raise_for_status()
+    requests = b""
+    for lo in (0, 20_000):
+        steps = list(range(lo, lo + 20_000))
+        body = json.dumps({"steps": steps, "values": {"loss": [1.0] * len(steps)}}).encode()
+        assert len(body) > 200_000
+        requests += (_head(served, run + "/metrics", "POST")
+                     + f"Authorization: Bearer {token}\r\n".encode()
+                     + b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        requests += _head(served) + b"\r\n"
+    with _connect(served) as sock:
+        sock.sendall(requests)
+        answers = [_one_response(sock) for _ in range(4)]
+    assert [_status(a) for a in answers] == [200, 200, 200, 200], [a[:100] for a in answers]
+    assert httpx.get(served.url + run, headers=auth).json()["n_points"] == 40_000
+
+
 def test_limits_hold_before_authentication(served: ServerProcess) -> None:
     """A write without a token and a huge head: 431, not 401 (the head was never parsed into
     a request)."""
@@ -179,8 +220,7 @@ def _trickle_and_idle(served: ServerProcess) -> None:
     # And so is a kept-alive one whose next head trickles in after a response.
     with _connect(served) as sock:
         sock.sendall(_head(served) + b"\r\n")
-        sock.settimeout(30)
-        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert _one_response(sock).startswith(b"HTTP/1.1 200")
         sock.sendall(_head(served))
         for _ in range(150):  # 30 s of trickling, unless the server closes first
             readable, _, _ = select.select([sock], [], [], 0.2)
