@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -295,8 +297,14 @@ def install_handlers(app: FastAPI, retry_after_s: int) -> None:
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(PoolTimeoutError)
+    # The same errors raised by the drivers themselves, where a store statement runs on the
+    # DB-API cursor (ingest): a deadlock or serialisation failure PostgreSQL aborted, a lost
+    # connection, SQLite's "database is locked".
+    @app.exception_handler(psycopg.OperationalError)
+    @app.exception_handler(sqlite3.OperationalError)
     async def _db_unavailable(_request: Request, exc: Exception) -> JSONResponse:
-        # Connection refused, server shutting down, pool exhausted: all mean "try again soon".
+        # Connection refused, server shutting down, pool exhausted, a transaction the database
+        # aborted to break a deadlock: all mean "try again soon".
         log.warning("database unavailable: %s", str(exc).splitlines()[0])
         return error_response(
             "unavailable",

@@ -49,6 +49,17 @@ def is_postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
+def keep_run(session: Session, run_id: uuid.UUID) -> bool:
+    """Whether the run exists, kept so until the transaction ends: on PostgreSQL a ``KEY
+    SHARE`` lock on its row, which a deletion of the run waits for (ingest's ``UPDATE`` does
+    not); on SQLite the write transaction the caller opened already excludes the deletion.
+    For the derived rows a worker writes after reading the run (fits): a run deleted
+    meanwhile is skipped instead of failing its foreign key and the worker's whole round."""
+    found = session.scalar(
+        select(Run.id).where(Run.id == run_id).with_for_update(key_share=True, read=True))
+    return found is not None
+
+
 def insert_ignore(session: Session, table: Table, **values: Any) -> Insert:
     """``INSERT ... ON CONFLICT DO NOTHING`` in the session's dialect."""
     dialect_insert = postgresql.insert if is_postgres(session) else sqlite.insert
