@@ -223,13 +223,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"{target} is at revision {args.revision}")
         sealed = _seal_plaintext_secrets(settings)
         if sealed:
-            print(f"sealed {sealed} webhook secret(s) stored in clear by an older version")
+            print(f"sealed {sealed} webhook secret(s) and token-bearing URL(s) stored in clear "
+                  "by an older version")
     return 0
 
 
 def _seal_plaintext_secrets(settings: Settings) -> int:
-    """Seal the webhook secrets an older version stored in clear (none without a key: they
-    keep working in clear until one is configured and this runs again)."""
+    """Seal the webhook secrets and token-bearing URLs an older version stored in clear (none
+    without a key: they keep working in clear until one is configured and this runs again)."""
     from curvecast.service.db import make_engine, make_sessionmaker, session_scope
     from curvecast.service.secrets import SecretUnavailable, box_for
     from curvecast.service.store.webhooks import seal_plaintext_secrets
