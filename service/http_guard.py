@@ -255,6 +255,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
         self.transport.close()
 
+    def _should_upgrade(self) -> bool:
+        # The app serves no WebSocket. An upgraded connection would be handed to another
+        # protocol and never give its slot back: an upgrade request is served as plain HTTP
+        # (uvicorn's behaviour without a WebSocket library), whatever is installed.
+        return False
+
+
 def _too_large(limits: HeadLimits) -> _Refused:
     return _Refused(f"request line and headers are larger than {limits.max_bytes} bytes")
 
