@@ -37,6 +37,7 @@ from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.schemas import MetricBatch, RunCreate
 from curvecast.service.store import metrics as metric_store
 from curvecast.service.store import runs as run_store
+from curvecast.service.store.export import EXPORT_PAGE
 from curvecast.service.testing import start_server_process
 
 GOAL_MB = 100.0
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     body = (
         "A real `curvecast serve` process exports a run with two series via `GET "
         "/api/v1/runs/{id}/metrics.csv` (streamed in keyset pages of "
-        f"{metric_store.EXPORT_PAGE:,} points, each read in its own short session); RSS sampled "
+        f"{EXPORT_PAGE:,} points, each read in its own short session); RSS sampled "
         "every 20 ms from /proc. Baseline in the same run: the same rows dumped as CSV by the "
         "database's own fastest path (Python sqlite3 iterating the join; PostgreSQL COPY TO "
         "STDOUT).\n\n" + table + "\n\nBefore (issue 17, defect 3: the export built in memory "

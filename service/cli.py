@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 SERVER_MODULES = (
     "fastapi",
     "uvicorn",
+    # uvicorn's C HTTP parser: the request-head limits are built on it (service/http_guard.py).
+    "httptools",
     "sqlalchemy",
     "alembic",
     "psycopg",
@@ -41,10 +43,9 @@ SERVER_MODULES = (
     "cryptography",
     "prometheus_client",
 )
-#: Packages of the ``[server]`` extra that uvicorn uses when they are there (its C HTTP parser
-#: and event loop) and does without when they are not (uvloop has no Windows build): not
-#: required.
-SERVER_SPEEDUPS = ("httptools", "uvloop")
+#: Packages of the ``[server]`` extra that uvicorn uses when they are there (its C event loop)
+#: and does without when they are not (uvloop has no Windows build): not required.
+SERVER_SPEEDUPS = ("uvloop",)
 #: Commands that run without the ``[server]`` extra.
 CLIENT_COMMANDS = frozenset({"sync"})
 
@@ -76,6 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from curvecast.service.app import prepare_database
     from curvecast.service.config import Settings, is_loopback_host
     from curvecast.service.errors import SchemaOutOfDate
+    from curvecast.service.http_guard import protocol_for
 
     if args.database_url:
         os.environ["CURVECAST_DATABASE_URL"] = args.database_url
@@ -124,6 +126,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             log_level=args.log_level,
             access_log=args.access_log,
+            # Request-head size, header lines, head timeout and connection limits, enforced
+            # before the app sees a request (CURVECAST_MAX_HEADER_BYTES, ...).
+            http=protocol_for(settings),
         )
     finally:
         if worker is not None:
@@ -237,13 +242,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"{target} is at revision {args.revision}")
         sealed = _seal_plaintext_secrets(settings)
         if sealed:
-            print(f"sealed {sealed} webhook secret(s) stored in clear by an older version")
+            print(f"sealed {sealed} webhook secret(s) and token-bearing URL(s) stored in clear "
+                  "by an older version")
     return 0
 
 
 def _seal_plaintext_secrets(settings: Settings) -> int:
-    """Seal the webhook secrets an older version stored in clear (none without a key: they
-    keep working in clear until one is configured and this runs again)."""
+    """Seal the webhook secrets and token-bearing URLs an older version stored in clear (none
+    without a key: they keep working in clear until one is configured and this runs again)."""
     from curvecast.service.db import make_engine, make_sessionmaker, session_scope
     from curvecast.service.secrets import SecretUnavailable, box_for
     from curvecast.service.store.webhooks import seal_plaintext_secrets

@@ -60,8 +60,33 @@ class Settings(BaseSettings):
         "the loopback names and public_url's host; '*' allows any (behind a proxy that checks).",
     )
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    max_header_bytes: int = Field(
+        default=32 * 1024, ge=1024,
+        description="Most bytes of a request line and its headers together; a larger head is "
+        "answered 431 and its connection closed, before any other check (service/http_guard).",
+    )
+    max_header_fields: int = Field(
+        default=100, ge=10, description="Most header lines of one request (more: 431)."
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="A connection whose request head is not complete this long after it opened "
+        "(or after its previous response) is closed (slowloris).",
+    )
+    max_connections: int = Field(
+        default=1000, ge=1,
+        description="Most connections open at once per serve process; one more closes the one "
+        "that has waited longest for a request head, or is answered 503 when every connection "
+        "is busy. Keep it below the process's open-file limit.",
+    )
     max_points_per_request: int = Field(default=100_000, gt=0)
     max_keys_per_request: int = Field(default=1_000, gt=0)
+    max_keys_per_run: int = Field(
+        default=10_000, gt=0,
+        description="Most distinct metric keys one run may have; a batch that would add more "
+        "is refused whole (422 too_many_keys). Every listing, export and page of a run costs "
+        "something per key.",
+    )
     db_connect_timeout_s: int = Field(default=3, gt=0)
     db_ping_after_idle_s: float = Field(
         default=1.0,

@@ -46,6 +46,7 @@ from curvecast.service.demo_progress import (
     series_of,
 )
 from curvecast.service.demo_terminal import Rows, log_above
+from curvecast.service.http_guard import protocol_for
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_charlm.py"
 # d_model, layers. "small" (0.4M parameters) trains 2,000 steps in 70-105 s on 2 cores
@@ -133,7 +134,7 @@ class _Server:
         # printed above its progress rows), not to uvicorn's own stderr handler.
         kwargs: dict[str, Any] = {"log_config": None} if own_logging else {}
         config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on",
-                                **kwargs)
+                                http=protocol_for(settings), **kwargs)
         self.server = uvicorn.Server(config)
         self.sock = sock
         self.thread = threading.Thread(

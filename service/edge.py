@@ -2,13 +2,18 @@
 
 :class:`EdgeGuard` is the outermost middleware. In order, it refuses:
 
-1. a ``Host`` that is not one of this service's names (:meth:`Settings.host_allowed`): a page
-   served under an attacker's DNS name (DNS rebinding) would otherwise be same-origin with
-   the attacker's scripts. The health probes are exempt: orchestrators probe by pod address;
-2. a state-changing request (POST, PUT, PATCH, DELETE) without a bearer token whose ``Origin``
-   (or, lacking one, ``Referer``) is another site: a browser attaches cookies to a cross-site
-   form POST, and with auth off it needs no credentials at all. A bearer token cannot be sent
-   by a cross-site form, so requests that carry one are not cross-site forgeries;
+1. more than one ``Host`` header (this check read the last, Starlette the first: a request
+   could pass here under one name and be served under another), and a ``Host`` that is not one
+   of this service's names (:meth:`Settings.host_allowed`): a page served under an attacker's
+   DNS name (DNS rebinding) would otherwise be same-origin with the attacker's scripts. The
+   health probes are exempt from the name check: orchestrators probe by pod address;
+2. a state-changing request (POST, PUT, PATCH, DELETE) whose ``Origin`` (or, lacking one,
+   ``Referer``) is another site: a browser attaches cookies to a cross-site form POST, and with
+   auth off it needs no credentials at all. The one exception is a write to the REST API with
+   auth on that carries an ``Authorization`` header: (3) lets it through only with a valid
+   token, which a cross-site page does not have. The mere presence of the header proves
+   nothing (an attacker chooses the headers of a request it sends), so with auth off, or on
+   any other path, it changes nothing;
 3. with auth on, a write to the REST API whose token is missing, unknown, revoked, or only
    ``read``: answered 401/403 before the body is read, so an anonymous client cannot make the
    server buffer and parse megabytes of JSON.
@@ -53,10 +58,20 @@ class EdgeGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers: dict[str, str] = {}
+        repeated: dict[str, list[str]] = {"host": [], "origin": [], "referer": []}
+        for raw_name, raw_value in scope["headers"]:
+            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+            headers[name] = value
+            if name in repeated:
+                repeated[name].append(value)
         method = str(scope["method"]).upper()
         path = str(scope["path"])
         host = headers.get("host", "")
+        if len(repeated["host"]) > 1:
+            await _refuse(send, receive, scope, "host_not_allowed",
+                          f"{len(repeated['host'])} Host headers; send exactly one Host header")
+            return
         if path not in _PROBES and not self.settings.host_allowed(host):
             await _refuse(
                 send, receive, scope, "host_not_allowed",
@@ -64,21 +79,30 @@ class EdgeGuard:
                 "CURVECAST_ALLOWED_HOSTS",
             )
             return
-        if method in UNSAFE_METHODS and "authorization" not in headers:
-            source = headers.get("origin") or headers.get("referer")
-            if source is not None and not self._same_site(source, host):
-                await _refuse(
-                    send, receive, scope, "forbidden",
-                    "cross-site request refused: a state-changing request from another site "
-                    "needs an 'Authorization: Bearer <token>' header",
-                )
-                return
-        if self.settings.auth_enabled and method in UNSAFE_METHODS and path.startswith("/api/"):
+        api_write = method in UNSAFE_METHODS and path.startswith("/api/")
+        token_checked = self.settings.auth_enabled and api_write  # by (3), below
+        if (method in UNSAFE_METHODS
+                and self._cross_site(repeated["origin"] or repeated["referer"], host)
+                and not (token_checked and "authorization" in headers)):
+            await _refuse(
+                send, receive, scope, "forbidden",
+                "cross-site request refused: a state-changing request from another site "
+                + ("needs an 'Authorization: Bearer <token>' header" if token_checked else
+                   "is not accepted (API clients send no Origin or Referer header)"),
+            )
+            return
+        if self.settings.auth_enabled and api_write:
             error = await run_in_threadpool(self._authenticate, scope, headers)
             if error is not None:
                 await _refuse(send, receive, scope, error.error_code, error.message, error.headers)
                 return
         await self.app(scope, receive, send)
+
+    def _cross_site(self, sources: list[str], host: str) -> bool:
+        """Whether the request says it comes from another site: ``sources`` are its ``Origin``
+        headers, or lacking any, its ``Referer`` headers (a browser sends at most one; every
+        one given must name this service)."""
+        return any(not self._same_site(source, host) for source in sources)
 
     def _same_site(self, source: str, host: str) -> bool:
         """Whether an ``Origin``/``Referer`` names this service (the ``Host`` it was asked

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -45,7 +47,9 @@ ERROR_CODE_TO_HTTP_STATUS: dict[str, int] = {
     "conflict": 409,
     "payload_too_large": 413,
     "too_many_points": 413,
+    "headers_too_large": 431,
     "read_too_large": 422,
+    "too_many_keys": 422,
     "webhook_target_not_allowed": 422,
     "unavailable": 503,
     "schema_out_of_date": 503,
@@ -66,8 +70,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {
         "model": ErrorOut,
         "description": "Invalid request; the message names the field (`invalid_request`), or a "
-        "raw read over the configured size (`read_too_large`: downsample or export), or a "
-        "webhook URL whose host is a private address (`webhook_target_not_allowed`).",
+        "raw read over the configured size (`read_too_large`: downsample or export), a batch "
+        "that would give a run more keys than allowed (`too_many_keys`), or a webhook URL "
+        "whose host is a private address (`webhook_target_not_allowed`).",
     },
     503: {
         "model": ErrorOut,
@@ -104,6 +109,12 @@ class ReadTooLarge(InvalidInput):
     export the CSV, which streams)."""
 
     error_code = "read_too_large"
+
+
+class TooManyKeys(InvalidInput):
+    """A batch would give a run more distinct keys than ``CURVECAST_MAX_KEYS_PER_RUN``."""
+
+    error_code = "too_many_keys"
 
 
 class WebhookTargetNotAllowed(InvalidInput):
@@ -297,8 +308,14 @@ def install_handlers(app: FastAPI, retry_after_s: int,
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(PoolTimeoutError)
+    # The same errors raised by the drivers themselves, where a store statement runs on the
+    # DB-API cursor (ingest): a deadlock or serialisation failure PostgreSQL aborted, a lost
+    # connection, SQLite's "database is locked".
+    @app.exception_handler(psycopg.OperationalError)
+    @app.exception_handler(sqlite3.OperationalError)
     async def _db_unavailable(_request: Request, exc: Exception) -> JSONResponse:
-        # Connection refused, server shutting down, pool exhausted: all mean "try again soon".
+        # Connection refused, server shutting down, pool exhausted, a transaction the database
+        # aborted to break a deadlock: all mean "try again soon".
         log.warning("database unavailable: %s", str(exc).splitlines()[0])
         return error_response(
             "unavailable",

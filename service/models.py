@@ -256,7 +256,9 @@ class AlertEval(Base):
 
 class Webhook(Base):
     """A project's webhook receiver. ``secret`` signs deliveries (HMAC-SHA256); it is never
-    returned by the API."""
+    returned by the API. ``url`` is the address as reads show it: masked when it carries a
+    token (a Slack or Discord webhook, ``?token=``: ``service/alerting/webhook_urls.py``), the
+    whole URL then being in ``url_sealed``, sealed like ``secret``."""
 
     __tablename__ = "webhooks"
     __table_args__ = (Index("ix_webhooks_project_id", "project_id"),)
@@ -265,6 +267,7 @@ class Webhook(Base):
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(200))
     url: Mapped[str] = mapped_column(String(2000))
+    url_sealed: Mapped[str | None] = mapped_column(String(3000))
     secret: Mapped[str | None] = mapped_column(String(500))
     enabled: Mapped[bool]
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

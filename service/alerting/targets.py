@@ -9,6 +9,11 @@ machine or network). The check runs twice: on the URL's host at registration whe
 literal address (in any spelling ``inet_aton`` accepts: ``2130706433``, ``0x7f.1``, ``127.1``),
 and at delivery on every address the name resolves to, the connection then going to the address
 checked, so DNS cannot answer differently between the check and the connect.
+
+An IPv6 address can carry an IPv4 one that a gateway, a tunnel or the host's own stack then
+reaches: IPv4-mapped (``::ffff:127.0.0.1``), IPv4-compatible (``::7f00:1``), NAT64
+(``64:ff9b::7f00:1``), 6to4 (``2002:7f00:1::``) and Teredo (``2001:0::/32``, its server and its
+client). Such an address is allowed only if every IPv4 address it carries is.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import ipaddress
 import re
 import socket
 
-__all__ = ["TargetNotAllowed", "is_allowed_address", "literal_address", "pick_address"]
+__all__ = ["TargetNotAllowed", "carried_ipv4", "is_allowed_address", "literal_address",
+           "pick_address"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -29,15 +35,39 @@ class TargetNotAllowed(OSError):
     """The webhook's host is (or resolves to) an address webhooks may not reach."""
 
 
+#: NAT64's well-known prefix (RFC 6052): the IPv4 address is the last 32 bits.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+#: IPv4-compatible addresses (RFC 4291, deprecated): 96 zero bits, then the IPv4 address.
+_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def carried_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses ``ip`` carries (module doc); empty for a plain IPv6 address."""
+    last32 = ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)
+    if ip.ipv4_mapped is not None:
+        return [ip.ipv4_mapped]
+    if ip in _NAT64 or ip in _COMPATIBLE:
+        return [last32]
+    if ip.sixtofour is not None:
+        return [ip.sixtofour]
+    if ip.teredo is not None:
+        return list(ip.teredo)
+    return []
+
+
 def is_allowed_address(ip: IPAddress, *, allow_private: bool) -> bool:
-    """Whether a webhook may connect to ``ip``: a global unicast address, or any address at all
-    with ``allow_private`` (never the unspecified ``0.0.0.0``/``::``, which means "this host")."""
-    if ip.is_unspecified:
+    """Whether a webhook may connect to ``ip``: a global unicast address that carries no IPv4
+    address that is not one, or any address at all with ``allow_private`` (never the
+    unspecified ``0.0.0.0``/``::``, or an IPv6 form of ``0.0.0.0``, which mean "this host")."""
+    carried = carried_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else []
+    if ip.is_unspecified or any(v4.is_unspecified for v4 in carried):
         return False
     if allow_private:
         return True
+    if not all(is_allowed_address(v4, allow_private=False) for v4 in carried):
+        return False
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return is_allowed_address(ip.ipv4_mapped, allow_private=False)
+        return True  # the host connects to the IPv4 address, judged above
     return ip.is_global and not ip.is_multicast
 
 

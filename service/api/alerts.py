@@ -18,6 +18,7 @@ from fastapi import status as http
 from curvecast.contract import PROJECT_PATTERN
 from curvecast.service.alerting.rules import RULES, rule_config, validate_override
 from curvecast.service.alerting.targets import is_allowed_address, literal_address
+from curvecast.service.alerting.webhook_urls import masked_url
 from curvecast.service.api._route import OneHopRoute
 from curvecast.service.deps import (
     AdminPrincipal,
@@ -42,7 +43,7 @@ from curvecast.service.schemas.alerts import (
     WebhookList,
     WebhookOut,
 )
-from curvecast.service.secrets import box_for
+from curvecast.service.secrets import SecretUnavailable, box_for
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
@@ -181,7 +182,7 @@ def put_rule(
 def list_webhooks(
     project: ProjectPath, session: SessionDep, principal: ReadPrincipal
 ) -> WebhookList:
-    """The project's webhooks (secrets are never shown)."""
+    """The project's webhooks (secrets are never shown; a token in a URL shows as `***`)."""
     return webhook_store.list_webhooks(
         session, project=project, allowed_project=principal.project
     )
@@ -203,7 +204,9 @@ def create_webhook(
     """Notify ``url`` of every alert of the project that fires or resolves. A URL whose host is
     a private, loopback, link-local or reserved address is refused (422
     ``webhook_target_not_allowed``) unless ``CURVECAST_WEBHOOK_ALLOW_PRIVATE`` is set; names are
-    checked at each delivery, on the addresses they resolve to."""
+    checked at each delivery, on the addresses they resolve to. A URL that carries a token
+    (Slack, Discord, `?token=`, a generated path segment) is stored encrypted and shown whole
+    only in this answer; reads show it masked."""
     host = urlsplit(body.url).hostname or ""
     literal = literal_address(host)
     if literal is not None and not is_allowed_address(
@@ -213,11 +216,24 @@ def create_webhook(
             f"url: {host} is a private, loopback, link-local or reserved address; webhooks "
             "reach only global addresses unless CURVECAST_WEBHOOK_ALLOW_PRIVATE=true"
         )
-    # Sealed before anything is written: a deployment without a key refuses the secret.
-    stored_secret = box_for(settings).seal(body.secret) if body.secret else None
+    # Sealed before anything is written: a deployment without a key refuses the secret, and a
+    # URL that carries a token (a Slack webhook's) is a secret too.
+    box = box_for(settings)
+    stored_secret = box.seal(body.secret) if body.secret else None
+    shown_url = masked_url(body.url)
+    sealed_url = None
+    if shown_url != body.url:
+        try:
+            sealed_url = box.seal(body.url)
+        except SecretUnavailable:
+            raise SecretUnavailable(
+                f"url: {shown_url} carries a token (where *** is shown); such URLs are stored "
+                "encrypted and this deployment has no key: set CURVECAST_SECRET_KEY (32+ random "
+                "characters, the same on every replica)"
+            ) from None
     return webhook_store.create_webhook(
-        session, project=project, webhook_in=body, stored_secret=stored_secret, now=utcnow(),
-        allowed_project=principal.project,
+        session, project=project, webhook_in=body, shown_url=shown_url, sealed_url=sealed_url,
+        stored_secret=stored_secret, now=utcnow(), allowed_project=principal.project,
     )
 
 

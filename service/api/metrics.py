@@ -21,17 +21,19 @@ from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep, S
 from curvecast.service.errors import InvalidInput, TooManyPoints
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, Principal
 from curvecast.service.store import metrics as metric_store
+from curvecast.service.store.export import ExportReader, export_series
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["metrics"], route_class=FastJSONRoute)
 
 
 def _store_batch(
-    factory: sessionmaker[Session], run_id: uuid.UUID, batch: MetricBatch, project: str | None
+    factory: sessionmaker[Session], run_id: uuid.UUID, batch: MetricBatch, project: str | None,
+    max_keys: int,
 ) -> IngestResult:
     # The request's one hand-over to the thread pool: session, statements and commit together.
     with session_scope(factory) as session:
         return metric_store.ingest_batch(
-            session, run_id=run_id, batch=batch, allowed_project=project
+            session, run_id=run_id, batch=batch, allowed_project=project, max_keys=max_keys
         )
 
 
@@ -66,7 +68,8 @@ async def post_metrics(
             "split the batch"
         )
     result = await run_in_threadpool(
-        _store_batch, request.app.state.sessionmaker, run_id, batch, principal.project
+        _store_batch, request.app.state.sessionmaker, run_id, batch, principal.project,
+        settings.max_keys_per_run,
     )
     request.app.state.notify_ingest(run_id)
     prometheus.INGEST_BATCHES.inc()
@@ -161,27 +164,20 @@ def _csv_value(value: float) -> str:
     return "NaN" if math.isnan(value) else repr(value)
 
 
-def _csv_chunks(
-    factory: sessionmaker[Session], series: list[tuple[str, int]]
-) -> Iterator[str]:
+def _csv_chunks(factory: sessionmaker[Session], reader: ExportReader) -> Iterator[str]:
     """The export, one page of points at a time, each page read in its own short session: the
     memory held is one page whatever the run's size, and no transaction stays open while a
     slow client reads."""
     yield CSV_HEADER
-    for key, sid in series:
-        after = -1
-        while True:
-            with session_scope(factory) as session:
-                page = metric_store.export_page(
-                    session, series_id=sid, after_step=after, limit=metric_store.EXPORT_PAGE
-                )
-            if not page:
-                break
-            yield "".join(
-                f"{key},{step},{_csv_value(value)},{'' if wall is None else repr(wall)}\n"
-                for step, value, wall in page
-            )
-            after = page[-1][0]
+    while True:
+        with session_scope(factory) as session:
+            page = reader.next_page(session)
+        if not page:
+            return
+        yield "".join(
+            f"{key},{step},{_csv_value(value)},{'' if wall is None else repr(wall)}\n"
+            for key, step, value, wall in page
+        )
 
 
 @router.get("/metrics.csv", summary="Export points as CSV", response_class=StreamingResponse)
@@ -194,11 +190,11 @@ def export_csv(
 ) -> StreamingResponse:
     """Every point as ``key,step,value,wall_time`` rows (NaN and ±inf written as such), streamed
     in pages: any size of run, in bounded server memory."""
-    series = metric_store.export_series(
+    series = export_series(
         session, run_id=run_id, keys=parse_keys(keys), allowed_project=principal.project
     )
     return StreamingResponse(
-        _csv_chunks(request.app.state.sessionmaker, series),
+        _csv_chunks(request.app.state.sessionmaker, ExportReader(series)),
         media_type="text/csv",
         headers={"Content-Disposition": f'attachment; filename="{run_id}.csv"'},
     )

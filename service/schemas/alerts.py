@@ -175,7 +175,10 @@ class WebhookOut(BaseModel):
     id: int
     project: str
     name: str
-    url: str
+    url: str = Field(description="The receiver's URL; a token it carries is shown as `***` "
+                     "(shown whole once: in the answer to the request that adds the webhook)")
+    url_masked: bool = Field(description="Whether the stored URL carries a token (stored "
+                             "encrypted; `url` shows it masked except on creation)")
     enabled: bool
     has_secret: bool
     created_at: datetime

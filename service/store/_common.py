@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from curvecast.service.db import WRITE_OPTION
+from curvecast.service.errors import NotFound
 from curvecast.service.models import Project, Run, Series
 
 
@@ -49,6 +50,17 @@ def is_postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
+def keep_run(session: Session, run_id: uuid.UUID) -> bool:
+    """Whether the run exists, kept so until the transaction ends: on PostgreSQL a ``KEY
+    SHARE`` lock on its row, which a deletion of the run waits for (ingest's ``UPDATE`` does
+    not); on SQLite the write transaction the caller opened already excludes the deletion.
+    For the derived rows a worker writes after reading the run (fits): a run deleted
+    meanwhile is skipped instead of failing its foreign key and the worker's whole round."""
+    found = session.scalar(
+        select(Run.id).where(Run.id == run_id).with_for_update(key_share=True, read=True))
+    return found is not None
+
+
 def insert_ignore(session: Session, table: Table, **values: Any) -> Insert:
     """``INSERT ... ON CONFLICT DO NOTHING`` in the session's dialect."""
     dialect_insert = postgresql.insert if is_postgres(session) else sqlite.insert
@@ -69,6 +81,16 @@ def no_such_series(run_id: uuid.UUID, missing: Sequence[str], present: Sequence[
     shown = ", ".join(present[:NAMED_KEYS])
     more = f" and {len(present) - NAMED_KEYS} more" if len(present) > NAMED_KEYS else ""
     return f"run {run_id} has no series {what}; the keys it has: {shown}{more}"
+
+
+def require_series(session: Session, run_id: uuid.UUID, keys: Sequence[str] | None,
+                   found: Mapping[str, int]) -> None:
+    """Raise NotFound, naming the run's keys, if ``keys`` names a series the run lacks
+    (``found``: the run's series among ``keys``)."""
+    missing = [k for k in dict.fromkeys(keys or ()) if k not in found]
+    if missing:
+        present = [k for k, _ in run_series(session, run_id)]
+        raise NotFound(no_such_series(run_id, missing, present))
 
 
 def run_created_at(session: Session, run_id: uuid.UUID, allowed_project: str | None

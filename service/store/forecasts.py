@@ -52,6 +52,7 @@ from curvecast.service.models import (
 from curvecast.service.store._common import (
     as_utc,
     is_postgres,
+    keep_run,
     no_such_series,
     run_series,
     series_points,
@@ -362,9 +363,11 @@ def save_fits(
 
     A fit that says nothing new (the same status, points and last step as the previous fit of
     its series: the run grew in other series) is not stored, so the history has one row per
-    fit.
+    fit. Nothing is stored for a run deleted since its points were read.
     """
     write_connection(session)
+    if not keep_run(session, job.run_id):
+        return
     if is_postgres(session):
         # A fit is derived data: if a crash loses the last few hundred ms of these commits,
         # the fit row and the run's bookkeeping are lost together and the run is refitted. Not

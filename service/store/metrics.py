@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -42,12 +42,12 @@ from sqlalchemy import Dialect, select, text
 from sqlalchemy.orm import Session
 
 from curvecast.contract import MAX_STEP
-from curvecast.service.errors import InvalidInput, NotFound, ReadTooLarge, RunNotFound
-from curvecast.service.models import MetricPoint, Run, Series
+from curvecast.service.errors import InvalidInput, ReadTooLarge, RunNotFound
+from curvecast.service.models import Run, Series
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, SeriesOut
 from curvecast.service.store._common import (
     is_postgres,
-    no_such_series,
+    require_series,
     run_created_at,
     run_series,
     series_points,
@@ -55,6 +55,7 @@ from curvecast.service.store._common import (
     write_connection,
 )
 from curvecast.service.store._held_points import HOLD_LIMIT, held_points, stored_count
+from curvecast.service.store._key_budget import check_new_keys
 from curvecast.service.store._pgcopy import (
     Float8Array,
     Int4Array,
@@ -245,7 +246,8 @@ def _joined_keys(keys: list[str]) -> str:
 
 
 def _ingest_postgres(
-    dbapi: Any, run_id: uuid.UUID, batch: MetricBatch, allowed_project: str | None
+    dbapi: Any, run_id: uuid.UUID, batch: MetricBatch, allowed_project: str | None,
+    max_keys: int | None,
 ) -> tuple[int, int]:
     """(accepted, sent) of a batch on PostgreSQL, in the caller's transaction."""
     register_array_dumpers(dbapi)
@@ -263,6 +265,8 @@ def _ingest_postgres(
             raise _not_found(run_id)
         series_ids = {str(key): int(sid) for key, sid in rows if key is not None}
         missing = [key for key in keys if key not in series_ids]
+        check_new_keys(cur, run_id=run_id, run_param=run_id, new=len(missing), limit=max_keys,
+                       postgres=True)
         if missing:
             # A concurrent batch of this run cannot create them meanwhile (it waits on the run
             # row's lock), but another writer of series would only make ON CONFLICT skip them.
@@ -347,7 +351,7 @@ def _insert_rows(cur: Any, flat: list[Any]) -> int:
 
 def _ingest_sqlite(
     dbapi: Any, dialect: Dialect, run_id: uuid.UUID, batch: MetricBatch,
-    allowed_project: str | None,
+    allowed_project: str | None, max_keys: int | None,
 ) -> tuple[int, int]:  # fmt: skip
     """(accepted, sent) of a batch on SQLite, in the caller's write transaction."""
     keys = list(batch.values)
@@ -362,6 +366,8 @@ def _ingest_sqlite(
             raise _not_found(run_id)
         series_ids = {str(key): int(sid) for key, sid in rows if key is not None}
         missing = [key for key in keys if key not in series_ids]
+        check_new_keys(cur, run_id=run_id, run_param=run, new=len(missing), limit=max_keys,
+                       postgres=False)
         if missing:
             cur.executemany(_SQLITE_NEW_SERIES, [(run, key) for key in missing])
             found = cur.execute(
@@ -387,21 +393,24 @@ def _ingest_sqlite(
 
 
 def ingest_batch(
-    session: Session, *, run_id: uuid.UUID, batch: MetricBatch, allowed_project: str | None
+    session: Session, *, run_id: uuid.UUID, batch: MetricBatch, allowed_project: str | None,
+    max_keys: int | None = None,
 ) -> IngestResult:
     """Store a columnar batch; points already stored are counted as duplicates and left as they
     are (the first value of a (run, key, step) wins).
 
     Raises:
         RunNotFound: the run does not exist, or ``allowed_project`` does not own it.
+        TooManyKeys: the run would have more than ``max_keys`` keys (None: no limit).
     """
     conn = write_connection(session)
     dbapi = conn.connection.dbapi_connection
     assert dbapi is not None
     if conn.dialect.name == "postgresql":
-        accepted, sent = _ingest_postgres(dbapi, run_id, batch, allowed_project)
+        accepted, sent = _ingest_postgres(dbapi, run_id, batch, allowed_project, max_keys)
     else:
-        accepted, sent = _ingest_sqlite(dbapi, conn.dialect, run_id, batch, allowed_project)
+        accepted, sent = _ingest_sqlite(dbapi, conn.dialect, run_id, batch, allowed_project,
+                                        max_keys)
     return IngestResult(accepted=accepted, duplicates=sent - accepted)
 
 
@@ -656,7 +665,7 @@ def read_series(
     run = _check_run(session, run_id, allowed_project)
     found = dict(run_series(session, run_id, keys))
     if require_keys:
-        _require(session, run_id, keys, found)
+        require_series(session, run_id, keys, found)
     lo = 0 if start is None else start
     hi = MAX_STEP if end is None else end
     order = list(keys or sorted(found))
@@ -678,41 +687,3 @@ def read_series(
             series.append(_read_downsampled(session, run, sid, key, *bounds[sid], max_points))
     return MetricsOut(run_id=run_id, series=series)
 
-
-#: Points read per query by an export: bounds the memory an export holds at any moment.
-EXPORT_PAGE = 20_000
-
-
-def export_series(
-    session: Session, *, run_id: uuid.UUID, keys: Sequence[str] | None, allowed_project: str | None
-) -> list[tuple[str, int]]:
-    """The (key, series id) pairs of a run an export covers, in key order (``keys`` only, if
-    given). Raises RunNotFound for a run the caller may not see, NotFound for a key the run
-    has no series of."""
-    _check_run(session, run_id, allowed_project)
-    found = run_series(session, run_id, keys)
-    _require(session, run_id, keys, dict(found))
-    return found
-
-
-def _require(session: Session, run_id: uuid.UUID, keys: Sequence[str] | None,
-             found: Mapping[str, int]) -> None:
-    """Raise NotFound, naming the run's keys, if ``keys`` names a series the run lacks."""
-    missing = [k for k in dict.fromkeys(keys or ()) if k not in found]
-    if missing:
-        present = [k for k, _ in run_series(session, run_id)]
-        raise NotFound(no_such_series(run_id, missing, present))
-
-
-def export_page(
-    session: Session, *, series_id: int, after_step: int, limit: int
-) -> list[tuple[int, float, float | None]]:
-    """Up to ``limit`` points of one series with step > ``after_step``, in step order, as
-    (step, value, wall_time) with NaN for a stored NaN: one keyset page of the primary key."""
-    stmt = (
-        select(MetricPoint.step, MetricPoint.value, MetricPoint.wall_time)
-        .where(MetricPoint.series_id == series_id, MetricPoint.step > after_step)
-        .order_by(MetricPoint.step)
-        .limit(limit)
-    )
-    return [(int(st), math.nan if v is None else float(v), w) for st, v, w in session.execute(stmt)]

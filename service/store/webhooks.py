@@ -35,12 +35,13 @@ def _check_project(project: str, allowed_project: str | None) -> None:
         raise NotFound(f"project {project!r} not found")
 
 
-def _out(w: Webhook, project: str) -> WebhookOut:
+def _out(w: Webhook, project: str, url: str | None = None) -> WebhookOut:
     return WebhookOut(
         id=w.id,
         project=project,
         name=w.name,
-        url=w.url,
+        url=url or w.url,
+        url_masked=w.url_sealed is not None,
         enabled=w.enabled,
         has_secret=bool(w.secret),
         created_at=as_utc(w.created_at),
@@ -52,26 +53,32 @@ def create_webhook(
     *,
     project: str,
     webhook_in: WebhookIn,
+    shown_url: str,
+    sealed_url: str | None,
     stored_secret: str | None,
     now: datetime,
     allowed_project: str | None,
 ) -> WebhookOut:
-    """Add a webhook to ``project`` (created if new). ``stored_secret`` is the secret as it is
-    stored (sealed: :mod:`curvecast.service.secrets`), never ``webhook_in.secret`` itself."""
+    """Add a webhook to ``project`` (created if new). What is stored of the URL is
+    ``shown_url`` (masked if it carries a token) and ``sealed_url`` (the whole URL, sealed; None
+    when nothing is masked); of the secret, ``stored_secret`` (sealed:
+    :mod:`curvecast.service.secrets`); never ``webhook_in``'s URL or secret themselves. The
+    answer, to the admin who asked, shows the whole URL this once."""
     _check_project(project, allowed_project)
     write_connection(session)
     pid = ensure_project(session, name=project)
     w = Webhook(
         project_id=pid,
-        name=webhook_in.name or webhook_in.url[:200],
-        url=webhook_in.url,
+        name=webhook_in.name or shown_url[:200],
+        url=shown_url[:2000],
+        url_sealed=sealed_url,
         secret=stored_secret,
         enabled=webhook_in.enabled,
         created_at=now,
     )
     session.add(w)
     session.flush()
-    return _out(w, project)
+    return _out(w, project, url=webhook_in.url)
 
 
 def list_webhooks(session: Session, *, project: str, allowed_project: str | None) -> WebhookList:
@@ -178,7 +185,8 @@ class DeliveryJob:
     """A delivery leased for one sending attempt."""
 
     id: uuid.UUID
-    url: str
+    url: str  #: masked when ``sealed_url`` is set
+    sealed_url: str | None  #: the whole URL, sealed (or in clear, from an older version)
     secret: str | None
     body: bytes
     attempts: int
@@ -207,6 +215,7 @@ def claim_deliveries(
         select(
             AlertDelivery.id,
             Webhook.url,
+            Webhook.url_sealed,
             Webhook.secret,
             AlertDelivery.body,
             AlertDelivery.attempts,
@@ -229,10 +238,11 @@ def claim_deliveries(
         DeliveryJob(
             id=r[0],
             url=r[1],
-            secret=r[2],
-            body=r[3].encode(),
-            attempts=int(r[4]),
-            created_at=as_utc(r[5]),
+            sealed_url=r[2],
+            secret=r[3],
+            body=r[4].encode(),
+            attempts=int(r[5]),
+            created_at=as_utc(r[6]),
         )
         for r in claim.rows
     ]
@@ -301,17 +311,22 @@ def record_attempt(
 
 
 def seal_plaintext_secrets(session: Session, *, seal: Callable[[str], str]) -> int:
-    """Seal every secret an older version stored in clear (``seal``: the deployment's
-    ``SecretBox.seal``); returns how many. Run by ``curvecast migrate``."""
+    """Seal every secret, and every token-bearing URL, an older version stored in clear
+    (``seal``: the deployment's ``SecretBox.seal``); returns how many values. Run by
+    ``curvecast migrate``."""
     write_connection(session)
-    rows = session.execute(
-        select(Webhook.id, Webhook.secret).where(
-            Webhook.secret.is_not(None), ~Webhook.secret.startswith(SEALED_PREFIX)
-        )
-    ).all()
-    for webhook_id, secret in rows:
-        session.execute(
-            update(Webhook).where(Webhook.id == webhook_id).values(secret=seal(str(secret))),
-            execution_options={"synchronize_session": False},
-        )
-    return len(rows)
+    sealed = 0
+    for column in (Webhook.secret, Webhook.url_sealed):
+        rows = session.execute(
+            select(Webhook.id, column).where(
+                column.is_not(None), ~column.startswith(SEALED_PREFIX)
+            )
+        ).all()
+        for webhook_id, value in rows:
+            session.execute(
+                update(Webhook).where(Webhook.id == webhook_id)
+                .values({column.key: seal(str(value))}),
+                execution_options={"synchronize_session": False},
+            )
+        sealed += len(rows)
+    return sealed

@@ -34,6 +34,7 @@ from fastapi import FastAPI
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
+from curvecast.service.http_guard import protocol_for
 from curvecast.service.schemas import TokenScope
 from curvecast.service.store import tokens
 
@@ -126,7 +127,8 @@ def wait_until_healthy(
 
 @contextmanager
 def serve_app(app: FastAPI, port: int = 0) -> Iterator[str]:
-    """Run ``app`` under uvicorn on a loopback port (``0``: a free one) in a background thread;
+    """Run ``app`` under uvicorn on a loopback port (``0``: a free one) in a background thread,
+    with the request-head and connection limits of its settings, as ``curvecast serve``;
     yields its base URL once it is healthy."""
     # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on sockets it can tell are TCP,
     # and without it every small test request waits out a delayed ACK (~40 ms).
@@ -135,7 +137,8 @@ def serve_app(app: FastAPI, port: int = 0) -> Iterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                           http=protocol_for(app.state.settings)))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -288,13 +288,14 @@ def deliver_round(
     def attempt(job: DeliveryJob) -> SendResult:
         try:
             secret = box.open(job.secret) if job.secret else None
+            url = box.open(job.sealed_url) if job.sealed_url else job.url
         except SecretUnavailable as exc:
             # Never send unsigned what the receiver expects signed: a failed attempt, retried
             # (the operator may fix the key) until the delivery gives up.
             return SendResult(None, exc.message, 0.0)
         headers = signature_headers(secret, str(job.id), int(wall()), job.body)
         try:
-            return sender(job.url, job.body, headers, settings.webhook_timeout_s)
+            return sender(url, job.body, headers, settings.webhook_timeout_s)
         except Exception as exc:  # a transport bug must not lose the outcome
             log.exception("webhook delivery %s: the transport failed", job.id)
             return SendResult(None, f"internal error ({type(exc).__name__})", 0.0)

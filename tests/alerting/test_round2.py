@@ -301,7 +301,8 @@ def test_a_webhook_deleted_mid_delivery_loses_no_other_outcome(
         for path in ("/gone", "/kept"):
             hooks.append(webhook_store.create_webhook(
                 s, project=project, webhook_in=WebhookIn(url=f"http://127.0.0.1:9{path}"),
-                stored_secret=None, now=utcnow(), allowed_project=None).id)
+                shown_url=f"http://127.0.0.1:9{path}", sealed_url=None, stored_secret=None,
+                now=utcnow(), allowed_project=None).id)
     run_id = uuid.uuid4()
     with session_scope(factory) as s:
         run_store.create_or_get_run(s, run_id=run_id, run_in=RunCreate(project=project),

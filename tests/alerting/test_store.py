@@ -122,7 +122,8 @@ def _fire_with_webhook(factory: sessionmaker[Session], project: str,
     with session_scope(factory) as s:
         hook = webhook_store.create_webhook(
             s, project=project, webhook_in=WebhookIn(url="http://127.0.0.1:9/h"),
-            stored_secret=None, now=utcnow(), allowed_project=None)
+            shown_url="http://127.0.0.1:9/h", sealed_url=None, stored_secret=None, now=utcnow(),
+            allowed_project=None)
     run_id = _run(factory, project)
     job = _claim(factory, run_id)
     assert job is not None

@@ -15,6 +15,7 @@ import yaml
 from curvecast.service.app import create_app
 from curvecast.service.cli import build_parser
 from curvecast.service.config import Settings
+from curvecast.service.http_guard import HeadLimits
 from tests import REPO
 from tests.conftest import IN_CI
 
@@ -81,6 +82,18 @@ def test_compose_config_is_valid_and_wired(tmp_path: Path) -> None:
                  "CURVECAST_WEBHOOK_ALLOW_PRIVATE"):
         assert worker["environment"][name] == env[name], name
     assert "CURVECAST_WORKER_ENABLED" not in worker["environment"]
+    # The API enforces the request-head and connection limits (curvecast serve serves through
+    # service/http_guard), with the defaults, and may open more files than connections.
+    limits = HeadLimits.from_settings(Settings(**{
+        name.removeprefix("CURVECAST_").lower(): value for name, value in env.items()
+        if name.startswith("CURVECAST_") and name != "CURVECAST_SECRET_KEY"}))
+    assert limits == HeadLimits.from_settings(Settings(database_url=env["CURVECAST_DATABASE_URL"],
+                                                       auth_enabled=True))
+    for name in ("MAX_HEADER_BYTES", "MAX_HEADER_FIELDS", "HEADER_TIMEOUT_S", "MAX_CONNECTIONS"):
+        assert f"CURVECAST_{name}" in env, name
+    nofile = api["ulimits"]["nofile"]
+    assert min(nofile["soft"], nofile["hard"]) > limits.max_connections + 100
+    assert "entrypoint" not in api  # the image's: curvecast serve
     # Without a password compose refuses to render, rather than starting an open database.
     empty_env = tmp_path / "empty.env"
     empty_env.write_text("")

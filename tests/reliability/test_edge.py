@@ -217,6 +217,54 @@ def test_cross_site_writes_are_refused_with_auth_off(open_server: str, project: 
     assert httpx.get(f"{url}/", headers={"origin": "https://evil.example"}).status_code == 200
 
 
+def test_an_authorization_header_does_not_open_cross_site_writes(open_server: str,
+                                                                   project: str) -> None:
+    """With auth off, ``Origin: evil`` plus any ``Authorization`` header (empty, or a made-up
+    token) passed the cross-site check: ack 200, DELETE run 204."""
+    url = open_server
+    run_id = uuid.uuid4()
+    httpx.put(f"{url}/api/v1/runs/{run_id}", json={"project": project}).raise_for_status()
+    httpx.post(f"{url}/api/v1/runs/{run_id}/metrics", json={
+        "steps": [1, 2], "values": {"loss": [1.0, "NaN"]}}).raise_for_status()
+    alerts = wait_for(lambda: httpx.get(f"{url}/api/v1/runs/{run_id}/alerts").json()["alerts"],
+                      60, "the NaN alert")
+    ack = f"{url}/api/v1/alerts/{alerts[0]['id']}/ack"
+    for authorization in ("", "Bearer x", "Bearer cc_000000000000_" + "a" * 43):
+        evil = {"origin": "https://evil.example", "authorization": authorization}
+        resp = httpx.post(ack, headers=evil)
+        assert resp.status_code == 403, (authorization, resp.text)
+        resp = httpx.delete(f"{url}/api/v1/runs/{run_id}", headers=evil)
+        assert resp.status_code == 403, (authorization, resp.text)
+        referred = {"referer": "https://evil.example/x", "authorization": authorization}
+        assert httpx.post(ack, headers=referred).status_code == 403
+    assert httpx.get(f"{url}/api/v1/runs/{run_id}").status_code == 200  # not deleted
+    stored = httpx.get(f"{url}/api/v1/runs/{run_id}/alerts").json()["alerts"][0]
+    assert stored["acknowledged_at"] is None
+    # Two Origin headers, the second this site's: the first still counts.
+    netloc = urlsplit(url).netloc
+    two = [("origin", "https://evil.example"), ("origin", f"http://{netloc}")]
+    assert httpx.post(ack, headers=two).status_code == 403
+
+
+def test_with_auth_on_only_a_valid_token_opens_a_cross_site_api_write(authed: str,
+                                                                      sqlite_url: str) -> None:
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    ingest = create_token(sqlite_url, project, "ingest")
+    run = f"{authed}/api/v1/runs/{uuid.uuid4()}"
+    evil = {"origin": "https://evil.example"}
+    # A token the attacker does not have: refused (no token at all: the cross-site 403).
+    assert httpx.put(run, json={"project": project}, headers=evil).status_code == 403
+    made_up = {**evil, "authorization": "Bearer cc_000000000000_" + "a" * 43}
+    assert httpx.put(run, json={"project": project}, headers=made_up).status_code == 401
+    assert httpx.put(run, json={"project": project}, headers={**evil, "authorization": ""}
+                     ).status_code == 401
+    # A real token (a script, or a page of another origin holding one) is an API client.
+    real = {**evil, "authorization": f"Bearer {ingest}"}
+    assert httpx.put(run, json={"project": project}, headers=real).status_code == 201
+    # The pages' cookie-authenticated forms: a header changes nothing there.
+    assert httpx.post(f"{authed}/logout", headers=real).status_code == 403
+
+
 def test_logout_is_a_same_origin_post(authed: str, sqlite_url: str) -> None:
     read = create_token(sqlite_url, f"p-{uuid.uuid4().hex[:8]}", "read")
     with httpx.Client(base_url=authed) as browser:

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from curvecast.service.config import Settings
-from curvecast.service.store.metrics import EXPORT_PAGE
+from curvecast.service.store.export import EXPORT_PAGE
 from tests._servers import thread_server
 
 CAP = 5_000
