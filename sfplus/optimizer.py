@@ -1,7 +1,8 @@
 """The ScheduleFree+ optimizer: AdamC + Schedule-Free averaging + a Polyak step size.
 
-This module holds the class and its step; the parts the step is made of live beside it: the
-maths in :mod:`~curvecast.sfplus.functional`, the hyper-parameters' checks in
+This module holds the class; the parts its step is made of live beside it: the step itself in
+:mod:`~curvecast.sfplus._step`, the maths in :mod:`~curvecast.sfplus.functional` and
+:mod:`~curvecast.sfplus._kernels`, the hyper-parameters' checks in
 :mod:`~curvecast.sfplus._hparams`, the state's layout and the tensors a step gathers in
 :mod:`~curvecast.sfplus._state`, the weight norms of ``stats(norms=True)`` in
 :mod:`~curvecast.sfplus._stats` and the collectives in :mod:`~curvecast.sfplus._distributed`.
@@ -20,7 +21,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from curvecast.sfplus import _distributed as _dist
-from curvecast.sfplus import _hparams, _state, _stats
+from curvecast.sfplus import _hparams, _state, _stats, _step
 from curvecast.sfplus import functional as F
 
 __all__ = ["ScheduleFreePlus"]
@@ -388,7 +389,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
                 "hand it over first with optimizer.provide_loss(loss) (the Hugging Face "
                 "Trainer: add curvecast's CurvecastCallback, which does)."
             )
-        _check_loss_type(loss)
+        _step.check_loss(loss)
         _hparams.check_shared(self.param_groups)
         self._step(loss, glob)
         return loss
@@ -408,126 +409,17 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         Raises:
             ValueError: if the loss is neither a real number nor a tensor.
         """
-        _check_loss_type(loss)
+        _step.check_loss(loss)
         self._provided_loss = loss
 
     def _step(self, loss: LossLike, glob: dict[str, Any]) -> None:
-        g0 = self.param_groups[0]
-        t = int(glob["step"]) + 1
-        beta = F.sf_beta_schedule(t, g0["sf_beta"], g0["sf_beta_max"], g0["anneal_steps"])
-        beta_prev = float(glob["sf_beta_prev"])
-
-        # 1. Gather tensors (local shards) and lazily create state.
-        work = [_state.gather(group["params"], self.state) for group in self.param_groups]
-        if not any(w.grads for w in work):
-            return  # no gradients anywhere: nothing to do, and the step is not counted
-        device = next(w.grads[0].device for w in work if w.grads)
-
-        # Cache blocking only pays on CPU; accelerators get whole tensors (or foreach lists).
-        block = F.cpu_block() if device.type == "cpu" else None
-
-        # 2. Global reductions: ||g||_1 and <g, z - y>, per sharding layout, then one fetch.
-        replicated = torch.zeros(2, dtype=F.accumulate_dtype(device), device=device)
-        sharded: dict[_dist.ShardKey, Tensor] = {}
-        for group, w in zip(self.param_groups, work, strict=True):
-            foreach = self._use_foreach(group)
-            for key, idx in w.by_shard().items():
-                part = F.reductions(
-                    [w.grads[i] for i in idx],
-                    [w.reduction_deltas[i] for i in idx],
-                    foreach=foreach,
-                    block=block,
-                ).to(device=device, dtype=replicated.dtype)
-                if key is None:
-                    replicated += part
-                else:
-                    sharded[key] = sharded[key] + part if key in sharded else part
-        # The loss joins the single fetch when it lives on the device or must be all-reduced;
-        # a host float needs neither.
-        loss_t: Tensor | None = None
-        if isinstance(loss, Tensor) or _dist.is_active(self._process_group):
-            loss_t = _loss_tensor(loss, device, replicated.dtype)
-        means, sums = _dist.fetch_global(loss_t, replicated, sharded, group=self._process_group)
-        loss_value = means[0] if loss_t is not None else float(loss)
-        grad_l1, dot = sums
-
-        # 3. Host scalars: the Polyak step (global) and, per group, alpha / gamma_max / c.
-        inner = beta / beta_prev * dot  # beta_t <g, z - x> with z - x = (z - y) / beta'
-        eta, numerator, denom, ema, ema_weight = F.polyak_step(
-            loss_value,
-            inner,
-            grad_l1,
-            ema=glob["denom_ema"],
-            ema_weight=glob["denom_ema_weight"],
-            polyak_beta=g0["polyak_beta"],
-            f_star=g0["f_star"],
-        )
-        group_stats: list[tuple[float, float, float, float]] = []
-        for gi, (group, w) in enumerate(zip(self.param_groups, work, strict=True)):
-            warm = F.warmup_factor(t, group["warmup_steps"])
-            alpha = warm * group["lr"] * eta
-            gamma_max = max(glob["gamma_max"][gi], alpha)
-            c, weight_sum = F.averaging_weight(
-                t,
-                gamma_max,
-                glob["weight_sum"][gi],
-                c_warmup=F.resolve_c_warmup(group["c_warmup"], group["warmup_steps"]),
-                r=group["r"],
-                weight_lr_power=group["weight_lr_power"],
-            )
-            glob["gamma_max"][gi] = gamma_max
-            glob["weight_sum"][gi] = weight_sum
-            group_stats.append((alpha, gamma_max, c, warm))
-
-            # 4. The in-place update of this group's tensors.
-            foreach = self._use_foreach(group)
-            fused = bool(group["fused"])
-            beta1, beta2 = group["betas"]
-            F.update(
-                w.params,
-                w.grads,
-                w.exp_avgs,
-                w.exp_avg_sqs,
-                w.deltas,
-                w.steps,
-                beta1=beta1,
-                beta2=beta2,
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                alpha=alpha,
-                c=c,
-                sf_beta=beta,
-                sf_beta_prev=beta_prev,
-                foreach=foreach,
-                block=block,
-                fused=fused,
-            )
-            F.rescale_for_beta(
-                w.skipped_params,
-                w.skipped_deltas,
-                sf_beta=beta,
-                sf_beta_prev=beta_prev,
-                foreach=foreach,
-            )
-            w.count_step()
-
-        glob.update(step=t, denom_ema=ema, denom_ema_weight=ema_weight, sf_beta_prev=beta)
-        alpha0, gamma_max0, c0, warm0 = group_stats[0]
-        # The keys and their order are contract.OPTIMIZER_STATS (tests/sfplus hold them equal).
-        self._stats = {
-            "step": float(t),
-            "loss": loss_value,
-            "inner": inner,
-            "numerator": numerator,
-            "grad_l1": grad_l1,
-            "denom_ema": denom,
-            "eta": eta,
-            "alpha": alpha0,
-            "gamma_max": gamma_max0,
-            "c": c0,
-            "sf_beta": beta,
-            "warmup": warm0,
-        }
+        step = _step.begin(self.param_groups, self.state, glob,
+                           [self._use_foreach(group) for group in self.param_groups])
+        if step is None:
+            return
+        self._stats = _step.host_step(self.param_groups, step, loss, glob,
+                                      process_group=self._process_group)
+        _step.finish(step)
 
     # ----------------------------------------------------------------------------------------
     # Observability
@@ -605,29 +497,3 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             "param_groups": len(self.param_groups),
             "num_parameters": sum(p.numel() for grp in self.param_groups for p in grp["params"]),
         }
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _loss_tensor(loss: LossLike, device: torch.device, dtype: torch.dtype) -> Tensor:
-    if isinstance(loss, Tensor):
-        if loss.numel() != 1:
-            raise ValueError(
-                "ScheduleFreePlus.step(): the loss must be a scalar, got a tensor of shape "
-                f"{tuple(loss.shape)}"
-            )
-        return loss.detach().reshape(1).to(device=device, dtype=dtype)
-    # torch.full fills on the device from a host scalar: no host-to-device copy to wait for.
-    return torch.full((1,), float(loss), dtype=dtype, device=device)
-
-
-def _check_loss_type(loss: object) -> None:
-    if isinstance(loss, Tensor) or _hparams.is_real(loss):
-        return
-    raise ValueError(
-        "ScheduleFreePlus.step(): the loss must be a float or a 0-d tensor, got "
-        f"{type(loss).__name__}"
-    )
