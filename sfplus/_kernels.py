@@ -1,9 +1,11 @@
-"""The in-place update kernels of ScheduleFree+ (moved out of :mod:`~curvecast.sfplus.functional`).
+"""The in-place update kernels of ScheduleFree+ (eager), for host or device coefficients.
 
-:func:`update` takes the step's coefficients as Python floats. It has a ``torch._foreach_*``
-multi-tensor path and a per-tensor path that, on CPU, walks each tensor in cache-sized blocks;
-``fused=True`` hands float32/float64 tensors to the compiled update of
-:mod:`curvecast.sfplus._fused`.
+:func:`update` takes the step's coefficients as Python floats (the host-scalar path: the
+Polyak step was computed on the host after one transfer); :func:`update_device` takes the ones
+that depend on the step size as a tensor on the parameters' device (the device-scalar path: no
+host read in the step). Both have a ``torch._foreach_*`` multi-tensor path and a per-tensor
+path that, on CPU, walks each tensor in cache-sized blocks; ``fused=True`` on the host path
+hands float32/float64 tensors to the compiled update of :mod:`curvecast.sfplus._fused`.
 
 One step, with ``u = m_hat / (sqrt(v_hat) + eps)``, ``alpha`` the step size, ``lam`` the weight
 decay, ``c`` the averaging weight and ``beta``/``beta'`` the SF betas of this step and of the
@@ -27,7 +29,9 @@ from torch import Tensor
 
 from curvecast.sfplus import _fused
 
-__all__ = ["all_contiguous", "update"]
+__all__ = [
+    "DEVICE_COEFFICIENTS", "HostCoefficients", "all_contiguous", "update", "update_device",
+]
 
 
 def all_contiguous(*tensors: Tensor) -> bool:
@@ -287,3 +291,119 @@ def _update_block(
     else:
         y.add_(d, alpha=k.y_delta).addcdiv_(m, tmp, value=k.y_dir)
         d.mul_(k.delta_keep).addcdiv_(m, tmp, value=k.delta_dir)
+
+
+
+
+# --------------------------------------------------------------------------------------------
+# Device coefficients: the step size stays on the device
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True, frozen=True)
+class HostCoefficients:
+    """The coefficients of one update that do not depend on the step size: known on the host
+    before the step (Adam's moments and its bias-corrected epsilon)."""
+
+    one_minus_beta1: float
+    beta2: float
+    one_minus_beta2: float
+    eps_eff: float
+    #: Whether the group has weight decay (then ``y`` enters the direction).
+    decay: bool
+
+
+#: Rows of the device coefficients :func:`update_device` takes, in this order.
+DEVICE_COEFFICIENTS = ("wd_fold", "y_delta", "y_dir", "delta_dir")
+
+
+def update_device(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    deltas: Sequence[Tensor],
+    *,
+    host: HostCoefficients,
+    coefficients: Tensor,
+    foreach: bool,
+    block: int | None = None,
+) -> None:
+    """:func:`update` of tensors that share a step count, with the step-size-dependent
+    coefficients read from a tensor instead of passed as floats: no host read.
+
+    ``coefficients`` holds :data:`DEVICE_COEFFICIENTS` (``wd_fold``, ``y_delta = 1 - a``,
+    ``y_dir``, ``delta_dir`` of :func:`update`) on the tensors' device. ``delta`` is updated as
+    ``delta - y_delta * delta + delta_dir * T`` rather than ``a * delta + ...``: every
+    coefficient that multiplies a tensor is then an increment's, small beside 1, so the
+    rounding to the tensors' precision that a multi-tensor kernel applies to a tensor scalar
+    (bfloat16: 8 bits) perturbs the step by a fraction of itself, not the weights.
+    """
+    if not params:
+        return
+    if foreach:
+        buckets: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
+        for i, y in enumerate(params):
+            buckets[(y.device, y.dtype)].append(i)
+        for (device, dtype), idx in buckets.items():
+            # The multi-tensor kernels take a scalar tensor of the lists' dtype and device.
+            coef = coefficients.to(device=device, dtype=dtype)
+            _update_foreach_device(
+                [params[i] for i in idx], [grads[i] for i in idx], [exp_avgs[i] for i in idx],
+                [exp_avg_sqs[i] for i in idx], [deltas[i] for i in idx], host, coef)
+        return
+    for y, g, m, v, d in zip(params, grads, exp_avgs, exp_avg_sqs, deltas, strict=True):
+        coef = coefficients if coefficients.device == y.device else coefficients.to(y.device)
+        if block and y.numel() > block and all_contiguous(y, g, m, v, d):
+            yf, gf, mf, vf, df = y.view(-1), g.view(-1), m.view(-1), v.view(-1), d.view(-1)
+            scratch = torch.empty(block, dtype=y.dtype, device=y.device)
+            n = y.numel()
+            for i in range(0, n, block):
+                j = min(i + block, n)
+                _update_block_device(yf[i:j], gf[i:j], mf[i:j], vf[i:j], df[i:j],
+                                     scratch[: j - i], host, coef)
+        else:
+            _update_block_device(y, g, m, v, d, torch.empty_like(y), host, coef)
+
+
+def _update_foreach_device(
+    ys: list[Tensor], gs: list[Tensor], ms: list[Tensor], vs: list[Tensor], ds: list[Tensor],
+    k: HostCoefficients, coef: Tensor,
+) -> None:
+    wd_fold, y_delta, y_dir, delta_dir = coef.unbind()
+    torch._foreach_lerp_(ms, gs, k.one_minus_beta1)
+    torch._foreach_mul_(vs, k.beta2)
+    torch._foreach_addcmul_(vs, gs, gs, k.one_minus_beta2)
+    t = torch._foreach_sqrt(vs)
+    torch._foreach_add_(t, k.eps_eff)
+    t = torch._foreach_div(ms, t)  # m / denom: T without the decay term
+    if k.decay:
+        torch._foreach_add_(t, torch._foreach_mul(ys, wd_fold))
+    tmp = torch._foreach_mul(ds, y_delta)  # (1 - a) delta, for both y and delta
+    torch._foreach_add_(ys, tmp)
+    torch._foreach_sub_(ds, tmp)
+    tmp = torch._foreach_mul(t, delta_dir)
+    torch._foreach_add_(ds, tmp)
+    del tmp
+    torch._foreach_mul_(t, y_dir)
+    torch._foreach_add_(ys, t)
+
+
+def _update_block_device(
+    y: Tensor, g: Tensor, m: Tensor, v: Tensor, d: Tensor, tmp: Tensor, k: HostCoefficients,
+    coef: Tensor,
+) -> None:
+    # The operations of _update_block, with the step size's coefficients as 0-d tensors that
+    # broadcast (addcmul_ by a 0-d tensor: one operation, as add_ with alpha= is).
+    wd_fold, y_delta, y_dir, delta_dir = coef.unbind()
+    m.lerp_(g, k.one_minus_beta1)
+    v.mul_(k.beta2).addcmul_(g, g, value=k.one_minus_beta2)
+    torch.sqrt(v, out=tmp)
+    tmp.add_(k.eps_eff)
+    torch.div(m, tmp, out=tmp)
+    if k.decay:
+        tmp.addcmul_(y, wd_fold)
+    y.addcmul_(d, y_delta)
+    d.addcmul_(d, y_delta, value=-1.0)
+    y.addcmul_(tmp, y_dir)
+    d.addcmul_(tmp, delta_dir)

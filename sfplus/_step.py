@@ -1,31 +1,43 @@
-"""One ScheduleFree+ step: gather the tensors, reduce, compute the scalars, update.
+"""One ScheduleFree+ step, in its two forms: the step size on the host or on the device.
 
 Moved out of :mod:`curvecast.sfplus.optimizer`, whose ``step()`` validates the call and then
-runs :func:`begin`, :func:`host_step` and :func:`finish`: the loss and the two global sums are
-fetched in one transfer, the Polyak step, ``gamma_max`` and ``c_t`` are Python floats
-(:mod:`curvecast.sfplus.functional`), and the update takes them as such.
+runs :func:`begin`, one of :func:`host_step` and :func:`device_step`, and :func:`finish`:
+
+* **host scalars** (the default on CPU, where reading a tensor costs nothing): the loss and the
+  two global sums are fetched in one transfer, the Polyak step, ``gamma_max`` and ``c_t`` are
+  Python floats (:mod:`curvecast.sfplus.functional`), and the update takes them as such;
+* **device scalars** (the default on accelerators): the same arithmetic on device tensors
+  (:mod:`curvecast.sfplus._device`), consumed by the update as tensors; a step reads nothing on
+  the host, and its statistics are read when someone asks for them. With ``fused`` the whole
+  step is one compiled call (:func:`curvecast.sfplus._fused.step_many_`).
 """
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from curvecast.sfplus import _device, _fused, _hparams, _kernels, _state
 from curvecast.sfplus import _distributed as _dist
-from curvecast.sfplus import _hparams, _state
 from curvecast.sfplus import functional as F
 
-__all__ = ["Step", "begin", "check_loss", "finish", "host_step", "loss_tensor"]
+__all__ = [
+    "Step", "begin", "check_loss", "device_step", "finish", "host_step", "host_vector",
+    "loss_tensor",
+]
 
 LossLike = Tensor | float
 
 
 @dataclass(slots=True)
 class Step:
-    """What a step needs throughout: its number, SF betas, tensors and where they live."""
+    """What both forms of a step share: its number, SF betas, tensors and where they live."""
 
     t: int
     beta: float
@@ -163,3 +175,147 @@ def host_step(
         "grad_l1": grad_l1, "denom_ema": denom, "eta": eta, "alpha": alpha0,
         "gamma_max": gamma_max0, "c": c0, "sf_beta": s.beta, "warmup": warm0,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# The step size on the device
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Layout:
+    """The step's tensors in one flat list (group by group) and their rows: tensors of one
+    group with one Adam step count share a row of host-known values and of coefficients."""
+
+    ys: list[Tensor]
+    gs: list[Tensor]
+    ms: list[Tensor]
+    vs: list[Tensor]
+    ds: list[Tensor]
+    #: Per flat tensor: its parameter group and its row.
+    group_of: list[int]
+    row_of: list[int]
+    #: Per row: ``(group, Adam step count)``.
+    rows: list[tuple[int, int]]
+
+
+def _layout(work: Sequence[_state.GroupWork]) -> _Layout:
+    out = _Layout([], [], [], [], [], [], [], [])
+    row_index: dict[tuple[int, int], int] = {}
+    for gi, w in enumerate(work):
+        out.ys += w.params
+        out.gs += w.grads
+        out.ms += w.exp_avgs
+        out.vs += w.exp_avg_sqs
+        out.ds += w.deltas
+        for step in w.steps:
+            row = row_index.get((gi, step))
+            if row is None:
+                row = row_index[gi, step] = len(out.rows)
+                out.rows.append((gi, step))
+            out.group_of.append(gi)
+            out.row_of.append(row)
+    return out
+
+
+def host_vector(
+    param_groups: list[dict[str, Any]], s: Step, rows: list[tuple[int, int]], ema_weight: float
+) -> tuple[list[float], list[_kernels.HostCoefficients]]:
+    """The host-known values of the step (:mod:`curvecast.sfplus._device`'s layout), and each
+    row's coefficients for the eager update."""
+    g0 = param_groups[0]
+    pb = float(g0["polyak_beta"])
+    values = [s.beta / s.beta_prev, pb, (1.0 - pb) * F.SQRT_HALF_PI, ema_weight,
+              float(g0["f_star"]), s.beta, s.beta_prev]
+    for group in param_groups:
+        c_warmup = F.resolve_c_warmup(group["c_warmup"], group["warmup_steps"])
+        values += [F.warmup_factor(s.t, group["warmup_steps"]) * group["lr"],
+                   1.0 if s.t > c_warmup else 0.0, float(s.t) ** group["r"],
+                   float(group["weight_lr_power"])]
+    coefficients = []
+    for gi, step in rows:
+        group = param_groups[gi]
+        beta1, beta2 = group["betas"]
+        bc1, bc2 = 1.0 - beta1**step, 1.0 - beta2**step
+        # m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps * sqrt(bc2)), as in update.
+        scale, eps_eff = math.sqrt(bc2) / bc1, group["eps"] * math.sqrt(bc2)
+        values += [scale, eps_eff, 1.0 - beta1, beta2, 1.0 - beta2, float(group["weight_decay"])]
+        coefficients.append(_kernels.HostCoefficients(
+            one_minus_beta1=1.0 - beta1, beta2=beta2, one_minus_beta2=1.0 - beta2,
+            eps_eff=eps_eff, decay=group["weight_decay"] != 0.0))
+    return values, coefficients
+
+
+def device_step(
+    param_groups: list[dict[str, Any]], s: Step, loss: LossLike, glob: dict[str, Any], *,
+    process_group: Any, device_state: _device.DeviceState, compile_mode: str | None,
+) -> tuple[dict[str, Any], Tensor]:
+    """The step with its scalars on the device: no host read. Returns the statistics mapping
+    (device values as 0-d tensors) and the tensor that holds them."""
+    acc = F.accumulate_dtype(s.device)
+    groups = len(param_groups)
+    pb = float(param_groups[0]["polyak_beta"])
+    # The EMA's weight does not depend on the data: it stays a host number.
+    ema_weight = pb * glob["denom_ema_weight"] + (1.0 - pb)
+    lay = _layout(s.work)
+    values, row_coefficients = host_vector(param_groups, s, lay.rows, ema_weight)
+    h = _device.to_device(values, s.device, acc)
+    state = device_state.get(glob, groups, s.device, acc)
+    loss_t = loss_tensor(loss, s.device, acc)
+    rows = tuple(gi for gi, _ in lay.rows)
+    fused = [bool(group["fused"]) for group in param_groups]
+    sharded_present = any(key is not None for w in s.work for key in w.by_shard())
+
+    sums: Tensor | None = None
+    if sharded_present:
+        replicated, sharded = _local_sums(s)
+        loss_t, sums = _dist.combine_global(loss_t, replicated, sharded, group=process_group)
+    elif _dist.is_active(process_group):  # DDP: only the loss differs between ranks
+        loss_t, _ = _dist.combine_global(loss_t, loss_t.new_zeros(0), {}, group=process_group)
+
+    result = None
+    kernel = _fused.step_kernel(compile_mode) if any(fused) else None
+    if kernel is not None:
+        updated = tuple(i for i, gi in enumerate(lay.group_of) if fused[gi])
+        if compile_mode == "reduce-overhead":
+            _mark_static(lay, state)
+        result = _fused.run_step(
+            kernel, lay.ys, lay.gs, lay.ms, lay.vs, lay.ds, h, state, loss_t, sums,
+            updated=updated, tensor_rows=tuple(lay.row_of[i] for i in updated),
+            groups=groups, rows=rows)
+    if result is not None:
+        stats, coefficients = result
+        if compile_mode == "reduce-overhead":
+            stats = stats.clone()  # a CUDA graph's outputs are overwritten by its next replay
+        eager = [not f for f in fused]
+    else:  # no group asked for fused, or compilation is unavailable here
+        if sums is None:  # nothing sharded (else the sums were reduced above)
+            sums, _ = _local_sums(s)
+        coefficients, new_state, stats = _device.step_scalars(
+            h, state, sums, loss_t, groups=groups, rows=rows)
+        state.copy_(new_state)
+        eager = [True] * groups
+    device_state.ahead = True
+
+    by_row: dict[int, list[int]] = defaultdict(list)
+    for i, (gi, row) in enumerate(zip(lay.group_of, lay.row_of, strict=True)):
+        if eager[gi]:
+            by_row[row].append(i)
+    for row, idx in by_row.items():
+        gi = lay.rows[row][0]
+        _kernels.update_device(
+            *([t[i] for i in idx] for t in (lay.ys, lay.gs, lay.ms, lay.vs, lay.ds)),
+            host=row_coefficients[row], coefficients=coefficients[row],
+            foreach=s.foreach[gi], block=s.block,
+        )
+    glob.update(step=s.t, denom_ema_weight=ema_weight, sf_beta_prev=s.beta)
+    warm0 = F.warmup_factor(s.t, param_groups[0]["warmup_steps"])
+    return _device.stats_mapping(s.t, stats, s.beta, warm0), stats
+
+
+def _mark_static(lay: _Layout, state: Tensor) -> None:
+    """Tell CUDA graphs (``compile_mode="reduce-overhead"``) that the buffers the step updates
+    in place keep their addresses, so they are not copied in and out of the graph."""
+    for t in (state, *lay.ys, *lay.ms, *lay.vs, *lay.ds):
+        if getattr(t, "_dynamo_static_input_type", None) is None:
+            torch._dynamo.mark_static_address(t)

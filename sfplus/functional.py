@@ -4,8 +4,9 @@ The optimizer class (:mod:`curvecast.sfplus.optimizer`) owns state and bookkeepi
 holds the maths, in two layers:
 
 * **Scalar functions** (plain Python floats, no tensors): the SF-beta annealing schedule, the
-  multiplicative warmup, the Polyak step and the averaging weight ``c_t``. They run on the host
-  once per step, in float64, and are shared with the tests.
+  multiplicative warmup, the Polyak step and the averaging weight ``c_t``. The host-scalar path
+  runs them once per step, in float64, and they are shared with the tests;
+  :mod:`curvecast.sfplus._device` is the same arithmetic on device tensors.
 * **Tensor kernels**: the global reductions (``||g||_1`` and ``<g, z - y>``, here) and the
   in-place parameter update (:func:`update`, from :mod:`curvecast.sfplus._kernels`), each with a
   ``torch._foreach_*`` multi-tensor path and a per-tensor path. On CPU the per-tensor path walks
@@ -306,9 +307,15 @@ def reductions(
         for (_dev, dtype), gs in buckets.items():
             norms = torch._foreach_norm(gs, 1, dtype=norm_dtype(dtype))
             l1_parts.append(torch.stack(norms).to(device=device, dtype=acc).sum())
+        # A launch per dot product; they are cast and summed once per dtype, not one by one
+        # (each cast is a launch too: on an accelerator a step is mostly launches).
+        dots: dict[torch.dtype, list[Tensor]] = defaultdict(list)
         for g, d in zip(grads, deltas, strict=True):
             if d is not None:
-                dot_parts.append(dot(g, d).to(device=device, dtype=acc))
+                part = dot(g, d)
+                dots[part.dtype].append(part if part.device == device else part.to(device))
+        for parts in dots.values():
+            dot_parts.append(torch.stack(parts).to(dtype=acc).sum())
     else:
         for g, d in zip(grads, deltas, strict=True):
             l1_parts.append(torch.linalg.vector_norm(g, 1, dtype=norm_dtype(g.dtype)))
