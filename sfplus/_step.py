@@ -3,13 +3,14 @@
 Moved out of :mod:`curvecast.sfplus.optimizer`, whose ``step()`` validates the call and then
 runs :func:`begin`, one of :func:`host_step` and :func:`device_step`, and :func:`finish`:
 
-* **host scalars** (the default on CPU, where reading a tensor costs nothing): the loss and the
-  two global sums are fetched in one transfer, the Polyak step, ``gamma_max`` and ``c_t`` are
-  Python floats (:mod:`curvecast.sfplus.functional`), and the update takes them as such;
-* **device scalars** (the default on accelerators): the same arithmetic on device tensors
-  (:mod:`curvecast.sfplus._device`), consumed by the update as tensors; a step reads nothing on
-  the host, and its statistics are read when someone asks for them. With ``fused`` the whole
-  step is one compiled call (:func:`curvecast.sfplus._fused.step_many_`).
+* **host scalars** (the eager paths' default on CPU, where reading a tensor costs nothing):
+  the loss and the two global sums are fetched in one transfer, the Polyak step, ``gamma_max``
+  and ``c_t`` are Python floats (:mod:`curvecast.sfplus.functional`), and the update takes them
+  as such;
+* **device scalars** (the default on accelerators and with ``fused``): the same arithmetic on
+  device tensors (:mod:`curvecast.sfplus._device`), consumed by the update as tensors; a step
+  reads nothing on the host, and its statistics are read when someone asks for them. With
+  ``fused`` the whole step is one compiled call (:func:`curvecast.sfplus._fused.step_many_`).
 """
 
 from __future__ import annotations

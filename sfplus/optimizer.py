@@ -136,9 +136,11 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             is used with a warning.
         device_scalars: compute the Polyak step, ``gamma_max`` and ``c_t`` on the device as
             tensors, so that ``step()`` never reads a tensor on the host. ``None`` (default):
-            on accelerators, where each read waits for the device; not on CPU, where a read is
-            free and host arithmetic is cheaper than tensor operations (BENCHMARKS.md,
-            "optimizer"). A whole-model setting: every parameter group must agree.
+            on accelerators, where each read waits for the device, and with ``fused=True``,
+            whose one compiled call then holds the whole step; not for the eager paths on CPU,
+            where a read is free and host arithmetic is cheaper than tensor operations
+            (BENCHMARKS.md, "optimizer"). A whole-model setting: every parameter group must
+            agree.
         compile_mode: ``torch.compile``'s ``mode`` for the compiled step of ``fused=True``
             with device scalars; ``"reduce-overhead"`` replays it as a CUDA graph (everything
             that changes between steps reaches it as a tensor, and the buffers it updates keep
@@ -473,8 +475,10 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             return
         device_scalars = self.param_groups[0]["device_scalars"]
         if device_scalars is None:
-            # On CPU a host read is free and host arithmetic cheaper than tensor operations.
-            device_scalars = step.device.type != "cpu"
+            # On CPU a host read is free and host arithmetic cheaper than eager tensor
+            # operations, but the fused step does the sums and the scalars in its one call.
+            device_scalars = step.device.type != "cpu" or any(
+                group["fused"] for group in self.param_groups)
         if device_scalars:
             stats, vector = _step.device_step(
                 self.param_groups, step, loss, glob, process_group=self._process_group,

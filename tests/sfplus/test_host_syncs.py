@@ -71,6 +71,7 @@ def test_no_host_read_per_step_in_the_fused_step_with_device_scalars(
     # The compiled step's code, run uncompiled (the compiled one: test_device_scalars).
     monkeypatch.setattr(_fused, "step_kernel", lambda mode=None: _fused.step_many_)
     assert _reads_per_step(ScheduleFreePlus, device_scalars=True, fused=True) == 0
+    assert _reads_per_step(ScheduleFreePlus, fused=True) == 0  # fused's default, CPU included
     assert _reads_per_step(ScheduleFreePlus, device_scalars=True, fused=True,
                            loss_as_float=True) == 0
 

@@ -65,7 +65,8 @@ def test_matches_reference_over_300_steps(reference_run, foreach: bool,
 def test_the_compiled_fused_update_matches_reference_over_300_steps(
     reference_run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """fused=True: torch.compile of the one-call update (tens of seconds to compile on CPU)."""
+    """fused=True with host scalars: torch.compile of the one-call update (tens of seconds to
+    compile on CPU)."""
     from curvecast.sfplus import _fused
 
     calls = []
@@ -79,7 +80,7 @@ def test_the_compiled_fused_update_matches_reference_over_300_steps(
     monkeypatch.setattr(_fused, "run_many", counting_run)
     ref_y, ref_x, ref_last = reference_run
     model = make_model()
-    opt = ScheduleFreePlus(model.parameters(), fused=True, **FULL)
+    opt = ScheduleFreePlus(model.parameters(), fused=True, device_scalars=False, **FULL)
     train(model, opt, batches(300))
     assert len(calls) == 300 and all(calls), "the compiled update did not run"
     assert max_rel_diff(params_of(model), ref_y) < 1e-6
@@ -91,7 +92,7 @@ def test_the_compiled_fused_update_matches_reference_over_300_steps(
 def test_the_one_call_update_matches_reference_over_300_steps(
     reference_run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """fused=True updates every float32/float64 tensor in one call per step
+    """fused=True with host scalars updates every float32/float64 tensor in one call per step
     (``_fused.update_many_``): its maths and the routing, with the function uncompiled (fast;
     the compiled one is the test above on CPU, and ``bench.optimizer_cuda``'s agreement with
     the reference on a GPU)."""
@@ -107,7 +108,7 @@ def test_the_one_call_update_matches_reference_over_300_steps(
     monkeypatch.setattr(_fused, "fused_kernel", lambda: pytest.fail("per-tensor kernel used"))
     ref_y, ref_x, ref_last = reference_run
     model = make_model()
-    opt = ScheduleFreePlus(model.parameters(), fused=True, **FULL)
+    opt = ScheduleFreePlus(model.parameters(), fused=True, device_scalars=False, **FULL)
     train(model, opt, batches(300))
     n_tensors = len(list(model.parameters()))
     assert calls == [n_tensors] * 300  # one call per step, with every tensor
