@@ -119,7 +119,7 @@ def step_many_(
     Args:
         ys, gs, ms, vs, ds: parameters (``y``), gradients, Adam's moments and ``z - y`` of every
             tensor with a gradient, of any floating dtype.
-        h: the host-known values of the step (:func:`curvecast.sfplus._device.host_vector`).
+        h: the host-known values of the step (:func:`curvecast.sfplus._step.host_vector`).
         state: the device scalars (:class:`curvecast.sfplus._device.DeviceState`), updated in
             place.
         loss: the loss (0-d or one element; averaged across ranks already).
