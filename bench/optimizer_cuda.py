@@ -11,7 +11,9 @@ The GPU machine cannot edit this repository, so the run is in two halves::
 
 The results file is written again after every finished part, so a run stopped by its time limit
 still returns what it measured; ``--budget-s`` stops starting new model sizes after that many
-seconds. What is measured, in one process so the baselines share the conditions:
+seconds (``--sizes 10M 50M --out b.json`` measures the ones left in a second run, and
+``--report a.json b.json`` merges the two). What is measured, in one process so the baselines
+share the conditions:
 
 * **Step time** of every path against ``AdamW(foreach=True)`` and ``AdamW(fused=True)``:
   character transformers (``examples.charlm``) of about 1M, 10M, 50M, 200M and 1B parameters
@@ -455,8 +457,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     # The smallest model first: its compiled graphs then serve the agreement and the 1,000
     # steps (same shapes: no new compilation), which come before the bigger models.
-    for size in sizes if not args.quick else [small]:
-        if size != small and time.perf_counter() - started > args.budget_s:
+    chosen = [small] if args.quick else [n for n in sizes if not args.sizes or n in args.sizes]
+    for size in chosen:
+        if size != chosen[0] and time.perf_counter() - started > args.budget_s:
             result["errors"][size] = f"not run: the {args.budget_s:.0f} s budget was spent"
             save()
             continue
@@ -483,8 +486,23 @@ def _goal(met: bool | None) -> str:
     return "n/a" if met is None else ("met" if met else "**NOT met**")
 
 
-def report(result: dict[str, Any], kept_in: Path | None) -> str:
-    """The section's text from a results file (``kept_in``: where that file is kept)."""
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' results as one (a second run that measured the sizes a first one had no
+    time for): the later run's model sizes win; the other parts come from the first run that
+    has them."""
+    out = {**results[0], "sizes": {}, "errors": {}}
+    for result in results:
+        out["sizes"].update(result["sizes"])
+        for part in ("agreement", "recompiles", "mixed"):
+            if not out.get(part) and result.get(part):
+                out[part] = result[part]
+        out["errors"].update(result.get("errors") or {})
+    out["errors"] = {k: v for k, v in out["errors"].items() if k not in out["sizes"]}
+    return out
+
+
+def report(result: dict[str, Any], kept_in: list[Path] | None) -> str:
+    """The section's text from a results file (``kept_in``: where the files are kept)."""
     if any("contenders" not in r for r in result["sizes"].values()):
         raise SystemExit("a results file of this benchmark before device scalars (its own "
                          "commit's bench/optimizer_cuda.py reports it)")
@@ -576,7 +594,8 @@ def report(result: dict[str, Any], kept_in: Path | None) -> str:
                   + f" after {mixed['steps']} steps; host reads of a step: "
                   f"{mixed['host_reads']}") if mixed else "not measured"
     errors = result.get("errors") or {}
-    kept = (f" (the results are kept in `{kept_in.as_posix()}`)" if kept_in else "")
+    kept = (" (the results are kept in " + ", ".join(f"`{p.as_posix()}`" for p in kept_in)
+            + ")" if kept_in else "")
     return (
         "Made on the GPU machine with `PYTHONPATH=. python3 -m bench.optimizer_cuda --out "
         f"$OUT/optimizer_cuda.json`{kept}; the machine line above is where this report was "
@@ -612,7 +631,11 @@ def report(result: dict[str, Any], kept_in: Path | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="measure here; write the results as JSON")
-    parser.add_argument("--report", type=Path, help="write the section from a results file")
+    parser.add_argument("--report", type=Path, nargs="+",
+                        help="write the section from results files (several: merged)")
+    parser.add_argument("--sizes", nargs="+", choices=list(CUDA_SIZES),
+                        help="measure these model sizes only (default: all); the agreement and "
+                        "compile counts come with the smallest")
     parser.add_argument("--no-write", action="store_true", help="print, do not edit BENCHMARKS.md")
     parser.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test)")
     parser.add_argument("--rounds", type=int, default=None)
@@ -623,7 +646,7 @@ def main() -> None:
                         help="start no new model size after this many seconds")
     args = parser.parse_args()
     if args.report:
-        result = json.loads(args.report.read_text())
+        result = merge([json.loads(path.read_text()) for path in args.report])
         text = report(result, args.report)
         print(text)
         if not args.no_write:
@@ -633,8 +656,10 @@ def main() -> None:
     if args.smoke:
         args.device = "cpu"
     args.rounds = args.rounds or (2 if args.smoke else 10)
+    if args.smoke:
+        args.sizes = None
     result = measure(args)
-    print(report(result, args.out))
+    print(report(result, [args.out] if args.out else None))
 
 
 if __name__ == "__main__":
