@@ -2,8 +2,9 @@
 
 Run from the repository root::
 
-    python -m bench.optimizer            # full run (~5 minutes on 2 busy CPU cores)
+    python -m bench.optimizer            # full run (~10 minutes on 2 busy CPU cores)
     python -m bench.optimizer --quick    # smoke run: 1M parameters, few repeats
+    python -m bench.optimizer --baseline-checkout DIR   # also DIR's optimizer, same rounds
 
 What is measured, all in one process so the baselines share the conditions:
 
@@ -12,10 +13,18 @@ What is measured, all in one process so the baselines share the conditions:
   fixed gradients, and only ``step()`` is timed. Optimizers are timed round-robin (one step each
   per round), so a burst of load from other processes hits all of them alike; the table reports
   the median over rounds. Done at 1 and 2 intra-op threads (the machine has 2 cores).
-* **The fused update** (``fused=True``: ``torch.compile`` of the one-pass kernel): its step time
-  in the same rounds, and the compile time -- the first step of a process, measured on its own
+* **Where the step size is computed**: the eager default on CPU (host scalars: one read of the
+  step's sums, then Python floats) against ``device_scalars=True`` (the accelerators' default:
+  tensor arithmetic, no read), and the same two for ``fused=True``, in the same rounds; this is
+  the measurement behind the CPU defaults.
+* **The fused update** (``fused=True``: ``torch.compile``), with host scalars (one compiled call
+  for the update) and with device scalars (the whole step in one compiled call): step time in
+  the same rounds, and the compile time -- the first step of a process, measured on its own
   with a fresh Inductor cache (``TORCHINDUCTOR_CACHE_DIR`` points to a new temporary directory),
   once per thread count.
+* **A baseline checkout** (``--baseline-checkout DIR``): the default path of the optimizer in
+  ``DIR`` (an older commit's ``sfplus/``), timed in the same rounds, so a change's cost on the
+  CPU is a ratio measured in one run.
 * **Block size** of the CPU per-tensor path (``sfplus.functional.CPU_BLOCK``) at 10M parameters.
 * **State memory**: bytes of optimizer state per byte of parameters, and parameter-sized tensors
   per parameter including the parameter itself.
@@ -30,20 +39,25 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import importlib
 import math
 import os
+import re
+import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 import curvecast.sfplus.functional as sff
-from bench._report import markdown_table, write_section
+from bench._report import checkout_commit, markdown_table, write_section
 from curvecast.sfplus import ScheduleFreePlus
 from curvecast.sfplus.reference import ReferenceScheduleFreePlus
 from examples.charlm import CharTransformer
@@ -74,16 +88,46 @@ CONTENDERS = [
         True,
     ),
     Contender(
+        "ScheduleFreePlus (device_scalars=True)",
+        lambda ps: ScheduleFreePlus(ps, device_scalars=True, **SF_KW),
+        True,
+    ),
+    Contender(
+        "ScheduleFreePlus (fused=True, device_scalars=False)",
+        lambda ps: ScheduleFreePlus(ps, fused=True, device_scalars=False, **SF_KW),
+        True,
+    ),
+    Contender(
         "ScheduleFreePlus (fused=True)",
         lambda ps: ScheduleFreePlus(ps, fused=True, **SF_KW),
         True,
     ),
     Contender("reference (Alg. 1)", lambda ps: ReferenceScheduleFreePlus(ps, **SF_KW), True),
 ]
-TIMED = CONTENDERS[:4]  # interleaved round-robin; the reference gets rounds of its own
-REFERENCE = CONTENDERS[4]
-FUSED = CONTENDERS[3]
-COMPILE_SECONDS: dict[int, float] = {}  # threads -> first fused step (the compilation)
+TIMED = CONTENDERS[:6]  # interleaved round-robin; the reference gets rounds of its own
+REFERENCE = CONTENDERS[6]
+DEVICE_SCALARS = CONTENDERS[3]
+FUSED = CONTENDERS[4]
+FUSED_DEVICE = CONTENDERS[5]
+COMPILED = (FUSED, FUSED_DEVICE)
+#: (threads, contender name) -> its first step (the compilation).
+COMPILE_SECONDS: dict[tuple[int, str], float] = {}
+#: (threads, model, contender name) -> median seconds per step of the main rounds.
+MEDIANS: dict[tuple[int, str, str], float] = {}
+
+
+def baseline_contender(checkout: Path) -> Contender:
+    """The default ScheduleFreePlus of another checkout (``DIR/sfplus``), importable beside
+    ours: its package is copied to a temporary folder as ``baseline_sfplus`` (its imports of
+    ``curvecast.sfplus`` rewritten; ``curvecast.contract`` stays ours)."""
+    root = Path(tempfile.mkdtemp(prefix="curvecast-baseline-"))
+    shutil.copytree(checkout / "sfplus", root / "baseline_sfplus")
+    for path in (root / "baseline_sfplus").glob("*.py"):
+        path.write_text(re.sub(r"\bcurvecast\.sfplus\b", "baseline_sfplus", path.read_text()))
+    sys.path.insert(0, str(root))
+    module = importlib.import_module("baseline_sfplus")
+    name = f"baseline ({checkout_commit(checkout).split()[0]})"
+    return Contender(name, lambda ps: module.ScheduleFreePlus(ps, **SF_KW), True)
 
 
 class HostReads(TorchFunctionMode):
@@ -153,8 +197,9 @@ def _cell(samples: list[float], base: list[float]) -> str:
     return f"{1e3 * med:.1f} ({ratio_med:.2f}x; min {ratio_min:.2f}x)"
 
 
-def bench_step_times(sizes: list[str], threads: int, rounds: int) -> list[list[object]]:
-    """AdamW, ScheduleFreePlus (both paths) interleaved; the reference in rounds of its own.
+def bench_step_times(sizes: list[str], threads: int, rounds: int,
+                     timed: list[Contender]) -> list[list[object]]:
+    """AdamW, ScheduleFreePlus (every path) interleaved; the reference in rounds of its own.
 
     The literal reference allocates several parameter-sized temporaries per step (about 1 GB
     at 50M parameters), which disturbs whatever runs next; it gets separate rounds against
@@ -167,14 +212,15 @@ def bench_step_times(sizes: list[str], threads: int, rounds: int) -> list[list[o
         init, grads = make_problem(size)
         n = sum(t.numel() for t in init)
         big = n > 20_000_000
-        opts = [(c, *instantiate(c, init, grads)) for c in TIMED]
-        if threads not in COMPILE_SECONDS:
-            fused_opt = next(o for c, o, _ in opts if c is FUSED)
-            t0 = time.perf_counter()
-            step(FUSED, fused_opt)
-            COMPILE_SECONDS[threads] = time.perf_counter() - t0
-            print(f"threads {threads}: fused first step {COMPILE_SECONDS[threads]:.1f} s",
-                  flush=True)
+        opts = [(c, *instantiate(c, init, grads)) for c in timed]
+        for compiled in COMPILED:
+            if (threads, compiled.name) not in COMPILE_SECONDS:
+                fused_opt = next(o for c, o, _ in opts if c is compiled)
+                t0 = time.perf_counter()
+                step(compiled, fused_opt)
+                seconds = COMPILE_SECONDS[threads, compiled.name] = time.perf_counter() - t0
+                print(f"threads {threads}: {compiled.name} first step {seconds:.1f} s",
+                      flush=True)
         runners: list[tuple[str, Callable[[], None]]] = [
             (c.name, functools.partial(step, c, o)) for c, o, _ in opts
         ]
@@ -188,6 +234,8 @@ def bench_step_times(sizes: list[str], threads: int, rounds: int) -> list[list[o
         ref = time_round_robin(ref_runners, 3 if big else max(3, rounds // 3), warmup=1)
         del pair, ref_runners
         gc.collect()
+        for name, samples in main.items():
+            MEDIANS[threads, size, name] = statistics.median(samples)
         base = main[CONTENDERS[0].name]
         row: list[object] = [
             threads,
@@ -195,7 +243,7 @@ def bench_step_times(sizes: list[str], threads: int, rounds: int) -> list[list[o
             f"{n / 1e6:.1f}M",
             f"{1e3 * statistics.median(base):.1f}",
         ]
-        row += [_cell(main[c.name], base) for c in TIMED[1:]]
+        row += [_cell(main[c.name], base) for c in timed[1:]]
         row.append(_cell(ref[REFERENCE.name], ref[CONTENDERS[0].name]))
         rows.append(row)
         print("threads", threads, size, row[3:], flush=True)
@@ -244,7 +292,7 @@ def bench_memory_and_syncs() -> list[list[object]]:
     init, grads = make_problem("1M")
     param_bytes = sum(t.numel() * t.element_size() for t in init)
     rows: list[list[object]] = []
-    for c in (c for c in CONTENDERS if c is not FUSED):  # fused: the default's state and syncs
+    for c in (c for c in CONTENDERS if c not in COMPILED):  # fused: their eager twins' state
         opt, params = instantiate(c, init, grads)
         counts = []
         for _ in range(4):
@@ -265,21 +313,39 @@ def bench_memory_and_syncs() -> list[list[object]]:
     return rows
 
 
+def _ratio_line(label: str, num: Contender | str, den: Contender | str,
+                threads: list[int]) -> str:
+    """``label``: the ratio of the medians of two contenders, per thread count and model."""
+    num_name = num if isinstance(num, str) else num.name
+    den_name = den if isinstance(den, str) else den.name
+    cells = []
+    for th in threads:
+        ratios = [f"{size} {MEDIANS[th, size, num_name] / MEDIANS[th, size, den_name]:.2f}x"
+                  for (t, size, name) in MEDIANS if t == th and name == num_name]
+        cells.append(f"{th} thread(s): " + ", ".join(ratios))
+    return f"{label}: " + "; ".join(cells) + ".  \n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 1M only, few rounds")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per size")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--no-write", action="store_true", help="print, do not edit BENCHMARKS.md")
+    parser.add_argument("--baseline-checkout", type=Path, default=None,
+                        help="also time DIR/sfplus's default path (an older checkout)")
     args = parser.parse_args()
     # A cold Inductor cache, so that the compile time reported is what a first run pays.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="curvecast-bench-inductor-")
     sizes = ["1M"] if args.quick else list(SIZES)
     rounds = args.rounds or (3 if args.quick else 12)
+    baseline = baseline_contender(args.baseline_checkout) if args.baseline_checkout else None
+    timed = TIMED + ([baseline] if baseline else [])
     load_before = os.getloadavg()
     t0 = time.time()
 
-    step_rows = [row for th in args.threads for row in bench_step_times(sizes, th, rounds)]
+    step_rows = [row for th in args.threads
+                 for row in bench_step_times(sizes, th, rounds, timed)]
     block_rows = (
         [row for th in args.threads for row in bench_block_sizes(th, max(3, rounds // 2))]
         if not args.quick
@@ -292,25 +358,38 @@ def main() -> None:
         return float(str(cell).split("(")[1].split("x")[0])
 
     verdict = ""
-    columns = ["threads", "model", "params", "AdamW foreach"] + [c.name for c in TIMED[1:]]
-    default_col, fused_col = columns.index(TIMED[1].name), columns.index(FUSED.name)
+    columns = ["threads", "model", "params", "AdamW foreach"] + [c.name for c in timed[1:]]
+    default_col, fused_col = columns.index(TIMED[1].name), columns.index(FUSED_DEVICE.name)
     for th in args.threads:
         big = [r for r in step_rows if r[0] == th and r[1] in ("10M", "50M")]
         if big:
             worst = max(ratio(r[default_col]) for r in big)
             worst_fused = max(ratio(r[fused_col]) for r in big)
+            compile_s = ", ".join(
+                f"{c.name.split('(')[1].rstrip(')')} "
+                f"**{COMPILE_SECONDS.get((th, c.name), math.nan):.1f} s**" for c in COMPILED)
             verdict += (
                 f"Goal (<= 1.0x AdamW's step time at 10M and 50M parameters), {th} thread(s): "
                 f"fused=True worst ratio **{worst_fused:.2f}x** "
                 f"({'met' if worst_fused <= 1.0 else 'NOT met'}); the default eager path "
                 f"**{worst:.2f}x** ({'met' if worst <= 1.0 else 'NOT met'}). First fused step "
-                f"(the compilation): **{COMPILE_SECONDS.get(th, math.nan):.1f} s**"
+                f"(the compilation): {compile_s}"
                 + (" with a cold Inductor cache" if th == args.threads[0] else
                    " (recompiled for this thread count; Inductor's on-disk cache is warm from "
                    "the first)")
                 + ".  \n"
             )
-    verdict += "\n" if verdict else ""
+    verdict += _ratio_line(
+        "Device scalars on the CPU, `device_scalars=True` / the default (host scalars), ratio "
+        "of medians", DEVICE_SCALARS, TIMED[1], args.threads)
+    verdict += _ratio_line(
+        "`fused=True`: device scalars (its default: one compiled call) / host scalars",
+        FUSED_DEVICE, FUSED, args.threads)
+    if baseline:
+        verdict += _ratio_line(
+            f"This checkout's default / the {baseline.name}'s, same rounds",
+            TIMED[1], baseline, args.threads)
+    verdict += "\n"
     body = (
         "Step time of `ScheduleFreePlus` vs `torch.optim.AdamW(foreach=True)` and the literal "
         "Algorithm-1 transcription `sfplus/reference.py`: character transformers from "
@@ -322,22 +401,27 @@ def main() -> None:
         "rounds of its own against AdamW, because its large temporary allocations disturb "
         "whatever runs next. ScheduleFreePlus runs with `weight_decay=5` "
         "(its more expensive decay path), AdamW with `weight_decay=0.1`. "
-        "`default` is what `foreach=None` picks on CPU: the per-tensor path walking tensors in "
-        "cache-sized blocks. `fused=True` compiles the update of every tensor into one call per "
-        "step (`torch.compile`, one loop per tensor inside it); its compile time is not in the "
-        "step times.\n\n"
-        f"Every number here is CPU (torch {torch.__version__}); on CUDA `foreach=None` picks "
-        "the multi-tensor path, measured on a GPU by `bench/optimizer_cuda.py` (section "
-        "\"optimizer_cuda\").\n\n"
+        "`default` is what `foreach=None, device_scalars=None` pick on CPU: the step size on "
+        "the host (one read of the step's sums, free on a CPU) and the per-tensor path walking "
+        "tensors in cache-sized blocks. `device_scalars=True` computes the step size with "
+        "tensor operations instead, as accelerators do by default (no read). `fused=True` "
+        "compiles the update (`torch.compile`): with device scalars (its default) the whole "
+        "step is one compiled call (sums, step size, update); with host scalars one call "
+        "updates every float tensor. Compile times are not in the step times."
+        + (f" `{baseline.name}`: the default path of that commit's `sfplus/`, loaded beside "
+           "this checkout's and timed in the same rounds." if baseline else "")
+        + "\n\n"
+        f"Every number here is CPU (torch {torch.__version__}); on CUDA the default is the "
+        "multi-tensor path with device scalars, measured on a GPU by `bench/optimizer_cuda.py` "
+        "(section \"optimizer_cuda\").\n\n"
         f"Load average (1/5/15 min) before: {load_before[0]:.1f}/{load_before[1]:.1f}/"
         f"{load_before[2]:.1f}, after: {load_after[0]:.1f}/{load_after[1]:.1f}/"
         f"{load_after[2]:.1f} -- the 2 cores were shared with other work, so absolute times are "
         "noisy; the ratios, measured in the same rounds, are the result. Even the ratios move "
-        "between runs on this machine (by up to about 0.3 at 10M+ parameters while the "
-        "benchmark was being developed), and the 2-thread rows are dominated by "
-        "oversubscription: AdamW itself runs several times slower with 2 threads than with 1 "
-        "here, and ScheduleFreePlus, which issues more (smaller) operations, suffers more from "
-        "it.\n\n"
+        "between runs on this machine (by up to about 0.3 at 10M+ parameters), and the "
+        "2-thread rows are dominated by oversubscription: AdamW itself runs several times "
+        "slower with 2 threads than with 1 here, and ScheduleFreePlus, which issues more "
+        "(smaller) operations, suffers more from it.\n\n"
         + verdict
         + "### Step time (ms, ratio to AdamW)\n\n"
         + markdown_table(columns + [REFERENCE.name], step_rows)
@@ -363,8 +447,8 @@ def main() -> None:
         "that read a tensor value into Python during one `step()`, counted with a "
         "`TorchFunctionMode` (see `HostReads` in `bench/optimizer.py`); each would be a device "
         "sync on an accelerator, except AdamW's, which read its host-resident `step` counters "
-        "(one per parameter tensor). ScheduleFreePlus's one read fetches the loss, "
-        "`||g||_1` and `<g, z - y>` together.\n\n"
+        "(one per parameter tensor). ScheduleFreePlus's one read with host scalars fetches the "
+        "loss, `||g||_1` and `<g, z - y>` together; with device scalars it reads nothing.\n\n"
         + markdown_table(
             ["optimizer", "state/param bytes", "tensors/param", "host reads/step", "param tensors"],
             mem_rows,

@@ -1,9 +1,11 @@
 """``Monitor.watch()``: the optimizer hook, and the run-config keys an optimizer contributes.
 
 The hook runs in the training thread after every ``optimizer.step()``: it only appends a
-reference to the statistics the optimizer already has on the host (ScheduleFree+'s
-``step_stats``, not copied; names are mapped and values checked later, in the batcher thread),
-so watching costs a few operations per step.
+reference to the statistics the optimizer's step made (ScheduleFree+'s ``step_stats``, not
+copied; names are mapped and values checked later, in the batcher thread), so watching costs a
+few operations per step. With the step size on the device (ScheduleFree+'s default on an
+accelerator) most of those values are 0-d device tensors: the batcher thread reads them with
+the rest of its batch, and the training thread never waits for the device.
 """
 
 from __future__ import annotations
@@ -115,8 +117,8 @@ def watch_optimizer(
 
     def step_stats_hook(opt: Any, _args: Any, _kwargs: Any) -> None:
         # ScheduleFree+: runs after every step and only appends a reference to the step's
-        # statistics (read on the host during the step; names are mapped and values checked
-        # in the batcher thread), in one frame.
+        # statistics (floats, or 0-d device tensors nobody has read yet; names are mapped and
+        # values read and checked in the batcher thread), in one frame.
         try:
             stats = opt.step_stats
             if not stats or not sink.open:

@@ -10,8 +10,9 @@ ScheduleFree+ couples every parameter through three scalars: the loss ``F``, ``|
   are added up across the mesh dimensions along which the tensor is sharded (``Shard``/``Partial``
   placements), and left alone along ``Replicate`` dimensions.
 
-Everything is packed into as few 1-D float64 tensors as possible and fetched to the host with a
-single ``tolist()``: the only device-to-host synchronisation of a step. Works with gloo (CPU) and
+Everything is packed into as few 1-D float64 tensors as possible; the host-scalar path then
+fetches them with a single ``tolist()`` (its only device-to-host synchronisation of a step), the
+device-scalar path keeps them on the device (:func:`combine_global`). Works with gloo (CPU) and
 NCCL alike; gloo has no ``ReduceOp.AVG``, so averages are sums divided by the group size.
 """
 
@@ -34,7 +35,7 @@ except ImportError:  # pragma: no cover - depends on the torch build
 #: dimensions along which it is split. ``None`` means "replicated or not distributed".
 ShardKey = tuple[Any, tuple[int, ...]]
 
-__all__ = ["ShardKey", "fetch_global", "is_active", "local", "shard_key"]
+__all__ = ["ShardKey", "combine_global", "fetch_global", "is_active", "local", "shard_key"]
 
 
 def local(t: Tensor) -> Tensor:
@@ -84,13 +85,28 @@ def fetch_global(
     Returns:
         ``(mean_values, sum_values)`` as Python floats.
     """
+    mean_vals, total = combine_global(means, replicated, sharded, group=group)
+    return _split(torch.cat([mean_vals, total]).tolist(), mean_vals.numel())
+
+
+def combine_global(
+    means: Tensor | None,
+    replicated: Tensor,
+    sharded: Mapping[ShardKey, Tensor],
+    *,
+    group: Any = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`fetch_global` without the fetch: the averaged ``means`` (empty if ``None``) and
+    the global sums, as tensors on ``replicated``'s device. The collectives are enqueued like
+    any other operation; nothing is read on the host.
+    """
     device = replicated.device
     total = replicated.clone()
     if not (dist.is_available() and dist.is_initialized()):
         for part in sharded.values():
             total += part.to(device)
         mean_vals = means.to(device) if means is not None else replicated.new_zeros(0)
-        return _split(torch.cat([mean_vals, total]).tolist(), mean_vals.numel())
+        return mean_vals, total
 
     world = dist.get_world_size(group)
     # Sums whose sharding group is the whole data-parallel group (the common 1-D FSDP2 mesh)
@@ -117,7 +133,7 @@ def fetch_global(
             total += packed[n_mean:]
     elif riding:
         total += torch.stack(riding).sum(0)
-    return _split(torch.cat([mean_vals, total]).tolist(), n_mean)
+    return mean_vals, total
 
 
 def _split(values: Sequence[float], n: int) -> tuple[list[float], list[float]]:

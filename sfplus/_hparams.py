@@ -16,8 +16,10 @@ from torch import Tensor
 __all__ = ["SHARED_KEYS", "check_shared", "is_real", "validate"]
 
 #: Hyper-parameters that describe the whole model rather than a parameter group: the Polyak step
-#: (loss, L1 norm, inner product) and the SF beta are global, so every group must agree on them.
-SHARED_KEYS = ("sf_beta", "sf_beta_max", "anneal_steps", "polyak_beta", "f_star")
+#: (loss, L1 norm, inner product), where it is computed, and the SF beta are global, so every
+#: group must agree on them.
+SHARED_KEYS = ("sf_beta", "sf_beta_max", "anneal_steps", "polyak_beta", "f_star",
+               "device_scalars")
 
 
 def is_real(value: object) -> bool:
@@ -128,4 +130,10 @@ def validate(values: dict[str, Any], *, where: str) -> dict[str, Any]:
             f"(the fused kernel replaces the multi-tensor one); pass one of them"
         )
     out["fused"] = fused
+    device_scalars = values.get("device_scalars")  # absent from older checkpoints too
+    if device_scalars is not None and not isinstance(device_scalars, bool):
+        raise ValueError(
+            f"Invalid device_scalars{where}: {device_scalars!r} (must be None, True or False)"
+        )
+    out["device_scalars"] = device_scalars
     return out

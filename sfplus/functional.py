@@ -4,12 +4,14 @@ The optimizer class (:mod:`curvecast.sfplus.optimizer`) owns state and bookkeepi
 holds the maths, in two layers:
 
 * **Scalar functions** (plain Python floats, no tensors): the SF-beta annealing schedule, the
-  multiplicative warmup, the Polyak step and the averaging weight ``c_t``. They run on the host
-  once per step, in float64, and are shared with the tests.
-* **Tensor kernels**: the global reductions (``||g||_1`` and ``<g, z - y>``) and the in-place
-  parameter update, each with a ``torch._foreach_*`` multi-tensor path and a per-tensor path.
-  On CPU the per-tensor path walks each tensor in cache-sized blocks so that the ~11 elementwise
-  operations of one step touch main memory about once per buffer (see ``CPU_BLOCK``).
+  multiplicative warmup, the Polyak step and the averaging weight ``c_t``. The host-scalar path
+  runs them once per step, in float64, and they are shared with the tests;
+  :mod:`curvecast.sfplus._device` is the same arithmetic on device tensors.
+* **Tensor kernels**: the global reductions (``||g||_1`` and ``<g, z - y>``, here) and the
+  in-place parameter update (:func:`update`, from :mod:`curvecast.sfplus._kernels`), each with a
+  ``torch._foreach_*`` multi-tensor path and a per-tensor path. On CPU the per-tensor path walks
+  each tensor in cache-sized blocks so that the ~11 elementwise operations of one step touch
+  main memory about once per buffer (see ``CPU_BLOCK``).
 
 Storage convention (why there is no ``x`` buffer): the parameter holds ``y`` and the state holds
 ``delta = z - y``. Because ``y = beta' x + (1 - beta') z`` (``beta'`` is the SF beta that formed
@@ -35,12 +37,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from curvecast.sfplus import _fused
+from curvecast.sfplus._kernels import all_contiguous, update
 
 __all__ = [
     "CPU_BLOCK",
@@ -251,10 +252,6 @@ def sumsq(t: Tensor) -> Tensor:
     return torch.dot(flat, flat)
 
 
-def _all_contiguous(*tensors: Tensor) -> bool:
-    return all(t.is_contiguous() for t in tensors)
-
-
 def reductions(
     grads: Sequence[Tensor],
     deltas: Sequence[Tensor | None],
@@ -286,7 +283,7 @@ def reductions(
     if block:
         scratch: dict[torch.dtype, Tensor] = {}
         for g, d in zip(grads, deltas, strict=True):
-            if not _all_contiguous(g, *([d] if d is not None else [])):
+            if not all_contiguous(g, *([d] if d is not None else [])):
                 l1_parts.append(torch.linalg.vector_norm(g, 1, dtype=norm_dtype(g.dtype)))
                 if d is not None:
                     dot_parts.append(dot(g, d))
@@ -310,9 +307,15 @@ def reductions(
         for (_dev, dtype), gs in buckets.items():
             norms = torch._foreach_norm(gs, 1, dtype=norm_dtype(dtype))
             l1_parts.append(torch.stack(norms).to(device=device, dtype=acc).sum())
+        # A launch per dot product; they are cast and summed once per dtype, not one by one
+        # (each cast is a launch too: on an accelerator a step is mostly launches).
+        dots: dict[torch.dtype, list[Tensor]] = defaultdict(list)
         for g, d in zip(grads, deltas, strict=True):
             if d is not None:
-                dot_parts.append(dot(g, d).to(device=device, dtype=acc))
+                part = dot(g, d)
+                dots[part.dtype].append(part if part.device == device else part.to(device))
+        for parts in dots.values():
+            dot_parts.append(torch.stack(parts).to(dtype=acc).sum())
     else:
         for g, d in zip(grads, deltas, strict=True):
             l1_parts.append(torch.linalg.vector_norm(g, 1, dtype=norm_dtype(g.dtype)))
@@ -325,260 +328,6 @@ def reductions(
         else torch.zeros((), dtype=acc, device=device)
     )
     return torch.stack([l1, inner])
-
-
-def _coefficients(
-    alpha: float, c: float, sf_beta: float, sf_beta_prev: float
-) -> tuple[float, float, float]:
-    """``(b, a, k)`` of the module docstring.
-
-    ``b = beta (1 - c)``, ``a = b / beta'`` and ``k = 1 - b``.
-    """
-    b = sf_beta * (1.0 - c)
-    return b, b / sf_beta_prev, 1.0 - b
-
-
-def update(
-    params: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    exp_avgs: Sequence[Tensor],
-    exp_avg_sqs: Sequence[Tensor],
-    deltas: Sequence[Tensor],
-    steps: Sequence[int],
-    *,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    alpha: float,
-    c: float,
-    sf_beta: float,
-    sf_beta_prev: float,
-    foreach: bool,
-    block: int | None = None,
-    fused: bool = False,
-) -> None:
-    """One in-place ScheduleFree+ update of ``y`` (the parameters), ``delta``, and Adam's moments.
-
-    Args:
-        params: the parameters, holding ``y``; updated in place to ``y_new``.
-        grads: gradients at ``y``.
-        exp_avgs: Adam first moments ``m`` (updated in place).
-        exp_avg_sqs: Adam second moments ``v`` (updated in place).
-        deltas: ``z - y`` buffers (updated in place).
-        steps: per-tensor Adam step counts *including* this step (for bias correction; they
-            differ only for parameters that skipped steps without a gradient or joined late).
-        beta1: Adam's first-moment coefficient.
-        beta2: Adam's second-moment coefficient.
-        eps: Adam's epsilon, added to ``sqrt(v_hat)``.
-        weight_decay: the fully decoupled AdamC ``lambda`` (``z -= alpha^2 lambda y``).
-        alpha: the effective step size ``warmup * lr * eta`` of this parameter group.
-        c: the averaging weight ``c_t``.
-        sf_beta: SF beta of this step (forms ``y_new``).
-        sf_beta_prev: SF beta that formed the current ``y``.
-        foreach: use the ``torch._foreach_*`` multi-tensor kernels.
-        block: per-tensor path only: block size in elements for contiguous tensors (CPU).
-        fused: use the compiled one-pass kernel (:mod:`curvecast.sfplus._fused`) for tensors of
-            at least ``FUSED_MIN_NUMEL`` elements, the per-tensor path for the rest and for
-            everything if compilation is unavailable. Takes precedence over ``foreach``.
-    """
-    if not params:
-        return
-    b, a, k = _coefficients(alpha, c, sf_beta, sf_beta_prev)
-    # Group by step so every kernel call below takes plain scalars; normally there is one group.
-    by_step: dict[int, list[int]] = defaultdict(list)
-    for i, s in enumerate(steps):
-        by_step[s].append(i)
-    for step, idx in by_step.items():
-        bc1 = 1.0 - beta1**step
-        bc2 = 1.0 - beta2**step
-        # m_hat / (sqrt(v_hat) + eps) == scale * m / (sqrt(v) + eps * sqrt(bc2)).
-        scale = math.sqrt(bc2) / bc1
-        eps_eff = eps * math.sqrt(bc2)
-        coeffs = _StepCoefficients(
-            one_minus_beta1=1.0 - beta1,
-            beta2=beta2,
-            one_minus_beta2=1.0 - beta2,
-            eps_eff=eps_eff,
-            wd_fold=alpha * weight_decay / scale,
-            y_delta=1.0 - a,
-            y_dir=-k * alpha * scale,
-            delta_keep=a,
-            delta_dir=-b * alpha * scale,
-            decay=weight_decay != 0.0 and alpha != 0.0,
-        )
-        sel = [params[i] for i in idx], [grads[i] for i in idx]
-        ms, vs, ds = (
-            [exp_avgs[i] for i in idx],
-            [exp_avg_sqs[i] for i in idx],
-            [deltas[i] for i in idx],
-        )
-        if fused:
-            _update_fused(sel[0], sel[1], ms, vs, ds, coeffs, block)
-        elif foreach:
-            _update_foreach(sel[0], sel[1], ms, vs, ds, coeffs)
-        else:
-            for y, g, m, v, d in zip(sel[0], sel[1], ms, vs, ds, strict=True):
-                _update_tensor(y, g, m, v, d, coeffs, block)
-
-
-@dataclass(slots=True, kw_only=True)
-class _StepCoefficients:
-    """Host scalars of one update, precomputed once per (group, step-count) bucket."""
-
-    one_minus_beta1: float
-    beta2: float
-    one_minus_beta2: float
-    eps_eff: float
-    #: With T = m / denom + wd_fold * y, the z displacement is d = -alpha * scale * T.
-    wd_fold: float
-    y_delta: float
-    y_dir: float
-    delta_keep: float
-    delta_dir: float
-    decay: bool
-
-
-def _update_foreach(
-    ys: list[Tensor],
-    gs: list[Tensor],
-    ms: list[Tensor],
-    vs: list[Tensor],
-    ds: list[Tensor],
-    k: _StepCoefficients,
-) -> None:
-    buckets: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
-    for i, y in enumerate(ys):
-        buckets[(y.device, y.dtype)].append(i)
-    for idx in buckets.values():
-        yl = [ys[i] for i in idx]
-        gl = [gs[i] for i in idx]
-        ml = [ms[i] for i in idx]
-        vl = [vs[i] for i in idx]
-        dl = [ds[i] for i in idx]
-        torch._foreach_lerp_(ml, gl, k.one_minus_beta1)
-        torch._foreach_mul_(vl, k.beta2)
-        torch._foreach_addcmul_(vl, gl, gl, k.one_minus_beta2)
-        denom = torch._foreach_sqrt(vl)
-        torch._foreach_add_(denom, k.eps_eff)
-        if k.decay:
-            # y_new needs delta_old and delta_new needs y_old, and both need the decay term in
-            # y_old: materialise T = m / denom + wd_fold * y once, then update y before delta.
-            t = torch._foreach_div(ml, denom)
-            del denom
-            torch._foreach_add_(t, yl, alpha=k.wd_fold)
-            torch._foreach_add_(yl, dl, alpha=k.y_delta)
-            torch._foreach_add_(yl, t, alpha=k.y_dir)
-            torch._foreach_mul_(dl, k.delta_keep)
-            torch._foreach_add_(dl, t, alpha=k.delta_dir)
-        else:
-            torch._foreach_add_(yl, dl, alpha=k.y_delta)
-            torch._foreach_addcdiv_(yl, ml, denom, k.y_dir)
-            torch._foreach_mul_(dl, k.delta_keep)
-            torch._foreach_addcdiv_(dl, ml, denom, k.delta_dir)
-
-
-def _update_fused(
-    ys: list[Tensor],
-    gs: list[Tensor],
-    ms: list[Tensor],
-    vs: list[Tensor],
-    ds: list[Tensor],
-    k: _StepCoefficients,
-    block: int | None,
-) -> None:
-    scalars = (
-        k.one_minus_beta1, k.beta2, k.one_minus_beta2, k.eps_eff,
-        k.wd_fold if k.decay else 0.0, k.y_delta, k.y_dir, k.delta_keep, k.delta_dir,
-    )
-    # Every float32/float64 tensor in one compiled call; the others one call each.
-    ys, gs, ms, vs, ds = _update_fused_many(ys, gs, ms, vs, ds, scalars)
-    if not ys:
-        return
-    kernel = _fused.fused_kernel()
-    for y, g, m, v, d in zip(ys, gs, ms, vs, ds, strict=True):
-        if (
-            kernel is not None
-            and y.numel() >= _fused.FUSED_MIN_NUMEL
-            and _all_contiguous(y, g, m, v, d)
-            and _fused.run(kernel, (y, g, m, v, d), scalars)
-        ):
-            continue
-        kernel = _fused.fused_kernel()  # None from now on if the call above failed to compile
-        _update_tensor(y, g, m, v, d, k, block)
-
-
-def _update_fused_many(
-    ys: list[Tensor],
-    gs: list[Tensor],
-    ms: list[Tensor],
-    vs: list[Tensor],
-    ds: list[Tensor],
-    scalars: tuple[float, ...],
-) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
-    """The compiled update of every contiguous float32 or float64 tensor, one call per
-    (device, dtype) and step; returns the tensors it left to the per-tensor path (the others,
-    or all where compiling failed). One call rather than one per tensor: a compiled call costs
-    tens of microseconds of Python and guards on CPU and about 240 on an H200, more than many
-    tensors' own work (BENCHMARKS.md, "optimizer" and "optimizer_cuda")."""
-    buckets: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
-    rest: list[int] = []
-    for i, (y, g, m, v, d) in enumerate(zip(ys, gs, ms, vs, ds, strict=True)):
-        # float32 and float64 only: a lower precision would need the scalars (which must stay
-        # in float32 there, as Python floats do) and the tensors in two dtypes in one graph.
-        if y.dtype in (torch.float32, torch.float64) and _all_contiguous(y, g, m, v, d):
-            buckets[(y.device, y.dtype)].append(i)
-        else:
-            rest.append(i)
-    for (device, dtype), idx in buckets.items():
-        many = _fused.fused_many_kernel()
-        # The scalars in the tensors' dtype: one small copy to the device per step.
-        k = torch.tensor(scalars, device=device, dtype=dtype)
-        lists = tuple([t[i] for i in idx] for t in (ys, gs, ms, vs, ds))
-        if many is None or not _fused.run_many(many, lists, k):
-            rest.extend(idx)
-    rest.sort()
-    return ([ys[i] for i in rest], [gs[i] for i in rest], [ms[i] for i in rest],
-            [vs[i] for i in rest], [ds[i] for i in rest])
-
-
-def _update_tensor(
-    y: Tensor,
-    g: Tensor,
-    m: Tensor,
-    v: Tensor,
-    d: Tensor,
-    k: _StepCoefficients,
-    block: int | None,
-) -> None:
-    if block and y.numel() > block and _all_contiguous(y, g, m, v, d):
-        yf, gf, mf, vf, df = y.view(-1), g.view(-1), m.view(-1), v.view(-1), d.view(-1)
-        scratch = torch.empty(block, dtype=y.dtype, device=y.device)
-        n = yf.numel()
-        for i in range(0, n, block):
-            j = min(i + block, n)
-            _update_block(yf[i:j], gf[i:j], mf[i:j], vf[i:j], df[i:j], scratch[: j - i], k)
-    else:
-        _update_block(y, g, m, v, d, torch.empty_like(y), k)
-
-
-def _update_block(
-    y: Tensor, g: Tensor, m: Tensor, v: Tensor, d: Tensor, tmp: Tensor, k: _StepCoefficients
-) -> None:
-    # Same operation order as _update_foreach, so the two paths agree to the last bit on the
-    # elementwise maths and differ only in how reductions are summed.
-    m.lerp_(g, k.one_minus_beta1)
-    v.mul_(k.beta2).addcmul_(g, g, value=k.one_minus_beta2)
-    torch.sqrt(v, out=tmp)
-    tmp.add_(k.eps_eff)
-    if k.decay:
-        torch.div(m, tmp, out=tmp)
-        tmp.add_(y, alpha=k.wd_fold)
-        y.add_(d, alpha=k.y_delta).add_(tmp, alpha=k.y_dir)
-        d.mul_(k.delta_keep).add_(tmp, alpha=k.delta_dir)
-    else:
-        y.add_(d, alpha=k.y_delta).addcdiv_(m, tmp, value=k.y_dir)
-        d.mul_(k.delta_keep).addcdiv_(m, tmp, value=k.delta_dir)
 
 
 def rescale_for_beta(

@@ -1,10 +1,13 @@
 """The ScheduleFree+ optimizer: AdamC + Schedule-Free averaging + a Polyak step size.
 
-This module holds the class and its step; the parts the step is made of live beside it: the
-maths in :mod:`~curvecast.sfplus.functional`, the hyper-parameters' checks in
-:mod:`~curvecast.sfplus._hparams`, the state's layout and the tensors a step gathers in
-:mod:`~curvecast.sfplus._state`, the weight norms of ``stats(norms=True)`` in
-:mod:`~curvecast.sfplus._stats` and the collectives in :mod:`~curvecast.sfplus._distributed`.
+This module holds the class; the parts its step is made of live beside it: the step itself (with
+the step size on the host or on the device) in :mod:`~curvecast.sfplus._step`, the maths in
+:mod:`~curvecast.sfplus.functional`, :mod:`~curvecast.sfplus._device` and
+:mod:`~curvecast.sfplus._kernels`, the compiled step in :mod:`~curvecast.sfplus._fused`, the
+hyper-parameters' checks in :mod:`~curvecast.sfplus._hparams`, the state's layout and the
+tensors a step gathers in :mod:`~curvecast.sfplus._state`, the weight norms of
+``stats(norms=True)`` in :mod:`~curvecast.sfplus._stats` and the collectives in
+:mod:`~curvecast.sfplus._distributed`.
 The names of the statistics are :mod:`curvecast.contract`'s ``OPTIMIZER_STATS`` and
 ``NORM_STATS`` (``curvecast.sfplus.STATS_KEYS`` and ``NORM_STATS_KEYS``).
 """
@@ -19,8 +22,8 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
+from curvecast.sfplus import _device, _hparams, _state, _stats, _step
 from curvecast.sfplus import _distributed as _dist
-from curvecast.sfplus import _hparams, _state, _stats
 from curvecast.sfplus import functional as F
 
 __all__ = ["ScheduleFreePlus"]
@@ -29,7 +32,9 @@ LossLike = Tensor | float
 Closure = Callable[[], LossLike]
 
 #: Hyper-parameters added after the first release, with the value that means "as before".
-_ADDED_LATER: dict[str, Any] = {"fused": None}
+_ADDED_LATER: dict[str, Any] = {"fused": None, "device_scalars": None}
+#: ``torch.compile`` modes ``compile_mode`` accepts.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class ScheduleFreePlus(torch.optim.Optimizer):
@@ -61,10 +66,14 @@ class ScheduleFreePlus(torch.optim.Optimizer):
     ``exp_avg_sq`` and ``z_minus_y``; ``x`` is never stored because ``z - y = beta (z - x)``. That
     is 4 parameter-sized tensors in all, one more than AdamW.
 
-    Synchronisation: the loss and the two global sums are fetched to the host in one transfer
-    per step (the only device-to-host sync; none on CPU); everything else is host arithmetic.
-    :meth:`stats` reads values saved during that transfer and so costs nothing;
-    ``stats(norms=True)`` costs one extra reduction pass and sync, only when asked.
+    Synchronisation: on an accelerator (``device_scalars``) the step size is computed on the
+    device and the update consumes it there: ``step()`` reads nothing on the host and never
+    waits for the device. :meth:`stats` reads the last step's statistics when it is called (one
+    transfer, then cached); :attr:`step_stats` hands them over unread (the client hook's
+    background thread reads them). On CPU the loss and the two global sums are fetched in one
+    transfer per step (free there) and the scalars are host arithmetic, which :meth:`stats`
+    returns at no cost. ``stats(norms=True)`` costs one extra reduction pass and sync, only
+    when asked.
 
     Train/eval: the parameters hold ``y`` in train mode (the default) and ``x`` in eval mode.
     Call :meth:`eval` before evaluating or saving a model for use, :meth:`train` before training
@@ -115,13 +124,27 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             of a group's parameters are on an accelerator and the per-tensor path on CPU, where
             it walks tensors in cache-sized blocks and is faster.
         fused: compile the update with ``torch.compile`` so that it reads and writes each
-            buffer once instead of about eleven times, in one compiled call per step for every
-            float32 and float64 tensor (other dtypes: a compiled call per tensor of 32K+
-            elements; non-contiguous tensors: the eager path). ``None`` (default) and
+            buffer once instead of about eleven times. With ``device_scalars`` the whole step
+            (the two sums, the step size, the update of every tensor whatever its dtype) is one
+            compiled call that reads each buffer at most twice and does not recompile when the
+            step size or a hyper-parameter changes; with host scalars it is one compiled call
+            for every float32 and float64 tensor (other dtypes: a compiled call per tensor of
+            32K+ elements; non-contiguous tensors: the eager path). ``None`` (default) and
             ``False`` use the eager paths. The first step pays the compilation, once per
             parameter list (tens of seconds on CPU, 14-25 s on an H200; BENCHMARKS.md,
             "optimizer" and "optimizer_cuda"); where compilation is unavailable the eager path
             is used with a warning.
+        device_scalars: compute the Polyak step, ``gamma_max`` and ``c_t`` on the device as
+            tensors, so that ``step()`` never reads a tensor on the host. ``None`` (default):
+            on accelerators, where each read waits for the device, and with ``fused=True``,
+            whose one compiled call then holds the whole step; not for the eager paths on CPU,
+            where a read is free and host arithmetic is cheaper than tensor operations
+            (BENCHMARKS.md, "optimizer"). A whole-model setting: every parameter group must
+            agree.
+        compile_mode: ``torch.compile``'s ``mode`` for the compiled step of ``fused=True``
+            with device scalars; ``"reduce-overhead"`` replays it as a CUDA graph (everything
+            that changes between steps reaches it as a tensor, and the buffers it updates keep
+            their addresses). ``None``: torch's default.
         process_group: the data-parallel group over which the loss is averaged under
             ``torch.distributed``; ``None`` means the default group.
 
@@ -141,8 +164,9 @@ class ScheduleFreePlus(torch.optim.Optimizer):
     State (``state_dict()``): per parameter ``step`` (int), ``exp_avg``, ``exp_avg_sq`` and
     ``z_minus_y``; optimizer-wide scalars (step count, raw Polyak EMA and its weight, the SF beta
     that formed ``y``, the train/eval mode, and per group ``gamma_max`` and the weight sum) as
-    plain Python numbers in the first parameter's state under ``"sfplus"``. Loading resumes a
-    run exactly, including its train/eval mode.
+    plain Python numbers in the first parameter's state under ``"sfplus"`` (with device
+    scalars, ``state_dict()`` reads them from the device first). Loading resumes a run exactly,
+    including its train/eval mode.
     """
 
     def __init__(
@@ -164,6 +188,8 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         foreach: bool | None = None,
         *,
         fused: bool | None = None,
+        device_scalars: bool | None = None,
+        compile_mode: str | None = None,
         process_group: Any = None,
     ) -> None:
         defaults: dict[str, Any] = dict(  # noqa: C408 - mirrors the signature, like torch.optim
@@ -182,11 +208,23 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             f_star=f_star,
             foreach=foreach,
             fused=fused,
+            device_scalars=device_scalars,
         )
         defaults = _hparams.validate(defaults, where="")
+        if compile_mode is not None and compile_mode not in COMPILE_MODES:
+            raise ValueError(
+                f"Invalid compile_mode: {compile_mode!r} (must be None or one of "
+                f"{', '.join(COMPILE_MODES)})"
+            )
         super().__init__(params, defaults)
         self._process_group = process_group
-        self._stats: dict[str, float] = {}
+        self._compile_mode = compile_mode
+        self._device_state = _device.DeviceState()
+        #: The last step's statistics: floats (host scalars) or partly 0-d device tensors,
+        #: views of ``_stats_vector`` (device scalars), read into ``_stats_read`` on demand.
+        self._stats: Mapping[str, Any] = {}
+        self._stats_vector: Tensor | None = None
+        self._stats_read: dict[str, float] | None = None
         if self._anchor() is None:
             raise ValueError("ScheduleFreePlus got no parameters (every parameter group is empty)")
         self._global()  # created eagerly so that state_dict() carries the mode from the start
@@ -211,9 +249,11 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             raise
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle/deepcopy state: torch's, plus the last step's telemetry (plain floats)."""
+        """Pickle/deepcopy state: torch's (device scalars read back into it), plus the last
+        step's telemetry (plain floats)."""
+        self._write_back()
         state = super().__getstate__()
-        state["_stats"] = dict(self.__dict__.get("_stats", {}))
+        state["_stats"] = dict(self._read_stats()) if "_stats" in self.__dict__ else {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -227,9 +267,19 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
         self.__dict__.setdefault("_process_group", None)
+        self.__dict__.setdefault("_compile_mode", None)
+        self.__dict__.setdefault("_device_state", _device.DeviceState())
         self.__dict__.setdefault("_stats", {})
+        self.__dict__.setdefault("_stats_vector", None)
+        self.__dict__.setdefault("_stats_read", None)
         if self._anchor() is not None:
             self._global()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state dict of ``torch.optim.Optimizer``, with the optimizer-wide scalars as
+        plain Python numbers (read from the device first when they live there)."""
+        self._write_back()
+        return super().state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict; the train/eval mode and all scalars are restored exactly.
@@ -239,7 +289,8 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         saved and loaded alongside.
         """
         super().load_state_dict(state_dict)
-        self._stats = {}
+        self._device_state.drop()  # the loaded scalars replace what the device held
+        self._set_stats({}, None)
 
     # ----------------------------------------------------------------------------------------
     # Optimizer-wide state
@@ -272,6 +323,12 @@ class ScheduleFreePlus(torch.optim.Optimizer):
     def step_count(self) -> int:
         """Number of steps taken."""
         return int(self._global()["step"])
+
+    def _write_back(self) -> None:
+        """Bring the checkpointed scalars up to date with the device's (one read, if behind)."""
+        device_state = self.__dict__.get("_device_state")
+        if device_state is not None and device_state.ahead and self._anchor() is not None:
+            device_state.write_back(self._global())
 
     def _use_foreach(self, group: dict[str, Any]) -> bool:
         if group["foreach"] is not None:
@@ -388,7 +445,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
                 "hand it over first with optimizer.provide_loss(loss) (the Hugging Face "
                 "Trainer: add curvecast's CurvecastCallback, which does)."
             )
-        _check_loss_type(loss)
+        _step.check_loss(loss)
         _hparams.check_shared(self.param_groups)
         self._step(loss, glob)
         return loss
@@ -408,126 +465,44 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         Raises:
             ValueError: if the loss is neither a real number nor a tensor.
         """
-        _check_loss_type(loss)
+        _step.check_loss(loss)
         self._provided_loss = loss
 
     def _step(self, loss: LossLike, glob: dict[str, Any]) -> None:
-        g0 = self.param_groups[0]
-        t = int(glob["step"]) + 1
-        beta = F.sf_beta_schedule(t, g0["sf_beta"], g0["sf_beta_max"], g0["anneal_steps"])
-        beta_prev = float(glob["sf_beta_prev"])
+        step = _step.begin(self.param_groups, self.state, glob,
+                           [self._use_foreach(group) for group in self.param_groups])
+        if step is None:
+            return
+        device_scalars = self.param_groups[0]["device_scalars"]
+        if device_scalars is None:
+            # On CPU a host read is free and host arithmetic cheaper than eager tensor
+            # operations, but the fused step does the sums and the scalars in its one call.
+            device_scalars = step.device.type != "cpu" or any(
+                group["fused"] for group in self.param_groups)
+        if device_scalars:
+            stats, vector = _step.device_step(
+                self.param_groups, step, loss, glob, process_group=self._process_group,
+                device_state=self._device_state, compile_mode=self._compile_mode)
+            self._set_stats(stats, vector)
+        else:
+            self._device_state.write_back(glob)  # switched from device scalars: catch up first
+            self._device_state.drop()
+            self._set_stats(_step.host_step(self.param_groups, step, loss, glob,
+                                            process_group=self._process_group), None)
+        _step.finish(step)
 
-        # 1. Gather tensors (local shards) and lazily create state.
-        work = [_state.gather(group["params"], self.state) for group in self.param_groups]
-        if not any(w.grads for w in work):
-            return  # no gradients anywhere: nothing to do, and the step is not counted
-        device = next(w.grads[0].device for w in work if w.grads)
+    def _set_stats(self, stats: Mapping[str, Any], vector: Tensor | None) -> None:
+        self._stats, self._stats_vector, self._stats_read = stats, vector, None
 
-        # Cache blocking only pays on CPU; accelerators get whole tensors (or foreach lists).
-        block = F.cpu_block() if device.type == "cpu" else None
-
-        # 2. Global reductions: ||g||_1 and <g, z - y>, per sharding layout, then one fetch.
-        replicated = torch.zeros(2, dtype=F.accumulate_dtype(device), device=device)
-        sharded: dict[_dist.ShardKey, Tensor] = {}
-        for group, w in zip(self.param_groups, work, strict=True):
-            foreach = self._use_foreach(group)
-            for key, idx in w.by_shard().items():
-                part = F.reductions(
-                    [w.grads[i] for i in idx],
-                    [w.reduction_deltas[i] for i in idx],
-                    foreach=foreach,
-                    block=block,
-                ).to(device=device, dtype=replicated.dtype)
-                if key is None:
-                    replicated += part
-                else:
-                    sharded[key] = sharded[key] + part if key in sharded else part
-        # The loss joins the single fetch when it lives on the device or must be all-reduced;
-        # a host float needs neither.
-        loss_t: Tensor | None = None
-        if isinstance(loss, Tensor) or _dist.is_active(self._process_group):
-            loss_t = _loss_tensor(loss, device, replicated.dtype)
-        means, sums = _dist.fetch_global(loss_t, replicated, sharded, group=self._process_group)
-        loss_value = means[0] if loss_t is not None else float(loss)
-        grad_l1, dot = sums
-
-        # 3. Host scalars: the Polyak step (global) and, per group, alpha / gamma_max / c.
-        inner = beta / beta_prev * dot  # beta_t <g, z - x> with z - x = (z - y) / beta'
-        eta, numerator, denom, ema, ema_weight = F.polyak_step(
-            loss_value,
-            inner,
-            grad_l1,
-            ema=glob["denom_ema"],
-            ema_weight=glob["denom_ema_weight"],
-            polyak_beta=g0["polyak_beta"],
-            f_star=g0["f_star"],
-        )
-        group_stats: list[tuple[float, float, float, float]] = []
-        for gi, (group, w) in enumerate(zip(self.param_groups, work, strict=True)):
-            warm = F.warmup_factor(t, group["warmup_steps"])
-            alpha = warm * group["lr"] * eta
-            gamma_max = max(glob["gamma_max"][gi], alpha)
-            c, weight_sum = F.averaging_weight(
-                t,
-                gamma_max,
-                glob["weight_sum"][gi],
-                c_warmup=F.resolve_c_warmup(group["c_warmup"], group["warmup_steps"]),
-                r=group["r"],
-                weight_lr_power=group["weight_lr_power"],
-            )
-            glob["gamma_max"][gi] = gamma_max
-            glob["weight_sum"][gi] = weight_sum
-            group_stats.append((alpha, gamma_max, c, warm))
-
-            # 4. The in-place update of this group's tensors.
-            foreach = self._use_foreach(group)
-            fused = bool(group["fused"])
-            beta1, beta2 = group["betas"]
-            F.update(
-                w.params,
-                w.grads,
-                w.exp_avgs,
-                w.exp_avg_sqs,
-                w.deltas,
-                w.steps,
-                beta1=beta1,
-                beta2=beta2,
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                alpha=alpha,
-                c=c,
-                sf_beta=beta,
-                sf_beta_prev=beta_prev,
-                foreach=foreach,
-                block=block,
-                fused=fused,
-            )
-            F.rescale_for_beta(
-                w.skipped_params,
-                w.skipped_deltas,
-                sf_beta=beta,
-                sf_beta_prev=beta_prev,
-                foreach=foreach,
-            )
-            w.count_step()
-
-        glob.update(step=t, denom_ema=ema, denom_ema_weight=ema_weight, sf_beta_prev=beta)
-        alpha0, gamma_max0, c0, warm0 = group_stats[0]
-        # The keys and their order are contract.OPTIMIZER_STATS (tests/sfplus hold them equal).
-        self._stats = {
-            "step": float(t),
-            "loss": loss_value,
-            "inner": inner,
-            "numerator": numerator,
-            "grad_l1": grad_l1,
-            "denom_ema": denom,
-            "eta": eta,
-            "alpha": alpha0,
-            "gamma_max": gamma_max0,
-            "c": c0,
-            "sf_beta": beta,
-            "warmup": warm0,
-        }
+    def _read_stats(self) -> Mapping[str, float]:
+        """The last step's statistics as floats; device values read once (one transfer)."""
+        if self._stats_vector is None:
+            return self._stats
+        if self._stats_read is None:
+            values = iter(self._stats_vector.tolist())
+            self._stats_read = {key: next(values) if isinstance(value, Tensor) else value
+                                for key, value in self._stats.items()}
+        return self._stats_read
 
     # ----------------------------------------------------------------------------------------
     # Observability
@@ -551,20 +526,26 @@ class ScheduleFreePlus(torch.optim.Optimizer):
 
         With ``norms=True`` also ``x_l2``, ``y_l2``, ``z_l2`` (the iterates *after* the step) and
         ``grad_l2``. These cost a reduction pass over the parameters and one device sync, so
-        they are computed only when asked; the other keys are free (read on the host during
-        the step), so calling ``stats()`` from a step post-hook adds no synchronisation.
+        they are computed only when asked. The other keys cost nothing with host scalars (read
+        during the step); with device scalars the first call after a step reads them from the
+        device in one transfer (it waits for the step to finish) and later calls reuse it.
         """
-        out = dict(self._stats)
+        out = dict(self._read_stats())
         if norms and out:
             out.update(self._norms())
         return out
 
     @property
-    def step_stats(self) -> Mapping[str, float]:
-        """:meth:`stats` (without norms) as it is, not copied: for a hook that runs every step.
+    def step_stats(self) -> Mapping[str, Any]:
+        """The last step's statistics as they are, not copied or read: for a hook that runs
+        every step.
 
         Each step makes a new mapping and never changes it afterwards, so a reference to it
-        keeps that step's values. Read-only: ``stats()`` returns a copy to change.
+        keeps that step's values. Its keys are :meth:`stats`'s; with host scalars its values
+        are floats, with device scalars those computed on the device are 0-d tensors there
+        (``step``, ``sf_beta`` and ``warmup`` are floats), which whoever keeps them reads later
+        (``Monitor.watch`` reads them in its background thread), so that the training step
+        never waits for the device. Read-only: :meth:`stats` returns plain floats to change.
         """
         return self._stats
 
@@ -605,29 +586,3 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             "param_groups": len(self.param_groups),
             "num_parameters": sum(p.numel() for grp in self.param_groups for p in grp["params"]),
         }
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _loss_tensor(loss: LossLike, device: torch.device, dtype: torch.dtype) -> Tensor:
-    if isinstance(loss, Tensor):
-        if loss.numel() != 1:
-            raise ValueError(
-                "ScheduleFreePlus.step(): the loss must be a scalar, got a tensor of shape "
-                f"{tuple(loss.shape)}"
-            )
-        return loss.detach().reshape(1).to(device=device, dtype=dtype)
-    # torch.full fills on the device from a host scalar: no host-to-device copy to wait for.
-    return torch.full((1,), float(loss), dtype=dtype, device=device)
-
-
-def _check_loss_type(loss: object) -> None:
-    if isinstance(loss, Tensor) or _hparams.is_real(loss):
-        return
-    raise ValueError(
-        "ScheduleFreePlus.step(): the loss must be a float or a 0-d tensor, got "
-        f"{type(loss).__name__}"
-    )

@@ -60,6 +60,37 @@ def test_watch_sends_exactly_the_optimizers_statistics(spool_dir: Path) -> None:
     assert mon.stats()["points_logged"] == len(expected)
 
 
+def test_watch_hands_device_statistics_to_the_batcher_unread(spool_dir: Path) -> None:
+    """With the step size on the device, the step and the hook read no tensor in the training
+    thread (the records hold the step's 0-d tensors); the batcher thread reads them, and what
+    is sent is what stats() reads."""
+    from curvecast import sfplus
+    from tests.sfplus.test_host_syncs import HostReads
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = sfplus.ScheduleFreePlus(model.parameters(), warmup_steps=2, weight_decay=1.0,
+                                  device_scalars=True)
+    transport = FakeTransport()
+    mon = Monitor(project="p", transport=transport, spool_dir=spool_dir, norms_every=3)
+    mon.watch(opt)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    expected: dict[tuple[str, int], float] = {}
+    for step in range(1, 8):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        with HostReads() as reads:
+            opt.step(loss=loss)  # and the hook, a step post-hook
+        # Norm steps read the norms in the hook (asked for, and documented to cost a sync).
+        assert reads.count == (0 if step % 3 else 2)
+        assert isinstance(opt.step_stats["eta"], torch.Tensor)
+        stats = opt.stats(norms=step % 3 == 0)
+        opt.zero_grad()
+        expected.update({(f"opt/{k}", step): v for k, v in stats.items() if k != "step"})
+    assert mon.finish(timeout=10)
+    assert _sent(transport) == expected
+
+
 def test_step_stats_is_each_steps_own_mapping() -> None:
     """What the hook relies on to append ``step_stats`` without copying it: a new mapping each
     step, never changed afterwards, equal to stats()."""
