@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from bench.sfplus_corpus import DATA_DIR
+from bench.optimizer.sfplus_corpus import DATA_DIR
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,8 @@ def _kind(optimizer: str) -> str:
 
 def load_runs() -> list[BenchRun]:
     """Both recorded corpora; runs that diverged (a non-finite eval loss) are left out."""
-    from bench import sfplus_corpus
-    from bench import train_quality as tq
+    from bench.optimizer import sfplus_corpus
+    from bench.optimizer import train_quality as tq
 
     runs = []
     for name in names():
