@@ -46,12 +46,14 @@ LAG = 64  # dashboards/static/run.js re-asks this many steps back
 _RANGE = "series_id = :sid AND step >= :lo AND step <= :hi"
 _FIRST = text(f"SELECT min(step) FROM metric_points WHERE {_RANGE}")
 _LAST = text(f"SELECT max(step) FROM metric_points WHERE {_RANGE}")
+#: The store's raw-point buckets as row tuples (the store reads them as binary columns).
+_BUCKETS = text(metric_store._BUCKET_ROWS + " ORDER BY agg.last_step")
 
 
 def _row_buckets(session: Session, sid: int, key: str, lo: int, hi: int, max_points: int
                  ) -> SeriesOut:
     """The baseline's buckets: the raw-point aggregate as row tuples, then Python lists."""
-    rows = session.execute(metric_store._BUCKET_SQL, {
+    rows = session.execute(_BUCKETS, {
         "sid": sid, "lo": lo, "hi": hi, "nb": max_points, "span": hi - lo + 1}).all()
     steps, last, vmin, vmax, count = zip(*rows, strict=True)
     floats = metric_store._floats
