@@ -348,7 +348,8 @@ def report(results: dict[str, dict[str, Any]]) -> tuple[str, str, str]:
                        f"({big['figures'].median / small['figures'].median:.2f}× a 10^4-step "
                        "run's)")
         previews.append(f"{ms(fresh['preview'].median)} ms ({backend})")
-    result = (f"a 10^6-step run's chart data in {', '.join(figures)} at p50 (goal ≤ "
+    steps = next(iter(results.values()))["steps"]
+    result = (f"a {steps:,}-step run's chart data in {', '.join(figures)} at p50 (goal ≤ "
               f"{ms(FIGURES_GOAL_MS)} ms); the first chart in a fresh browser after "
               f"{', '.join(previews)} (goal ≤ {ms(FRESH_GOAL_MS)} ms)")
     return "\n\n".join(parts), result, "\n".join(details)

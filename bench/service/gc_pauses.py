@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             ["startup heap", "objects frozen", "gen-2 collections", "median pause ms",
              "max pause ms", "requests", "p50 ms", "p99 ms", "max ms"], [base, shipped])
     )
-    result = (f"a full collection pauses {shipped[3]} ms with the startup heap frozen, "
-              f"{base[3]} ms without (median); the slowest request {shipped[8]} against "
-              f"{base[8]} ms")
+    frozen = (f"{shipped[3]} ms with the startup heap frozen" if shipped[3] != "-"
+              else "never ran with the startup heap frozen")
+    result = (f"a full collection pauses {base[3]} ms without freezing (median), {frozen}; "
+              f"the slowest request {shipped[8]} against {base[8]} ms")
     return publish(args, "gc_pauses", "Garbage-collector pauses in the service", body, result)
