@@ -96,13 +96,15 @@ def sampling_noise(train: list[tuple[int, float]], after: int, window: int = 10)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__).parse_args(argv)
+    args = parser(__doc__, quick="the tiny model for 200 steps").parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="curvecast-demo-bench-") as tmp:
         with socket.socket() as sock:  # a free port (the demo would move off a taken one)
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         cmd = [sys.executable, "-m", "curvecast.service.cli", "demo", "--exit-when-done",
                "--dir", tmp, "--port", str(port)]
+        if args.quick:
+            cmd += ["--size", "tiny", "--steps", "200"]
         env = {**os.environ, "CURVECAST_SPOOL_DIR": str(Path(tmp) / "spool")}
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env,
@@ -141,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{noise:.3f} ({rise / noise:.1f}x)", f"{jitter:.4f} ({rise / jitter:.0f}x)",
     ]]
     body = (
-        f"`make demo`'s run (`curvecast demo`, default size: d_model {config.get('d_model')}, "
+        f"`make demo`'s run (`curvecast demo`, {'tiny' if args.quick else 'default'} size: "
+        f"d_model {config.get('d_model')}, "
         f"{config.get('layers')} layers, batch {config.get('batch_size')}; ScheduleFreePlus "
         f"{json.dumps({k: optimizer.get(k) for k in ('weight_decay', 'warmup_steps', 'sf_beta')})}"
         f"), on this machine's {os.cpu_count()} cores with the service beside it. Goals: "
