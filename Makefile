@@ -41,23 +41,24 @@ demo: $(STAMP)
 
 serve: demo
 
-# Each benchmark writes its own section of BENCHMARKS.md (several minutes each).
+# Each benchmark writes its own section of BENCHMARKS.md (several minutes each);
+# `python -m bench list` shows them all.
 bench: $(STAMP)
-	$(BIN)/python -m bench.ingest
-	$(BIN)/python -m bench.forecast_latency
-	$(BIN)/python -m bench.forecast_backtest
-	$(BIN)/python -m bench.held_band
-	$(BIN)/python -m bench.off_model_loss_only
-	$(BIN)/python -m bench.off_model_learned
-	$(BIN)/python -m bench.optimizer
-	$(BIN)/python -m bench.client_overhead
-	$(BIN)/python -m bench.demo_run
-	$(BIN)/python -m bench.dashboard --postgres
-	$(BIN)/python -m bench.gc_pauses
-	$(BIN)/python -m bench.partition
-	$(BIN)/python -m bench.worker_rounds
-	$(BIN)/python -m bench.read_series
-	$(BIN)/python -m bench.request_cost
+	$(BIN)/python -m bench run ingest
+	$(BIN)/python -m bench run forecast_latency
+	$(BIN)/python -m bench run forecast_backtest
+	$(BIN)/python -m bench run held_band
+	$(BIN)/python -m bench run off_model_loss_only
+	$(BIN)/python -m bench run off_model_learned
+	$(BIN)/python -m bench run optimizer
+	$(BIN)/python -m bench run client_overhead
+	$(BIN)/python -m bench run demo_run
+	$(BIN)/python -m bench run dashboard --postgres
+	$(BIN)/python -m bench run gc_pauses
+	$(BIN)/python -m bench run partition
+	$(BIN)/python -m bench run worker_rounds
+	$(BIN)/python -m bench run read_series
+	$(BIN)/python -m bench run request_cost
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache artifacts *.egg-info

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench list` shows them, `python -m bench run NAME` runs one."""

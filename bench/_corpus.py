@@ -1,7 +1,7 @@
 """Reading the runs we trained: the ScheduleFree+ corpus (``bench/data/sfplus_corpus``, made by
-``python -m bench.sfplus_corpus``) one run at a time (:func:`load`), and every recorded run with
+``python -m bench run sfplus_corpus``) one run at a time (:func:`load`), and every recorded run with
 an eval loss as the forecast benches see them (:func:`load_runs`: the corpus plus the 3,000-step
-training-quality runs of ``python -m bench.train_quality``)."""
+training-quality runs of ``python -m bench run train_quality``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from bench.sfplus_corpus import DATA_DIR
+from bench.optimizer.sfplus_corpus import DATA_DIR
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,8 @@ def _kind(optimizer: str) -> str:
 
 def load_runs() -> list[BenchRun]:
     """Both recorded corpora; runs that diverged (a non-finite eval loss) are left out."""
-    from bench import sfplus_corpus
-    from bench import train_quality as tq
+    from bench.optimizer import sfplus_corpus
+    from bench.optimizer import train_quality as tq
 
     runs = []
     for name in names():

@@ -1,7 +1,10 @@
 """Write one benchmark's section of BENCHMARKS.md without touching the others.
 
-Every benchmark owns a block delimited by ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``.
-Re-running a benchmark replaces its block in place, so the file can be rebuilt piecemeal.
+Every benchmark owns a block delimited by ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``:
+its title, a one-line result (the headline, a ratio against the baseline measured in the same
+run where there is one), the command and the machine, then its tables and a few lines of method.
+Re-running a benchmark replaces its block in place, and the summary table at the top of the file
+is rebuilt from every block's title, result and command, so the file can be rebuilt piecemeal.
 """
 
 from __future__ import annotations
@@ -18,12 +21,17 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+from bench import _registry
+from bench._paths import BENCHMARKS_MD
+
 _HEADER = (
     "# Benchmarks\n\n"
-    "Every table below was written by the command shown above it; each reports a ratio against a\n"
-    "baseline measured in the same run. Numbers come from the machine named in each section.\n"
+    "Each section below was written by the command it names (`python -m bench list` shows them\n"
+    "all), on the machine it names; its result is a ratio against a baseline measured in the\n"
+    "same run wherever there is one.\n"
 )
+_SUMMARY = re.compile(r"<!-- bench-summary -->.*?<!-- /bench-summary -->", re.S)
+_BLOCK = re.compile(r"<!-- bench:([\w.-]+) -->\n## (.*?)\n.*?<!-- /bench:\1 -->", re.S)
 
 
 def machine_line() -> str:
@@ -37,12 +45,11 @@ def machine_line() -> str:
 
 
 def command_line() -> str:
-    """The command that produced this run, as a user would type it."""
-    script = Path(sys.argv[0]).resolve()
-    repo = BENCHMARKS_MD.parent
-    if script.suffix == ".py" and script.is_relative_to(repo):
-        module = ".".join(script.relative_to(repo).with_suffix("").parts)
-        return "python -m " + " ".join([module, *map(shlex.quote, sys.argv[1:])])
+    """The command that produced this run, as a user would type it (the runner's form,
+    ``python -m bench run NAME ARGS``, whichever way the bench was started)."""
+    bench = _registry.of_path(Path(sys.argv[0]))
+    if bench is not None:
+        return " ".join(["python -m bench run", bench.name, *map(shlex.quote, sys.argv[1:])])
     return " ".join(map(shlex.quote, sys.argv))
 
 
@@ -79,20 +86,20 @@ def paired_summary(ratios: dict[str, list[float]]) -> str:
             f"{spread(base)}; A/A: {statistics.median(same):.3f} {spread(same)}.")
 
 
-def write_section(name: str, title: str, body: str, path: Path = BENCHMARKS_MD) -> None:
-    """Replace (or append) the block for benchmark ``name`` in BENCHMARKS.md.
+def write_section(name: str, title: str, body: str, result: str,
+                  path: Path = BENCHMARKS_MD) -> None:
+    """Replace (or append) the block for benchmark ``name`` in BENCHMARKS.md, and rebuild the
+    summary table.
 
     Args:
-        name: the benchmark's stable identifier, e.g. ``"optimizer"``.
-        title: the section heading (without the leading ``##``).
-        body: Markdown for the section: tables and notes. The command and machine are added here.
+        name: the section's stable identifier, e.g. ``"optimizer"``.
+        title: the section heading (without the leading ``##``): what is measured.
+        body: Markdown for the section: tables and a few lines of method. The result, command
+            and machine are added here.
+        result: the headline, one line: the ratio against the baseline (or the goal's verdict).
     """
     text = path.read_text() if path.exists() else _HEADER
-    block = (
-        f"<!-- bench:{name} -->\n## {title}\n\n"
-        f"Command: `{command_line()}`  \nMachine: {machine_line()}\n\n{body.strip()}\n"
-        f"<!-- /bench:{name} -->"
-    )
+    block = render_block(name, title, result, command_line(), machine_line(), body)
     pattern = re.compile(
         rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.S
     )
@@ -100,7 +107,58 @@ def write_section(name: str, title: str, body: str, path: Path = BENCHMARKS_MD) 
         text = pattern.sub(lambda _m: block, text)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
+    path.write_text(with_summary(text))
+
+
+def render_block(name: str, title: str, result: str, command: str, machine: str,
+                 body: str) -> str:
+    """One section as BENCHMARKS.md holds it: its markers, heading, result, command and
+    machine, then its body (prose paragraphs on one line each: see :func:`unwrap`)."""
+    return (f"<!-- bench:{name} -->\n## {title}\n"
+            f"Result: {' '.join(result.split())}  \n"
+            f"Command: `{command}` · Machine: {machine}\n\n"
+            f"{unwrap(body)}\n<!-- /bench:{name} -->")
+
+
+def unwrap(body: str) -> str:
+    """``body`` with each prose paragraph on one line (writers wrap their source text; the
+    file need not): tables, lists and headings are left as they are."""
+    def keep(line: str) -> bool:
+        return line.lstrip().startswith(("|", "- ", "* ", "#"))
+
+    paragraphs = re.split(r"\n\s*\n", body.strip())
+    return "\n\n".join(p if any(keep(line) for line in p.splitlines())
+                        else " ".join(line.strip() for line in p.splitlines())
+                        for p in paragraphs)
+
+
+def anchor(title: str) -> str:
+    """The link target GitHub gives a heading (lower case, punctuation dropped, spaces to -)."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def with_summary(text: str) -> str:
+    """``text`` with its summary table rebuilt from its sections (one row per section: its
+    title, result and command), before the first section."""
+    rows = []
+    for m in _BLOCK.finditer(text):
+        block = m.group(0)
+        result = re.search(r"^Result: (.*?) *$", block, re.M)
+        command = re.search(r"^Command: `(.*?)`", block, re.M)
+        title = m.group(2).strip()
+        rows.append([f"[{title}](#{anchor(title)})", result.group(1) if result else "",
+                     f"`{command.group(1)}`" if command else ""])
+    rows = [[str(cell).replace("|", "\\|") for cell in row] for row in rows]
+    table = ("<!-- bench-summary -->\n"
+             + markdown_table(["what is measured", "result (against the baseline)", "command"],
+                              rows)
+             + "\n<!-- /bench-summary -->")
+    if _SUMMARY.search(text):
+        return _SUMMARY.sub(lambda _m: table, text)
+    first = text.find("<!-- bench:")
+    if first < 0:
+        return text.rstrip() + "\n\n" + table + "\n"
+    return text[:first] + table + "\n\n" + text[first:]
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:

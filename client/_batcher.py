@@ -421,7 +421,7 @@ def _b64_packed(typecode: str, column: Sequence[Any]) -> bytes:
 
     ``struct.pack`` of the values as arguments, not ``array(typecode, column)``: an array takes
     an iterable item by item through its generic setter, at about twice the CPU for a column
-    of floats (``bench.encode_paired``).
+    of floats (``bench/client/encode_paired.py``).
 
     Raises:
         struct.error: a value is not a number (e.g. None, where a key is missing at a row).

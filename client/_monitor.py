@@ -266,7 +266,7 @@ class Monitor:
         # The names as a tuple: the same call site passes the same interned strings in the same
         # order, so the comparison is one identity test per name. (Comparing key views hashes
         # and looks up each name: after a training step, with cold caches, that was most of the
-        # names check's cost; bench.log_paired.)
+        # names check's cost; bench/client/log_paired.py.)
         names = tuple(kwargs)
         if step < self._names_step or names != self._names:
             self._check_names(names, step, kwargs)
@@ -310,7 +310,7 @@ class Monitor:
         a CPU tensor with ``tolist()`` before it knows the shape: for a weight matrix logged
         by mistake, a list of every element (seconds and gigabytes for 50M) before the error.
         In the loop itself, one more attribute read per tensor cost 5% of ``log()``
-        (``bench.log_paired``)."""
+        (``bench/client/log_paired.py``)."""
         last = self._last_step
         for key in self._names:  # the last call's names, logged at _names_step since then
             last[key] = self._names_step

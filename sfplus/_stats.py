@@ -25,8 +25,8 @@ __all__ = ["weight_norms"]
 #: into one tensor per dtype with the others and reduced together: a reduction costs a few
 #: microseconds of dispatch whatever its size, so a model's biases and norm weights cost more
 #: in calls than in arithmetic. Not larger: the copy then costs more than the calls it saves
-#: (bench.optimizer_norms: at 2**15, which joins 128 x 128 weights, the deep MLP's norms took
-#: 2.3 times as long as reducing each tensor).
+#: (bench/optimizer/optimizer_norms.py: at 2**15, which joins 128 x 128 weights, the deep MLP's
+#: norms took 2.3 times as long as reducing each tensor).
 SMALL_NUMEL: Final = 1 << 13
 #: Joined tensors are reduced once they hold this many elements (bounds the copy's memory).
 JOIN_NUMEL: Final = 1 << 20
@@ -123,8 +123,8 @@ def weight_norms(
     # g. On an accelerator the squares are summed with one foreach norm per device and dtype
     # instead of a norm (a kernel launch or two) per tensor, so the tensors are collected
     # first. On the CPU torch's foreach norm is no faster, and a tensor's reductions run back
-    # to back while it is in cache (bench.optimizer_norms), so they are taken in the loop;
-    # small tensors are joined (SMALL_NUMEL).
+    # to back while it is in cache (bench/optimizer/optimizer_norms.py), so they are taken in the
+    # loop; small tensors are joined (SMALL_NUMEL).
     buckets: dict[_dist.ShardKey | None, _Sums] = {}
     device: torch.device | None = None
     one_device = True

@@ -83,8 +83,8 @@ CPU_BLOCK_THREADED = 1 << 19
 def cpu_block() -> int:
     """Block size (elements) for the CPU per-tensor path at the current intra-op thread count.
 
-    The block-size sweep in BENCHMARKS.md ("optimizer" section) is the measurement behind both
-    constants.
+    The block-size sweep (``python -m bench run optimizer --block-sizes``) is the measurement
+    behind both constants.
     """
     threads = torch.get_num_threads()
     return CPU_BLOCK if threads <= 1 else CPU_BLOCK_THREADED * threads

@@ -1,7 +1,7 @@
 """Interval calibration constants for the forecast (pure data + interpolation, no I/O).
 
 The blocks between the ``BEGIN/END GENERATED`` markers are written by
-``python -m bench.forecast_calibrate`` from the curve corpora; do not edit them by hand.
+``python -m bench run forecast_calibrate`` from the curve corpora; do not edit them by hand.
 
 How the constants are used (docs/forecast.md, "Intervals"): for a forecast ``y_hat(t)`` the
 fit computes a scale ``S(t) = sqrt(SE_FACTOR * se(t)^2 + sigma^2 + (DECAY_FACTOR * drop(t))^2)``
@@ -131,9 +131,8 @@ _Values = TypeVar("_Values", float, NDArray[np.float64])
 @dataclass(frozen=True)
 class TransientTable:
     """Quantiles of the decay exponent ``g`` in ``loss(t) = level * (t / t_last) ** -g`` that
-    runs showed after a ``too_early`` or a ``no_asymptote`` fit (``python -m
-    bench.forecast_calibrate`` measures them; the benches rebuild them without the run they
-    score).
+    runs showed after a ``too_early`` or a ``no_asymptote`` fit (``python -m bench run
+    forecast_calibrate`` measures them; the benches rebuild them without the run they score).
 
     Attributes:
         probs: the tabulated probabilities (ascending).
@@ -208,8 +207,8 @@ def widen_by_noise(value: _Values, lo: _Values, hi: _Values, sigma: float | None
     The exponents alone give a band of width 0 at the last fitted step (``(t / t_last) ** -g``
     is 1 there whatever ``g``): the forecast of a run's final loss once the run got there was a
     point, while the loss observed there scatters by its noise around the level. The exponent
-    tables were measured at least 1.25x past the last step (``bench.forecast_calibrate``), where
-    this term is small against the band.
+    tables were measured at least 1.25x past the last step
+    (``bench/forecast/forecast_calibrate.py``), where this term is small against the band.
     """
     if sigma is None or not (math.isfinite(sigma) and sigma > 0.0):
         return lo, hi

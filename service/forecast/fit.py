@@ -9,8 +9,9 @@ the solver's scipy. Fitting lives in :mod:`curvecast.service.forecast.solver`.
 The interval scale at a step combines the delta-method standard error of the curve, the residual
 scale and a term proportional to the predicted remaining decay; the multipliers for that scale
 are empirical quantiles fitted offline on the curve corpus
-(:mod:`curvecast.service.forecast.calibration`, written by ``bench/forecast_calibrate.py``), as a
-function of the extrapolation ratio. docs/forecast.md has the long form.
+(:mod:`curvecast.service.forecast.calibration`, written by
+``bench/forecast/forecast_calibrate.py``), as a function of the extrapolation ratio.
+docs/forecast.md has the long form.
 """
 
 from __future__ import annotations

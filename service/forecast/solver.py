@@ -25,7 +25,7 @@ The method, in short (docs/forecast.md has the long form):
    for residual autocorrelation) combined with the residual scale and a term proportional to the
    predicted remaining decay; the interval multipliers for that combined scale are empirical
    quantiles fitted offline on the curve corpus (``service/forecast/calibration.py``, written by
-   ``bench/forecast_calibrate.py``), as a function of the extrapolation ratio.
+   ``bench/forecast/forecast_calibrate.py``), as a function of the extrapolation ratio.
 7. *Off-model*: the recent part of the window is compared with a fit on the data before it; a
    sustained departure (the median of the latest points, several standard errors away and well
    beyond the predicted decay: an LR decay began, or a divergence) sets ``off_model``.
@@ -89,9 +89,9 @@ _DATA_BURN_IN_FRACTION: Final = 0.05  # the paper drops the first 5% of the run
 _BURN_IN_CANDIDATES: Final = (0.05, 0.1, 0.2, 0.3)  # fractions of the latest step
 _BURN_IN_TOLERANCE: Final = 1.5  # a later start must extrapolate 1.5x better to be chosen
 # Whether the data may also move a burn-in the config gives (the averaging start) later. Tried
-# on our ScheduleFree+ runs (bench/forecast_sfplus.py, "config burn-in moved by the data"): the
-# median error fell at 20% and 50% of a run, but the `ok` fits at 30% covered the final loss
-# about half the time (fewer points, intervals too narrow). Off.
+# on our ScheduleFree+ runs (bench/forecast/forecast_sfplus.py, "config burn-in moved by the
+# data"): the median error fell at 20% and 50% of a run, but the `ok` fits at 30% covered the
+# final loss about half the time (fewer points, intervals too narrow). Off.
 _DATA_MOVES_CONFIG_BURN_IN = False
 _RECENT_FRACTION: Final = 0.3  # off-model test: the last 30% of the fitted step range ...
 # ... sits, as a block (median), below the older fit by >= 3 standard errors and >= 10% more

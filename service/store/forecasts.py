@@ -372,7 +372,7 @@ def save_fits(
         # A fit is derived data: if a crash loses the last few hundred ms of these commits,
         # the fit row and the run's bookkeeping are lost together and the run is refitted. Not
         # waiting for the WAL flush took the store's p95 from 6.3 to 4.1-4.8 ms at 10^6 points
-        # (bench.forecast_latency).
+        # (bench/service/forecast_latency.py).
         session.execute(text("SET LOCAL synchronous_commit TO OFF"))
     records = []
     for fit_input, fit in fits:

@@ -469,8 +469,8 @@ _BUCKET_ROWS = (
 )
 # PostgreSQL: the same buckets as five bytea columns of big-endian int8/float8 (a NULL value,
 # a stored NaN, as NaN), read with np.frombuffer: 2,000 buckets as Python row tuples cost the
-# service more than the query (bench.read_series). Through SQLAlchemy's text cursor, which
-# decodes the bytea in C; a binary cursor saved a little more but needed a second copy of the
+# service more than the query (bench/service/read_series.py). Through SQLAlchemy's text cursor,
+# which decodes the bytea in C; a binary cursor saved a little more but needed a second copy of the
 # SQL in the driver's placeholder style.
 _PG_BUCKET_BINARY = text(
     f"WITH bucket AS ({_BUCKET_ROWS}) SELECT "

@@ -3,7 +3,7 @@
 An open run page asks every 2 s for the run, the points after its cursor, the forecast and the
 alerts. As four REST requests, each paid the service's fixed cost of a request (routing,
 dependencies, a session and its connection, a thread-pool hand-over) for a few milliseconds of
-work: under ``bench.load`` the page's polls were more requests than every training job's
+work: under ``bench/service/load.py`` the page's polls were more requests than every training job's
 ingest together. Here the four answers are built in one session: each is exactly what its REST
 route answers (the route functions themselves are called), read in one transaction, so the page
 never shows a forecast newer than the points beside it.

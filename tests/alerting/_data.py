@@ -1,4 +1,4 @@
-"""Stored runs (``fixtures/*.json.gz``, written by ``python -m bench.alerts_quality generate``)
+"""Stored runs (``fixtures/*.json.gz``, written by ``python -m bench run alerts_quality generate``)
 and helpers to stream them into a real server."""
 
 from __future__ import annotations

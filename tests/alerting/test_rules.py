@@ -1,4 +1,4 @@
-"""The rules on real runs (fixtures written by ``bench/alerts_quality.py``) and on planted
+"""The rules on real runs (fixtures written by ``bench/alerts/alerts_quality.py``) and on planted
 data, through the same pure evaluator and lifecycle the service's worker uses. No I/O."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.alerts_quality import EXPECTED  # the rule each planted fault is about
-from bench.drift_study import level_growth
+from bench.alerts.alerts_quality import EXPECTED  # the rule each planted fault is about
+from bench.alerts.drift_study import level_growth
 from curvecast.service.alerting.engine import evaluate_round, replay
 from curvecast.service.alerting.lifecycle import RuleLifecycle
 from curvecast.service.alerting.rules import (

@@ -1,6 +1,6 @@
 """Schemathesis over the whole OpenAPI schema against a real server, on SQLite and PostgreSQL:
 no 5xx, every response as documented, schema-violating input refused. A bounded, seeded run
-(the long one is ``python -m bench.fuzz``; its results are in BENCHMARKS.md)."""
+(the long one is ``python -m bench run fuzz``; its results are in BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fuzz import BOUNDED_EXAMPLES, BOUNDED_SEED, fuzz_url
+from bench.service.fuzz import BOUNDED_EXAMPLES, BOUNDED_SEED, fuzz_url
 from curvecast.service.migrate import upgrade
 
 pytestmark = pytest.mark.slow

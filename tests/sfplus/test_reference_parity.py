@@ -94,8 +94,8 @@ def test_the_one_call_update_matches_reference_over_300_steps(
 ) -> None:
     """fused=True with host scalars updates every float32/float64 tensor in one call per step
     (``_fused.update_many_``): its maths and the routing, with the function uncompiled (fast;
-    the compiled one is the test above on CPU, and ``bench.optimizer_cuda``'s agreement with
-    the reference on a GPU)."""
+    the compiled one is the test above on CPU, and ``bench/optimizer/optimizer_cuda.py``'s
+    agreement with the reference on a GPU)."""
     from curvecast.sfplus import _fused
 
     calls = []

@@ -4,7 +4,7 @@ Every rule turns a run's series (step and value arrays per metric key), its conf
 forecast into :class:`~curvecast.service.alerting.lifecycle.Observation` verdicts, one per
 evaluated step; :mod:`curvecast.service.alerting.lifecycle` turns verdicts into
 pending/firing/resolved alerts. The service's worker, the quality bench
-(``bench/alerts_quality.py``) and the tests all call :func:`evaluate_rule` (through
+(``bench/alerts/alerts_quality.py``) and the tests all call :func:`evaluate_rule` (through
 :mod:`curvecast.service.alerting.engine`), so what the bench measures is what the service does.
 
 The modules: :mod:`.framework` (what a rule is made of), :mod:`.stats` (rolling statistics),

@@ -6,7 +6,7 @@ never does. These rules compare the smoothed norm *now* with its level at the en
 burn-in: a gradient norm that has grown several-fold since then means the effective learning
 rate of an Adam-like method (proportional to lr * ||g||_1) has grown with it.
 
-The thresholds and the advice come from the lambda sweep of ``bench/drift_study.py`` (numbers
+The thresholds and the advice come from the lambda sweep of ``bench/alerts/drift_study.py`` (numbers
 in BENCHMARKS.md, "drift"); see docs/alerts.md.
 """
 
@@ -140,8 +140,8 @@ def _judge(
 
 #: What the lambda sweep showed (BENCHMARKS.md, "drift"); said in every alert.
 GRAD_ADVICE = (
-    "Measured on the project's lambda sweep (bench/drift_study.py, 27 ScheduleFree+ runs, two "
-    "model sizes): every run with lambda 0.5-50 that trained climbed x4-x8 after the burn-in, "
+    "Measured on the project's lambda sweep (bench/alerts/drift_study.py, 27 ScheduleFree+ runs, "
+    "two model sizes): every run with lambda 0.5-50 that trained climbed x4-x8 after the burn-in, "
     "more decay meant more climb, and the best losses came from lambda 2-5 (x6); runs without "
     "decay did not climb, but their weights grew x3-x4 and they failed. So the climb alone is "
     "no reason to stop the run or lower lambda: check the loss against its forecast "

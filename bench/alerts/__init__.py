@@ -1,0 +1,1 @@
+"""The alert rules on real runs: false alarms, detection delay, gradient-norm drift."""

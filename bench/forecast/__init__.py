@@ -1,0 +1,1 @@
+"""The forecast: accuracy and interval coverage on real curves, calibration, off_model."""

@@ -1,0 +1,1 @@
+"""The service: ingest, reads, dashboards, the worker, requests under load, storage."""
