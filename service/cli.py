@@ -42,6 +42,7 @@ SERVER_MODULES = (
     "fastapi_offline",
     "cryptography",
     "prometheus_client",
+    "filelock",
 )
 #: Packages of the ``[server]`` extra that uvicorn uses when they are there (its C event loop)
 #: and does without when they are not (uvloop has no Windows build): not required.

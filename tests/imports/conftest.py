@@ -15,7 +15,7 @@ from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.import_cli import main as import_main
 from curvecast.service.migrate import upgrade
-from curvecast.service.store import metrics as metric_store
+from curvecast.service.store.export import ExportReader, export_series
 from curvecast.service.store.runs import get_run
 from tests.conftest import create_pg_database, drop_pg_database
 
@@ -44,11 +44,11 @@ def stored(database_url: str, run_id: uuid.UUID) -> tuple[Any, Points]:
         with session_scope(make_sessionmaker(engine)) as session:
             run = get_run(session, run_id=run_id, allowed_project=None)
             points: Points = {}
-            series = metric_store.export_series(session, run_id=run_id, keys=None,
-                                                allowed_project=None)
-            for key, sid in series:
-                points[key] = metric_store.export_page(session, series_id=sid, after_step=-1,
-                                                       limit=10_000_000)
+            reader = ExportReader(export_series(session, run_id=run_id, keys=None,
+                                                allowed_project=None))
+            while page := reader.next_page(session):
+                for key, step, value, wall in page:
+                    points.setdefault(key, []).append((step, value, wall))
             return run, points
     finally:
         engine.dispose()

@@ -328,7 +328,7 @@ def test_a_login_link_redirects_only_within_the_site(authed: str, sqlite_url: st
 def test_switching_tokens_in_a_real_browser(sqlite_url: str, authed: str) -> None:
     """Chromium: the question page, its same-origin "Switch" POST (the pending cookie is sent,
     the Origin is this site's), then "Sign out"."""
-    from tests.dashboards.test_browser import CHROMIUM, FLAGS, _unavailable
+    from tests.dashboards.conftest import CHROMIUM, FLAGS, _unavailable
 
     try:
         from playwright.sync_api import sync_playwright
