@@ -48,8 +48,6 @@ bench: $(STAMP)
 	$(BIN)/python -m bench run forecast_latency
 	$(BIN)/python -m bench run forecast_backtest
 	$(BIN)/python -m bench run held_band
-	$(BIN)/python -m bench run off_model_loss_only
-	$(BIN)/python -m bench run off_model_learned
 	$(BIN)/python -m bench run optimizer
 	$(BIN)/python -m bench run client_overhead
 	$(BIN)/python -m bench run demo_run

