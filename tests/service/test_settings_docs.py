@@ -1,5 +1,5 @@
-"""The README's configuration table says "all settings": it lists every field of ``Settings``
-once, with the default the code has (seven were missing before anyone checked)."""
+"""docs/configuration.md says "all settings": its table lists every field of ``Settings`` once,
+with the default the code has."""
 
 from __future__ import annotations
 
@@ -12,11 +12,8 @@ ROW = re.compile(r"^\| `CURVECAST_([A-Z0-9_]+)` \| (.+?) \|", re.MULTILINE)
 
 
 def _table() -> dict[str, str]:
-    """``{field name: default cell}`` of the README's "Configuration" section."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("\n## Configuration\n")
-    end = text.index("\n## ", start + 1)
-    rows = ROW.findall(text[start:end])
+    """``{field name: default cell}`` of docs/configuration.md's table."""
+    rows = ROW.findall((REPO / "docs" / "configuration.md").read_text())
     names = [name.lower() for name, _ in rows]
     twice = sorted({n for n in names if names.count(n) > 1})
     assert twice == [], "settings listed twice"
@@ -34,11 +31,11 @@ def _as_written(value: object) -> str:
     return str(value)
 
 
-def test_the_readme_lists_every_setting_and_nothing_else() -> None:
+def test_the_docs_list_every_setting_and_nothing_else() -> None:
     table = _table()
     fields = set(Settings.model_fields)
-    assert sorted(fields - set(table)) == [], "settings the README does not list"
-    assert sorted(set(table) - fields) == [], "README rows for settings that do not exist"
+    assert sorted(fields - set(table)) == [], "settings docs/configuration.md does not list"
+    assert sorted(set(table) - fields) == [], "rows for settings that do not exist"
 
 
 def test_the_readme_gives_each_literal_default_the_code_has() -> None:
