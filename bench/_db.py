@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import create_pg_database, drop_pg_database
+from tests.support import create_pg_database, drop_pg_database
 
 
 @contextmanager

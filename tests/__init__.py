@@ -1,4 +1,4 @@
-"""curvecast's tests. Shared helpers: :mod:`curvecast.service.testing` (servers, databases)."""
+"""curvecast's tests. Shared helpers: :mod:`tests.support` (servers, databases)."""
 
 from pathlib import Path
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from curvecast.service import testing
 from curvecast.service.config import Settings
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import drop_pg_database, thread_server
+from tests import support as testing
+from tests.support import drop_pg_database, thread_server
 
 __all__ = ["IN_CI", "create_pg_database", "drop_pg_database"]
 

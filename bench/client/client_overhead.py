@@ -60,7 +60,7 @@ from curvecast.client._transport import HTTPTransport, Transport
 from curvecast.client.sync import sync_run
 
 if TYPE_CHECKING:
-    from curvecast.service.testing import ServerProcess
+    from tests.support import ServerProcess
 
 logging.getLogger("curvecast.client").setLevel(logging.ERROR)  # expected "server down" warnings
 
@@ -486,7 +486,7 @@ def server(tmp: Path) -> Iterator[ServerProcess]:
     # The service is imported here, not at the top: bench.client_cuda reuses this module's loop
     # helpers on a GPU machine that has torch but not the service's dependencies.
     from curvecast.service.migrate import upgrade
-    from curvecast.service.testing import start_server_process
+    from tests.support import start_server_process
 
     db = f"sqlite:///{tmp / 'bench.db'}"
     upgrade(db)
@@ -565,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp_name, server(Path(tmp_name)) as srv:
         tmp = Path(tmp_name)
-        from curvecast.service.testing import free_port
+        from tests.support import free_port
 
         up, down = srv.url, f"http://127.0.0.1:{free_port()}"
         rows: list[list[object]] = []
@@ -700,11 +700,11 @@ stored: after the runs (server down: after uploading the spools).
 {loop}
 
 The hook's CPU per step (server up: the run of median whole hook of {n_up}, its range beside it;
-goal about {CPU_GOAL_PCT:g}% of the step): `log()` and the `watch()` hook on the training thread's CPU clock
-(the timer's own {up_cost.timer:.1f} µs subtracted), the batcher and sender threads on theirs
-until everything is acknowledged; the server is not counted. The baseline is the training step's
-own CPU; the last column, an empty function called in `log()`'s place, is what any Python call
-costs right after a training step (cold caches). Load average {load_start:.1f} → {load_end:.1f}
+goal about {CPU_GOAL_PCT:g}% of the step): `log()` and the `watch()` hook on the training thread's
+CPU clock (the timer's own {up_cost.timer:.1f} µs subtracted), the batcher and sender threads on
+theirs until everything is acknowledged; the server is not counted. The baseline is the training
+step's own CPU; the last column, an empty function called in `log()`'s place, is what any Python
+call costs right after a training step (cold caches). Load average {load_start:.1f} → {load_end:.1f}
 on {os.cpu_count()} cores.
 
 {cost}

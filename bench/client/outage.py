@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench._report import markdown_table, progress
     from curvecast.client import Monitor
     from curvecast.service.migrate import upgrade
-    from curvecast.service.testing import start_server_process
-    from curvecast.service.testing.pgcluster import PrivateCluster, find_bindir
-    from curvecast.service.testing.tables import db_counts
+    from tests.support import start_server_process
+    from tests.support.pgcluster import PrivateCluster, find_bindir
+    from tests.support.tables import db_counts
 
     cli = parser(__doc__, quick="3 s phases, 1 cycle")
     cli.add_argument("--phase-seconds", type=float, default=8.0)

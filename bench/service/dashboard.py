@@ -44,14 +44,14 @@ from bench._cli import parser, publish
 from bench._paths import ARTIFACTS
 from bench._report import markdown_table
 from curvecast.contract import EVAL_LOSS_KEYS, TELEMETRY_PREFIX, TRAIN_LOSS_KEY, telemetry_key
-from curvecast.service.testing import (
+from tests.support import (
     PostgresUnavailable,
     create_pg_database,
     drop_pg_database,
     start_server_process,
     wait_for,
 )
-from curvecast.service.testing import synthetic as syn
+from tests.support import synthetic as syn
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

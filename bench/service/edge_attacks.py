@@ -39,7 +39,7 @@ import psutil
 from bench._cli import parser, publish
 from bench._db import fresh_database
 from bench._report import checkout_commit, markdown_table, phase
-from curvecast.service.testing import ServerProcess, create_token, start_server_process
+from tests.support import ServerProcess, create_token, start_server_process
 
 MIB = 1024 * 1024
 VICTIM_EVERY_S = 0.05

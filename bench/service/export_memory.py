@@ -38,7 +38,7 @@ from curvecast.service.schemas import MetricBatch, RunCreate
 from curvecast.service.store import metrics as metric_store
 from curvecast.service.store import runs as run_store
 from curvecast.service.store.export import EXPORT_PAGE
-from curvecast.service.testing import start_server_process
+from tests.support import start_server_process
 
 GOAL_MB = 100.0
 SEED_BATCH = 50_000

@@ -35,7 +35,7 @@ from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.migrate import upgrade
 from curvecast.service.store import forecasts
 from curvecast.service.store._common import utcnow
-from curvecast.service.testing import (
+from tests.support import (
     create_pg_database,
     drop_pg_database,
     start_server_process,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench._db import fresh_database
-from curvecast.service.testing import create_token, start_server_process
+from tests.support import create_token, start_server_process
 
 #: ``positive_data_acceptance`` asserts that every request the schema allows is accepted. The
 #: service is deliberately stricter than OpenAPI can say (a batch needs at least one key and

@@ -232,7 +232,7 @@ def ingest_bodies(steps: int) -> list[bytes]:
 def service_ingest(database_url: str, tmp: Path, steps: int) -> dict[str, Any]:
     """Points/s of the service's own ingest of the same points, and the CPU of a /metrics
     scrape once that load's label series exist."""
-    from curvecast.service.testing import start_server_process
+    from tests.support import start_server_process
 
     bodies = ingest_bodies(steps)
     points = steps * len(TAGS)

@@ -32,7 +32,7 @@ from curvecast.client._batcher import Record, encode_records, plain_body
 from curvecast.service.config import Settings
 from curvecast.service.migrate import upgrade
 from curvecast.service.store._pgcopy import encode_rows
-from curvecast.service.testing import (
+from tests.support import (
     create_pg_database,
     drop_pg_database,
     start_server_process,

@@ -443,7 +443,7 @@ def count_rows(database_url: str, run_ids: list[str]) -> dict[str, tuple[int, in
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench._db import fresh_database
-    from curvecast.service.testing import start_server_process
+    from tests.support import start_server_process
 
     steps_per_second = args.rate / len(KEYS)
     run_ids = [str(uuid.uuid4()) for _ in range(args.clients)]

@@ -40,9 +40,9 @@ from bench.service.load import postgres_cpu_seconds
 from curvecast.contract import TELEMETRY_PREFIX
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
-from curvecast.service.testing.synthetic import batch, create_run
 from curvecast.service.worker.alerts import evaluate_alerts
 from curvecast.service.worker.refit import refit_due_runs
+from tests.support.synthetic import batch, create_run
 
 #: The read run: this many steps of the loss and ScheduleFree+'s telemetry (as the hook names
 #: them), fitted and judged once before the requests start.

@@ -38,10 +38,10 @@ from bench.service.load import postgres_cpu_seconds, storage_baseline
 from curvecast.contract import TELEMETRY_PREFIX
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
-from curvecast.service.testing import thread_server
-from curvecast.service.testing.synthetic import batch, create_run
 from curvecast.service.worker.alerts import evaluate_alerts
 from curvecast.service.worker.refit import refit_due_runs
+from tests.support import thread_server
+from tests.support.synthetic import batch, create_run
 
 RUNS = 32
 TOTAL_STEPS = 20_000

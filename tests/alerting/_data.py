@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from curvecast.service import testing
 from curvecast.service.alerting.rules import Series
+from tests import support as testing
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -85,6 +85,6 @@ def create_run(url: str, project: str, run: dict[str, Any]) -> uuid.UUID:
     return run_id
 
 
-#: :func:`curvecast.service.testing.wait_for` with a minute's deadline: these tests wait on the
+#: :func:`tests.support.wait_for` with a minute's deadline: these tests wait on the
 #: worker's evaluation rounds, which share the CPUs with the server under test.
 wait_for = partial(testing.wait_for, timeout=60.0)

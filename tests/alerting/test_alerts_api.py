@@ -16,11 +16,11 @@ from sqlalchemy import create_engine, text
 from curvecast.service.alerting.rules import RULES
 from curvecast.service.alerting.webhook import verify
 from curvecast.service.config import Settings
-from curvecast.service.testing import create_token
 from curvecast.service.worker.webhooks import backoff_s
 from tests._servers import thread_server
 from tests.alerting._data import batches, create_run, finish, load, stream, wait_for
 from tests.alerting.conftest import Receiver
+from tests.support import create_token
 
 SECRET = "a-webhook-secret-of-some-length"
 

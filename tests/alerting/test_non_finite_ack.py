@@ -15,7 +15,7 @@ import pytest
 
 from curvecast.service.config import Settings
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import thread_server, wait_for
+from tests.support import thread_server, wait_for
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -184,7 +184,7 @@ def test_a_lost_run_keeps_its_alerts_and_its_silence_raises_stalled(tmp_path: An
     import httpx
 
     from curvecast.service.migrate import upgrade
-    from curvecast.service.testing import thread_server, wait_for
+    from tests.support import thread_server, wait_for
 
     url = f"sqlite:///{tmp_path / 'lost.db'}"
     upgrade(url)

@@ -19,10 +19,10 @@ from curvecast.service.alerting.targets import (
     pick_address,
 )
 from curvecast.service.config import Settings
-from curvecast.service.testing import free_port
 from curvecast.service.worker.webhooks import send_http
 from tests._servers import thread_server
 from tests.alerting.conftest import Receiver
+from tests.support import free_port
 
 REFUSED = [
     "127.0.0.1", "127.1", "2130706433", "0x7f.1", "0177.0.0.1", "10.1.2.3", "172.16.0.9",

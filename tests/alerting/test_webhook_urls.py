@@ -23,13 +23,13 @@ from curvecast.service.db import make_engine, session_scope
 from curvecast.service.migrate import downgrade, upgrade
 from curvecast.service.secrets import PREFIX, SecretBox
 from curvecast.service.store._common import utcnow
-from curvecast.service.testing import create_token
 from curvecast.service.worker.alerts import apply_evaluation
 from curvecast.service.worker.webhooks import deliver_round
 from tests._servers import thread_server
 from tests.alerting.conftest import Receiver
 from tests.alerting.test_store import _claim, _firing, _run
 from tests.conftest import create_pg_database, drop_pg_database
+from tests.support import create_token
 
 KEY = "u" * 40
 

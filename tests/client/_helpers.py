@@ -14,7 +14,7 @@ import httpx
 
 from curvecast.client import HTTPTransport, Response, TransportError
 from curvecast.service.config import Settings
-from curvecast.service.testing import thread_server, wait_for
+from tests.support import thread_server, wait_for
 
 
 def series(url: str, run_id: str) -> dict[str, dict[str, Any]]:

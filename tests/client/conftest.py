@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from curvecast.service.config import Settings
-from curvecast.service.testing import thread_server
+from tests.support import thread_server
 
 
 @pytest.fixture(scope="session")

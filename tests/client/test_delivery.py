@@ -22,7 +22,6 @@ from curvecast.client import Monitor
 from curvecast.client._api import Backoff
 from curvecast.client._transport import Response
 from curvecast.service.config import Settings
-from curvecast.service.testing import free_port, start_server_process, thread_server
 from tests import REPO
 from tests.client._helpers import (
     RecordingTransport,
@@ -34,6 +33,7 @@ from tests.client._helpers import (
     wait_for,
     wait_for_points,
 )
+from tests.support import free_port, start_server_process, thread_server
 
 FAST_RETRY = Backoff(base=0.05, cap=0.3)
 

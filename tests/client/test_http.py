@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from curvecast.client import HTTPTransport, TransportError, _transport
-from curvecast.service.testing import wait_for
+from tests.support import wait_for
 
 #: What the server does with one request: given the request head (and body), the raw bytes
 #: to answer and whether to close the connection afterwards.

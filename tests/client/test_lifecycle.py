@@ -19,7 +19,6 @@ import pytest
 from curvecast.client import Monitor
 from curvecast.client._api import Backoff
 from curvecast.client._sender import HEARTBEAT_INTERVAL
-from curvecast.service.testing import free_port
 from tests import REPO
 from tests.client._helpers import (
     FakeClock,
@@ -30,6 +29,7 @@ from tests.client._helpers import (
     wait_for,
 )
 from tests.client.test_retry import RUN, batch, make, script
+from tests.support import free_port
 
 SIGTERM_SCRIPT = """
 import json, sys

@@ -16,9 +16,9 @@ from curvecast.client._batcher import encode_records, plain_body
 from curvecast.client._spool import Spool, is_locked
 from curvecast.client.sync import sync_run
 from curvecast.service.config import Settings
-from curvecast.service.testing import free_port
 from tests import REPO
 from tests.client._helpers import point_counts, thread_server_on, wait_for_points
+from tests.support import free_port
 
 # One "training process": logs its own key to the shared run while the service is down until
 # some points are spooled, says so, waits for the parent's go (the service is up then), keeps

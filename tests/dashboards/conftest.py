@@ -25,10 +25,10 @@ from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.models import Alert, Run
 from curvecast.service.store._common import write_connection
-from curvecast.service.testing import synthetic as syn
-from curvecast.service.testing import wait_for
 from tests._servers import serve_app
 from tests.conftest import IN_CI
+from tests.support import synthetic as syn
+from tests.support import wait_for
 
 TOTAL = 20_000
 

@@ -18,8 +18,6 @@ import pytest
 
 from curvecast.contract import LEVEL_EXTENDING_STATUSES
 from curvecast.dashboards import fmt
-from curvecast.service.testing import create_token
-from curvecast.service.testing import synthetic as syn
 from tests.dashboards.conftest import (
     TOTAL,
     FakeAlerts,
@@ -30,6 +28,8 @@ from tests.dashboards.conftest import (
     new_app,
     wait_for_fit,
 )
+from tests.support import create_token
+from tests.support import synthetic as syn
 
 pytestmark = pytest.mark.browser
 

@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 import pytest
 
-from curvecast.service.testing import synthetic as syn
 from tests.dashboards.conftest import (
     FakeAlerts,
     Tab,
@@ -29,6 +28,7 @@ from tests.dashboards.conftest import (
     new_app,
     wait_for_fit,
 )
+from tests.support import synthetic as syn
 
 pytestmark = pytest.mark.browser
 

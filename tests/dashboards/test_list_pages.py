@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from curvecast.service.config import Settings
-from curvecast.service.testing import create_token
-from curvecast.service.testing import synthetic as syn
 from tests.dashboards.conftest import FakeAlerts, app_server, new_app
+from tests.support import create_token
+from tests.support import synthetic as syn
 
 READABLE_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 

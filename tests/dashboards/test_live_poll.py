@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 
 from curvecast.service.config import Settings
-from curvecast.service.testing import create_token
-from curvecast.service.testing import synthetic as syn
 from curvecast.service.worker.refit import refit_due_runs
 from tests.dashboards.conftest import FakeAlerts, app_server, new_app
+from tests.support import create_token
+from tests.support import synthetic as syn
 
 
 def _rest(client: httpx.Client, run_id: uuid.UUID, params: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from curvecast.dashboards import fmt
 from curvecast.service.config import Settings
 from curvecast.service.demo_progress import loss_reached_of
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import thread_server, wait_for
+from tests.support import thread_server, wait_for
 
 TOTAL = 2000
 

@@ -19,8 +19,6 @@ from curvecast.dashboards import fmt
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.store import dashboard as dashboard_store
-from curvecast.service.testing import create_token
-from curvecast.service.testing import synthetic as syn
 from tests.dashboards.conftest import (
     FakeAlerts,
     app_server,
@@ -29,6 +27,8 @@ from tests.dashboards.conftest import (
     new_app,
     wait_for_fit,
 )
+from tests.support import create_token
+from tests.support import synthetic as syn
 
 XSS = "</script><script>alert(1)</script><img src=x onerror=alert(2)>"
 Clients = Callable[[str], httpx.Client]

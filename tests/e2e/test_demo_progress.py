@@ -26,8 +26,8 @@ from curvecast.service.schemas.forecast import (
     TargetAnswer,
     TargetOut,
 )
-from curvecast.service.testing import thread_server
 from tests.e2e.test_demo import _demo_cmd, _env, _runs
+from tests.support import thread_server
 
 
 class Clock:

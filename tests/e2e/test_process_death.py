@@ -30,9 +30,9 @@ from curvecast.service.db import make_engine, make_sessionmaker
 from curvecast.service.migrate import upgrade
 from curvecast.service.schemas import RunStatus
 from curvecast.service.store._common import utcnow
-from curvecast.service.testing import thread_server, wait_for
 from curvecast.service.worker import mark_silent_runs
 from tests import REPO
+from tests.support import thread_server, wait_for
 
 #: A real training loop (a small regression net, plain SGD) with the client hook. It prints its
 #: run id, then trains until it is signalled or killed. ``argv``: url, total steps, how it

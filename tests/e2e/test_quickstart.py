@@ -17,8 +17,8 @@ import numpy as np
 from curvecast.service.config import Settings
 from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import thread_server, wait_for
 from tests import REPO
+from tests.support import thread_server, wait_for
 
 EXAMPLE = REPO / "examples" / "quickstart.py"
 

@@ -18,7 +18,7 @@ from curvecast.service.config import Settings
 from curvecast.service.forecast.schedule import CONSTANT_LR_ASSUMED
 from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import thread_server, wait_for
+from tests.support import thread_server, wait_for
 
 STEPS = np.arange(100, 3000, 10, dtype=float)
 LOSS = 20.3 / np.sqrt(STEPS + 377) + 2.07 + np.random.default_rng(1).normal(0, 0.003, STEPS.size)

@@ -7,11 +7,11 @@ from typing import Any
 
 import httpx
 
-from curvecast.service import testing
+from tests import support as testing
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
-    """:func:`curvecast.service.testing.wait_for`, where a server that does not answer (it is
+    """:func:`tests.support.wait_for`, where a server that does not answer (it is
     being killed and restarted) means "not yet"."""
     return testing.wait_for(condition, timeout, what, every=every,
                             retry_on=(httpx.TransportError, OSError))

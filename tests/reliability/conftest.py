@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from curvecast.service.testing.pgcluster import PrivateCluster, find_bindir
 from tests.conftest import IN_CI
+from tests.support.pgcluster import PrivateCluster, find_bindir
 
 
 @pytest.fixture

@@ -29,8 +29,8 @@ from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.store import tokens
-from curvecast.service.testing import ServerProcess, create_token, start_server_process
 from tests.reliability._helpers import wait_for
+from tests.support import ServerProcess, create_token, start_server_process
 
 # --- what each route needs -------------------------------------------------------------------
 

@@ -22,14 +22,14 @@ from curvecast.client._validate import check_config
 from curvecast.contract import MAX_STEP
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
-from curvecast.service.testing import (
+from tests.reliability._helpers import wait_for
+from tests.support import (
     create_token,
     free_port,
     serve_app,
     start_server_process,
     thread_server,
 )
-from tests.reliability._helpers import wait_for
 
 MIB = 1024 * 1024
 

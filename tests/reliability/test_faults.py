@@ -27,11 +27,11 @@ from curvecast.client import Monitor
 from curvecast.client._api import Backoff
 from curvecast.client._batcher import plain_body
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import free_port, start_server_process
-from curvecast.service.testing.pgcluster import PrivateCluster
-from curvecast.service.testing.tables import KeyCount, db_counts, db_points, db_run_totals
 from tests import REPO
 from tests.reliability._helpers import get_json, wait_for
+from tests.support import free_port, start_server_process
+from tests.support.pgcluster import PrivateCluster
+from tests.support.tables import KeyCount, db_counts, db_points, db_run_totals
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from curvecast.service.testing import (
+from tests.support import (
     ServerProcess,
     create_token,
     start_server_process,

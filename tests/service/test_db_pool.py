@@ -26,7 +26,7 @@ from curvecast.service.deps import SessionDep
 from curvecast.service.errors import Conflict
 from curvecast.service.store._common import write_connection
 from curvecast.service.store.projects import ensure_project
-from curvecast.service.testing import serve_app
+from tests.support import serve_app
 
 
 def _backend_pid(engine: sa.Engine) -> int:

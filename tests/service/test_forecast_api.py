@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from curvecast.service.config import Settings
-from curvecast.service.testing import wait_for
 from tests._servers import start_server_process, thread_server
+from tests.support import wait_for
 
 A, B, C = 20.3, 377.0, 2.07  # the paper's 500M-model fit
 

@@ -19,9 +19,9 @@ from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.migrate import upgrade
 from curvecast.service.models import Run
 from curvecast.service.store._common import utcnow
-from curvecast.service.testing import thread_server, wait_for
 from curvecast.service.worker import LivenessTask, mark_silent_runs
 from curvecast.service.worker.liveness import MAX_CHECK_INTERVAL_S
+from tests.support import thread_server, wait_for
 
 STALLED_S, GONE_S = 100.0, 300.0
 

@@ -19,9 +19,9 @@ import pytest
 
 from curvecast.dashboards import fmt
 from curvecast.service.config import Settings
-from curvecast.service.testing import thread_server, wait_for
 from curvecast.sfplus.functional import averaging_weight
 from tests import REPO
+from tests.support import thread_server, wait_for
 
 CONFIG = {"total_steps": 4_000, "warmup_steps": 50, "c_warmup": 100}
 EVAL_EVERY = 25

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from curvecast.contract import REPLAY_HEADER
 from curvecast.service.config import Settings
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import create_token, start_server_process, thread_server, wait_for
+from tests.support import create_token, start_server_process, thread_server, wait_for
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -22,11 +22,11 @@ from curvecast.service.store import metrics as metric_store
 from curvecast.service.store import retention
 from curvecast.service.store import runs as run_store
 from curvecast.service.store._common import utcnow
-from curvecast.service.testing import create_token
 from curvecast.service.worker.alerts import evaluate_alerts
 from curvecast.service.worker.refit import refit_due_runs
 from curvecast.service.worker.retention import delete_expired_runs
 from tests._servers import thread_server
+from tests.support import create_token
 
 #: Every table holding rows of a run, and how to count one run's rows in it.
 COUNTS = {

@@ -18,8 +18,8 @@ from curvecast.contract import RunConfig
 from curvecast.service.config import Settings
 from curvecast.service.forecast.answer import forecast_answer, target_answer, whole_step
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import thread_server
 from tests.forecast.test_answer import NOW, _fit
+from tests.support import thread_server
 
 
 @pytest.fixture(scope="module")

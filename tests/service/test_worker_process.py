@@ -15,8 +15,8 @@ import httpx
 import psutil
 
 from curvecast.service.migrate import upgrade
-from curvecast.service.testing import start_server_process, wait_for
 from tests import REPO
+from tests.support import start_server_process, wait_for
 
 
 def _store_a_run(client: httpx.Client) -> uuid.UUID:

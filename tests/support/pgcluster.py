@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psycopg
 
-from curvecast.service.testing import free_port
+from tests.support import free_port
 
 __all__ = ["PrivateCluster", "find_bindir"]
 

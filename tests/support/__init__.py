@@ -4,9 +4,9 @@ Everything here runs the real thing: uvicorn on a loopback port (in a thread: fa
 ``curvecast serve`` subprocess: killable), and empty PostgreSQL databases on the shared server.
 No pytest here: the tests' fixtures and the benches both build on these functions.
 
-Also in this package: :mod:`~curvecast.service.testing.pgcluster` (a private PostgreSQL cluster
-that may be stopped), :mod:`~curvecast.service.testing.tables` (what the tables hold, read
-straight) and :mod:`~curvecast.service.testing.synthetic` (a synthetic ScheduleFree+ run).
+Also in this package: :mod:`~tests.support.pgcluster` (a private PostgreSQL cluster
+that may be stopped), :mod:`~tests.support.tables` (what the tables hold, read
+straight) and :mod:`~tests.support.synthetic` (a synthetic ScheduleFree+ run).
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def start_server_process(
     port: int | None = None,
     env: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
-    healthy_within: float = 30.0,
+    healthy_within: float = 90.0,
 ) -> ServerProcess:
     """Start ``curvecast serve`` on a loopback port and wait until it is healthy.
 
