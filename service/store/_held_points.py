@@ -21,17 +21,14 @@ thread-safe.
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from curvecast.service.bounded_cache import BoundedLRU, PerEngine
 from curvecast.service.store._common import series_points
 from curvecast.service.store.rollups import ROLLUP_WIDTHS
 
@@ -55,11 +52,8 @@ class HeldPoints:
     """Every point of a series (NaN where a NaN was logged), by step, read incrementally."""
 
     def __init__(self, max_points: int = MAX_POINTS) -> None:
-        self._max_points = max_points
-        self._lock = threading.Lock()
-        self._by_engine: weakref.WeakKeyDictionary[
-            Any, OrderedDict[tuple[Hashable, int], Points]] = weakref.WeakKeyDictionary()
-        self._held: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._caches: PerEngine[BoundedLRU[tuple[Hashable, int], Points]] = PerEngine(
+            lambda: BoundedLRU(max_points, weight=lambda points: int(points[0].size)))
         #: Reads answered from what was held plus the new steps / read whole (diagnostics).
         self.hits = 0
         self.misses = 0
@@ -75,11 +69,7 @@ class HeldPoints:
             The points (or None), and the series' count where this read it (None where
             nothing was held): a caller that needs the count after a miss need not ask again.
         """
-        engine = session.get_bind()
-        with self._lock:
-            held = self._by_engine.setdefault(engine, OrderedDict()).pop((run, sid), None)
-            if held is not None:
-                self._held[engine] = self._held.get(engine, 0) - held[0].size
+        held = self._caches.of(session).take((run, sid))
         if held is None or not held[0].size:
             self.misses += 1
             return None, None
@@ -94,17 +84,7 @@ class HeldPoints:
     def keep(self, session: Session, run: Hashable, sid: int, points: Points) -> None:
         """Hold ``points`` (every point of the series, NaN included, by step) for the next
         :meth:`update`, dropping the least recently used series beyond the bound."""
-        engine = session.get_bind()
-        with self._lock:
-            series = self._by_engine.setdefault(engine, OrderedDict())
-            old = series.pop((run, sid), None)
-            held = self._held.get(engine, 0) - (old[0].size if old is not None else 0)
-            series[(run, sid)] = points
-            held += points[0].size
-            while held > self._max_points and len(series) > 1:
-                _, dropped = series.popitem(last=False)
-                held -= dropped[0].size
-            self._held[engine] = held
+        self._caches.of(session).put((run, sid), points)
 
 
 def stored_count(session: Session, sid: int) -> int:

@@ -17,14 +17,14 @@ series dropped first).
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+
+from curvecast.service.bounded_cache import BoundedLRU
 
 __all__ = ["MAX_POINTS", "ManyReader", "Points", "SeriesWindows"]
 
@@ -49,10 +49,13 @@ class SeriesWindows:
     """Recent points per (run, series), read incrementally. Thread-safe."""
 
     def __init__(self, max_points: int = MAX_POINTS) -> None:
-        self._max_points = max_points
-        self._windows: OrderedDict[tuple[uuid.UUID, int], _Window] = OrderedDict()
-        self._held = 0
-        self._lock = threading.Lock()
+        self._windows: BoundedLRU[tuple[uuid.UUID, int], _Window] = BoundedLRU(
+            max_points, weight=lambda window: int(window.steps.size))
+
+    @property
+    def held_points(self) -> int:
+        """Points held in all."""
+        return self._windows.total_weight
 
     def points_many(self, run_id: uuid.UUID, los: Mapping[int, int], hi: int, read: ManyReader,
                     *, fresh: bool = False) -> dict[int, Points]:
@@ -63,12 +66,7 @@ class SeriesWindows:
         earlier or ends earlier than before (a rule looking further back, a run that started
         over). Every series' read goes to one ``read`` call (one statement on PostgreSQL).
         """
-        held: dict[int, _Window | None] = {}
-        with self._lock:
-            for sid in los:
-                window = held[sid] = self._windows.pop((run_id, sid), None)
-                if window is not None:
-                    self._held -= window.steps.size
+        held: dict[int, _Window | None] = {sid: self._windows.take((run_id, sid)) for sid in los}
         ranges: dict[int, tuple[int, int]] = {}
         for sid, lo in los.items():
             window = held[sid]
@@ -89,14 +87,8 @@ class SeriesWindows:
                 steps = np.concatenate((window.steps[keep], new_steps))
                 values = np.concatenate((window.values[keep], new_values))
             out[sid] = steps, values
-        with self._lock:
-            for sid, lo in los.items():
-                steps, values = out[sid]
-                self._windows[(run_id, sid)] = _Window(lo, hi, steps, values)
-                self._held += steps.size
-            while self._held > self._max_points and len(self._windows) > 1:
-                _, dropped = self._windows.popitem(last=False)
-                self._held -= dropped.steps.size
+        self._windows.put_many(((run_id, sid), _Window(lo, hi, *out[sid]))
+                               for sid, lo in los.items())
         return out
 
 

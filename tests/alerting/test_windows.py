@@ -62,7 +62,7 @@ def test_memory_stays_within_its_bound() -> None:
     runs = [uuid.uuid4() for _ in range(5)]
     for run in runs:
         points(windows, run, 1, 0, 3998, store)  # 2,000 points each
-    assert windows._held <= 3_000
+    assert windows.held_points <= 3_000
     before = len(store.reads)
     points(windows, runs[-1], 1, 0, 3998, store)  # the newest one is still held
     assert len(store.reads) == before
