@@ -251,8 +251,7 @@ def summarise(out: dict[str, Any]) -> tuple[str, str]:
                     "(`--http h11 --loop asyncio`); this: uvicorn's defaults (httptools and "
                     "uvloop, installed with the server extra)")
     else:
-        baseline = (f"the code of `{out['commit'].split()[0]}` (a checkout of it); this: the "
-                    "working "
+        baseline = (f"the code of `{out['commit']}` (a checkout of it); this: the working "
                     "tree; both on uvicorn's defaults")
     body = (
         f"One `uvicorn` process per server (worker off) on one {out['backend']} database, "
@@ -284,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     body, result = summarise(out)
     name = "request_cost" + ("_vs_checkout" if args.baseline_checkout else "")
     name += "_sqlite" if args.sqlite else ""
-    title = ("Service CPU per request" + (" against an older checkout" if
+    title = ("Service CPU per request" + (" against a checkout" if
              args.baseline_checkout else ", uvicorn's C parser and loop against pure Python")
              + f", {out['backend']}")
     return publish(args, name, title, body, result)
