@@ -153,7 +153,7 @@ def make_loop() -> tuple[nn.Module, Any, torch.Tensor, torch.Tensor]:
         nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10)
     )
     opt = ScheduleFreePlus(model.parameters(), warmup_steps=100, weight_decay=10.0)
-    # Batch 8: about 2 ms a step on the 2-core machine, the loop #19's wall-clock goal names
+    # Batch 8: about 2 ms a step on the 2-core machine, the loop the wall-clock goal names
     # (batch 64 took 3-4.5 ms, which dilutes the hook's share; the step is mostly the
     # optimizer's pass over the 0.4M parameters, which the batch does not change).
     return model, opt, torch.randn(BATCH, 256), torch.randint(0, 10, (BATCH,))

@@ -54,8 +54,8 @@ from curvecast.service.forecast.solver import fit_curve
 
 #: Anytime cuts (fractions of the run) at which false alarms are counted.
 ANYTIME_CUTS = (0.2, 0.3, 0.5, 1.0)
-#: Where in the decay phase the decaying curves are cut: 50% is #14's goal; the later cuts show
-#: how late the shipped detector gets there.
+#: Where in the decay phase the decaying curves are cut: the detection goal is at 50%; the
+#: later cuts show how late the shipped detector gets there.
 DECAY_FRACTIONS = (0.5, 0.6, 0.75, 0.9, 1.0)
 #: Concavity thresholds tried (z below it flags).
 THRESHOLDS = (-2.0, -3.0)

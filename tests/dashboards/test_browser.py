@@ -407,7 +407,7 @@ def test_pages_with_auth_on(browser: Any, tab: Tab, sqlite_url: str) -> None:
         page.goto(f"{url}/")
         assert page.locator("td.name a").inner_text() == "private run"
         tab.no_errors()
-        # "Sign out" is a form: a same-origin POST that the edge lets through (issue 17, #11).
+        # "Sign out" is a form: a same-origin POST that the edge lets through.
         page.click("form.logout button")
         page.wait_for_url(f"{url}/")
         assert "curvecast_token" not in {c["name"] for c in browser.cookies(url)}
