@@ -1,6 +1,6 @@
 """The pages in a real browser: Debian's Chromium driven by playwright-python.
 
-Chromium is started with the flags the issue names and a fresh user-data directory. Under
+Chromium is started with fixed headless flags and a fresh user-data directory. Under
 ``CI=true`` these tests must run: a missing Chromium or playwright fails them. Screenshots of
 every page land in ``artifacts/`` (look at them).
 """
