@@ -28,13 +28,12 @@ typecheck: $(STAMP)
 
 # One pytest worker per core, at most 4: most tests wait on real servers, workers and
 # databases rather than compute, and each worker starts its own (session fixtures), so the
-# tests do not share state across workers. 2 workers on the 2-core machine: 8 min instead of
-# 14.8 (1,081 tests, 2026-11-27).
+# tests do not share state across workers, and two workers take about half the time of one.
 test: lint typecheck
 	$(BIN)/pytest -n auto --maxprocesses=4
 
 # Serves on http://127.0.0.1:8000 (a free port if 8000 is taken) and trains a small model for
-# 2000 steps (70-105 s; up to ~4 min on a busy machine), printing its progress; its database and log go to curvecast-demo/
+# 2000 steps (a few minutes), printing its progress; its database and log go to curvecast-demo/
 # (git-ignored).
 demo: $(STAMP)
 	$(BIN)/curvecast demo

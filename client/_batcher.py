@@ -313,7 +313,7 @@ def _read_tensor_columns(columns: list[list[Any]]) -> list[tuple[list[Any], int,
     for column in columns:
         if column[0].is_cpu:
             # A CPU tensor is read without a device sync, and float() of 0-d CPU tensors (one
-            # C loop) costs about a third of stacking them and listing the stack; it is exact
+            # C loop) is cheaper than stacking them and listing the stack; it is exact
             # (a float64 read). The list is replaced only once every value was read.
             try:
                 column[:] = map(float, column)
@@ -420,8 +420,8 @@ def _b64_packed(typecode: str, column: Sequence[Any]) -> bytes:
     ``typecode`` (``"d"``: float64, ``"q"``: int64) bytes, in base64.
 
     ``struct.pack`` of the values as arguments, not ``array(typecode, column)``: an array takes
-    an iterable item by item through its generic setter, at about twice the CPU for a column
-    of floats (``bench/client/encode_paired.py``).
+    an iterable item by item through its generic setter, at more CPU for a column of floats
+    (BENCHMARKS.md, "encode_paired").
 
     Raises:
         struct.error: a value is not a number (e.g. None, where a key is missing at a row).

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from curvecast.client.summary_writer import SummaryWriter
     from curvecast.sfplus import ScheduleFreePlus
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Monitor", "ScheduleFreePlus", "SummaryWriter", "__version__"]
 
 

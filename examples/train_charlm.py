@@ -76,10 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     # The optimizer's defaults (AdamC decay 5, sf_beta 0.8), with a warmup sized to this short run
     # and averaging from 1.5x the warmup: with the optimizer's 2x it would start at half of the run
     # and the forecast would stay too_early until twice that, the end. The eval loss at x humps
-    # after averaging starts (bench/service/demo_run.py, BENCHMARKS.md "demo_run", the demo's 1,000
-    # steps): 1.5x 0.049 against a sampling noise of 0.042, 1.625x 0.069, 1.75x 0.106, 2x 0.035
-    # (measured 2026-11-26; an earlier measurement of 1.5x, 0.038, did not reproduce); on the
-    # demo's 2,000 steps since, 1.5x humps by 0.049 against 0.039.
+    # after averaging starts, by about its sampling noise at 1.5x and more at 1.625x and 1.75x
+    # (BENCHMARKS.md, "demo_run").
     warmup = args.warmup_steps if args.warmup_steps is not None else max(1, args.steps // 4)
     c_warmup = args.c_warmup if args.c_warmup is not None else (3 * warmup) // 2
     opt = ScheduleFreePlus(model.parameters(), warmup_steps=warmup, c_warmup=c_warmup)

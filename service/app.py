@@ -185,9 +185,9 @@ def freeze_startup_heap() -> None:
     """Exclude the objects made by imports and startup from the garbage collector's scans.
 
     The service imports plotly, scipy, SQLAlchemy and pydantic: about 150,000 long-lived objects
-    that every full collection walks, with the GIL held, ~50-100 ms on our 2-core machine. Those
-    pauses arrive every few thousand requests and were the p99 of every endpoint
-    (BENCHMARKS.md, "forecast_latency"). ``gc.freeze`` moves them to a permanent generation;
+    that every full collection walks, with the GIL held, for tens of milliseconds. Those pauses
+    arrive every few thousand requests and set the p99 of every endpoint (BENCHMARKS.md,
+    "Garbage-collector pauses in the service"). ``gc.freeze`` moves them to a permanent generation;
     objects made later are collected as usual.
     """
     gc.collect()

@@ -137,7 +137,7 @@ class Settings(BaseSettings):
         gt=0,
         description="How long a worker holds a run while refitting it; a run whose worker died "
         "mid-fit is refitted by another once this has passed (a refit takes milliseconds: "
-        "BENCHMARKS.md, forecast latency).",
+        "BENCHMARKS.md, forecast_latency).",
     )
 
     @field_validator("database_url")

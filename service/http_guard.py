@@ -1,14 +1,15 @@
 """What a connection may cost the server before its request reaches the app.
 
-uvicorn's HTTP protocol on httptools (the C parser the server extra installs) accepts request
-heads of any size and any number of header lines, and waits for a head forever: four sockets
-sending 100 MiB headers took the server from 230 MB to 1 GB, and 3,000 connections sending a
-header line every 5 s stayed open until the process ran out of file descriptors. uvicorn
-offers ``h11_max_incomplete_event_size`` for its pure-Python h11 parser only (10% more CPU per
-ingest request, half again per small read), ``limit_concurrency`` answers 503 per *request*
-while keeping every connection open, and ``timeout_keep_alive`` only starts once a response was
-sent. :class:`GuardedHttpToolsProtocol` is uvicorn's httptools protocol with four limits more
-(:class:`HeadLimits`, from the settings), all enforced before the app sees anything:
+uvicorn's HTTP protocol on httptools (the C parser the server extra installs) accepts request heads
+of any size and any number of header lines, and waits for a head forever: a few sockets sending huge
+headers grow the server's memory without bound, and slowloris connections (a header line every few
+seconds) stay open until the process runs out of file descriptors (BENCHMARKS.md, "Header flood and
+slowloris"). uvicorn offers ``h11_max_incomplete_event_size`` for its pure-Python h11 parser only,
+which costs more CPU per request (BENCHMARKS.md, "Service CPU per request"); ``limit_concurrency``
+answers 503 per *request* while keeping every connection open, and ``timeout_keep_alive`` only
+starts once a response was sent. :class:`GuardedHttpToolsProtocol` is uvicorn's httptools protocol
+with four limits more (:class:`HeadLimits`, from the settings), all enforced before the app sees
+anything:
 
 - **head size**: a request line and header lines longer than ``max_bytes`` together are
   answered ``431`` and the connection closed. A complete head is measured exactly; an

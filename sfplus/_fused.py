@@ -93,8 +93,8 @@ def update_many_(
     tensor ``k`` (in :func:`update_`'s order), on the tensors' device.
 
     Compiled, one call runs every tensor's loop (CPU) or kernel (CUDA) from one graph, where
-    a compiled call per tensor cost more in Python and guards than many tensors' work (on an
-    H200, 240 microseconds a call: ``bench/data/optimizer_cuda_h200*.json``). The scalars are
+    a compiled call per tensor cost more in Python and guards than many tensors' work
+    (BENCHMARKS.md, "optimizer_cuda"). The scalars are
     data, so a new step size is not a recompile; the graph is compiled once per parameter list.
     """
     for y, g, m, v, d in zip(ys, gs, ms, vs, ds, strict=True):

@@ -228,11 +228,11 @@ def _update_fused_many(
     ds: list[Tensor],
     scalars: tuple[float, ...],
 ) -> tuple[list[Tensor], list[Tensor], list[Tensor], list[Tensor], list[Tensor]]:
-    """The compiled update of every contiguous float32 or float64 tensor, one call per
-    (device, dtype) and step; returns the tensors it left to the per-tensor path (the others,
-    or all where compiling failed). One call rather than one per tensor: a compiled call costs
-    tens of microseconds of Python and guards on CPU and about 240 on an H200, more than many
-    tensors' own work (BENCHMARKS.md, "optimizer" and "optimizer_cuda")."""
+    """The compiled update of every contiguous float32 or float64 tensor, one call per (device,
+    dtype) and step; returns the tensors it left to the per-tensor path (the others, or all where
+    compiling failed). One call rather than one per tensor: a compiled call costs tens to hundreds
+    of microseconds of Python and guards, more than many tensors' own work (BENCHMARKS.md,
+    "optimizer" and "optimizer_cuda")."""
     buckets: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
     rest: list[int] = []
     for i, (y, g, m, v, d) in enumerate(zip(ys, gs, ms, vs, ds, strict=True)):

@@ -89,10 +89,10 @@ class ScheduleFreePlus(torch.optim.Optimizer):
         weight_decay: fully decoupled AdamC ``lambda``: ``z -= alpha^2 * lambda * y``. Not on the
             AdamW scale: the paper uses 5-50 and calls it necessary with the Polyak step, which
             otherwise grows as weight norms grow and gradient norms shrink. The default 5 is the
-            paper's most used value; measured here it is the best of the paper's 5/20/50 on the
-            0.1M and 0.4M models of the corpus (by 10-12%) and 1.3% behind 20 at 1M parameters
-            (BENCHMARKS.md, "train_quality" and "sfplus_corpus"); keep ``alpha**2 * lambda``
-            well below 1 (a 0.1M model with 50 diverged). ``0`` turns the decay off.
+            paper's most used value, the best of its 5/20/50 on the corpus's small models and close
+            to 20 at 1M parameters (BENCHMARKS.md, "train_quality" and "sfplus_corpus"); keep
+            ``alpha**2 * lambda`` well below 1 (a 0.1M model with 50 diverged). ``0`` turns the
+            decay off.
         sf_beta: Schedule-Free interpolation ``beta`` in ``(0, 1)`` (initial value if annealed).
             The default 0.8 is the paper's starting value (its long runs anneal 0.8 -> 0.965; its
             shorter ones keep 0.9). Measured here, 0.9 makes the eval loss at x climb for a few
@@ -103,10 +103,9 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             over this many steps (the paper anneals 0.9 -> 0.965 over the run).
         warmup_steps: length of the linear multiplicative warmup ``min(1, t / warmup_steps)``.
             The paper: "a learning rate warmup is still needed" (its runs: 400-2,000 steps).
-            On a 1M-parameter, 3,000-step run (BENCHMARKS.md, "train_quality") 100 steps ended
-            4.5% above the default 500 (with ``sf_beta`` 0.9: 11%, and no warmup 19%); for runs
-            shorter than a few thousand steps use a tenth to a quarter of the run. ``0`` turns it
-            off.
+            Shorter warmups than the default 500, and no warmup at all, end at a higher loss on
+            a 1M-parameter, 3,000-step run (BENCHMARKS.md, "train_quality"); for runs shorter
+            than a few thousand steps use a tenth to a quarter of the run. ``0`` turns it off.
         c_warmup: steps without averaging (``c = 1``, so ``x`` follows ``z``); ``None`` means
             ``2 * warmup_steps``, the paper's heuristic.
         r: averaging weights grow as ``t^r`` (the paper recommends ``r = 1`` for long runs).
@@ -131,7 +130,7 @@ class ScheduleFreePlus(torch.optim.Optimizer):
             for every float32 and float64 tensor (other dtypes: a compiled call per tensor of
             32K+ elements; non-contiguous tensors: the eager path). ``None`` (default) and
             ``False`` use the eager paths. The first step pays the compilation, once per
-            parameter list (tens of seconds on CPU, 14-25 s on an H200; BENCHMARKS.md,
+            parameter list (tens of seconds, on CPU and on GPUs; BENCHMARKS.md,
             "optimizer" and "optimizer_cuda"); where compilation is unavailable the eager path
             is used with a warning.
         device_scalars: compute the Polyak step, ``gamma_max`` and ``c_t`` on the device as

@@ -399,9 +399,8 @@ def forecast_line(fit: ForecastData, band: Sequence[Prediction], start: float, e
                   n: int) -> tuple[FloatArray, FloatArray]:
     """The dashed forecast line from ``start`` (the last fitted step) to ``end``: the fitted
     curve at ``n`` steps; for a fit whose answers extend the current loss
-    (:attr:`ForecastData.extends_level`), the band's central values, which are those answers.
-    (The fitted curve drawn there ended at 1.15 on the demo run at 48%, beside the forecast's
-    own 1.41 [1.19, 1.68] at the same step.)"""
+    (:attr:`ForecastData.extends_level`), the band's central values, which are those answers
+    (the fitted curve there can end far below the forecast at the same step)."""
     if fit.extends_level and band:
         points = sorted(band, key=lambda p: p.step)
         return (np.array([p.step for p in points], dtype=float),

@@ -2,11 +2,11 @@
 
 The pages only ever send figures to the browser, so the builders hand back the dictionaries
 they collected (:class:`FigureSpec`) and :meth:`FigureSpec.to_json` encodes them in one pass.
-Going through :class:`plotly.graph_objects.Figure` and ``plotly.io.to_json`` gave the same
-JSON for about twice the CPU: the Figure wraps every trace in an object, and ``to_json``
-deep-copies the whole figure before walking it again to turn arrays into typed arrays
-(``bench/service/request_cost.py``: most of a page open's CPU was there). :meth:`FigureSpec.figure`
-still gives the Plotly object, validated, for tests and anyone who wants Plotly's API.
+Going through :class:`plotly.graph_objects.Figure` and ``plotly.io.to_json`` gave the same JSON for
+much more CPU: the Figure wraps every trace in an object, and ``to_json`` deep-copies the whole
+figure before walking it again to turn arrays into typed arrays (most of a page open's CPU was
+there). :meth:`FigureSpec.figure` still gives the Plotly object, validated, for tests and anyone who
+wants Plotly's API.
 
 The JSON is Plotly's own (``tests/dashboards/test_figures.py`` compares the two on every
 chart of a page): NumPy arrays travel as typed arrays (``{"dtype": "f8", "bdata": <base64>}``;

@@ -140,8 +140,8 @@ def norms_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PR
     (right axis), whose rise is the drift the paper describes.
 
     No steady-state line: the paper's AdamC balance, √(2λ), is a level for the Adam direction
-    ``u`` over ‖z‖, not for the raw gradient, and the raw ratio sits 274–509x below it on real
-    runs (docs/alerts.md, "The AdamC steady state"); drawn here it read as a level the run
+    ``u`` over ‖z‖, not for the raw gradient, and the raw ratio sits hundreds of times below it on
+    real runs (docs/alerts.md, "The AdamC steady state"); drawn here it read as a level the run
     never reaches.
     """
     lines = [

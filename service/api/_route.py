@@ -2,9 +2,9 @@
 
 FastAPI runs a plain ``def`` endpoint in the thread pool; because the endpoint is not ``async``,
 it also validates the endpoint's answer in the thread pool, a second hand-over; and the request's
-session (``deps.get_session``) is committed and closed in a third, since both do I/O. On the
-machine the benchmarks run on a hand-over costs about 80 µs of CPU (uvloop; 115 µs with
-asyncio's loop), a twentieth of a small read (BENCHMARKS.md, "request_cost").
+session (``deps.get_session``) is committed and closed in a third, since both do I/O. Each
+hand-over is a measurable share of a small read's CPU (BENCHMARKS.md, "Service CPU per
+request").
 
 For ``GET`` (and ``HEAD``) routes this class hands FastAPI an ``async`` wrapper of the endpoint
 instead. The wrapper runs the endpoint in the thread pool and, in that same thread, ends the

@@ -4,8 +4,8 @@ An event file is a TFRecord file: each record is ``uint64 length``, ``uint32 mas
 crc32c(length)``, ``length`` bytes of a serialized ``Event`` protocol buffer and ``uint32 masked
 crc32c(data)`` (little-endian; TensorFlow's ``core/lib/io/record_writer.cc``). The tensorboard
 package reads them with ``PyRecordReader`` when TensorFlow is not installed, which computes
-CRC-32C in Python, a table lookup per byte, and reads each record in four small reads: about 30k
-records a second here, a third of what an import needs. This reads 1 MiB blocks and checks the
+CRC-32C in Python, a table lookup per byte, and reads each record in four small reads: far
+slower than an import needs (BENCHMARKS.md, "imports"). This reads 1 MiB blocks and checks the
 same checksums with ``google-crc32c`` (C). The records' contents are parsed by the tensorboard
 package's own ``Event`` message (:mod:`.events`).
 

@@ -72,7 +72,8 @@ def encode_rows(
 #
 # A query parameter holding a whole numpy column, sent in PostgreSQL's binary array format
 # (built by numpy, no per-element Python): psycopg's own list dumper walks every element in
-# Python, which made the rollup upsert a quarter of ingest's CPU (BENCHMARKS.md, "load").
+# Python, which made the rollup upsert a large share of ingest's CPU (BENCHMARKS.md, "Load on
+# PostgreSQL").
 
 
 class PgArray:

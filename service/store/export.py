@@ -1,8 +1,8 @@
 """A run's points for the CSV export, page by page, in key then step order, at a cost that
 grows with the points and not with the keys.
 
-Reading each series with a query of its own cost a session and a round trip per key: 100 s
-for a run of 100,000 keys of one point, against 8 s for 2,000,000 points in two keys. Here the
+Reading each series with a query of its own cost a session and a round trip per key, so a run
+of many one-point keys took far longer than one of millions of points in a few keys. Here the
 series are taken in groups: one statement asks the size of up to :data:`GROUP` series, each
 counted only up to one page (a large series costs a page's worth of index, not its size);
 consecutive series that fit in a page together are read with one statement; a series larger

@@ -3,9 +3,9 @@
 With several serve processes, the worker runs once, in a ``curvecast worker`` process of its own
 that the serving parent starts, restarts if it dies, and stops when it stops (the child also
 stops by itself when its parent is gone, so a killed server leaves no worker behind). Each serve
-process then only serves requests: refits and alert rounds no longer share a GIL with ingest
-(in ``bench/service/load.py``, 32 clients on 2 cores: ingest p99 294 → 200 ms, service CPU per point
-12.7 → 10.1 µs; BENCHMARKS.md), and N processes no longer poll and race for the same leases.
+process then only serves requests: refits and alert rounds no longer share a GIL with ingest,
+which lowers ingest latency and the service's CPU per point under load (BENCHMARKS.md, "Load on
+PostgreSQL"), and N processes no longer poll and race for the same leases.
 One serve process (the embedded default) keeps the worker in its own threads.
 """
 

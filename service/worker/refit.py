@@ -39,8 +39,8 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
             # is then what `curvecast forecast` gives on the run's export and what the
             # backtests measure. A warm start kept the first fit's burn-in for good on a run
             # without c_warmup (a plateau, then the fall: no_asymptote where a fresh fit is
-            # ok), and on the corpora's decaying runs at 20% of the run it covered the final
-            # loss 70% of the time against 85% (BENCHMARKS.md, "Warm-started refits").
+            # ok), and its intervals covered the final loss less often (BENCHMARKS.md,
+            # "Warm-started refits against fits of the points alone").
             fits.append((fit_input, fit_curve(
                 fit_input.steps,
                 fit_input.values,

@@ -1,4 +1,4 @@
-"""Issue 17, round 2 (alerts and webhooks): a slow receiver cannot stall delivery for other
+"""Alerts and webhooks under hostile input: a slow receiver cannot stall delivery for other
 projects, silences are bounded and stored in UTC, no stored silence breaks a read, Slack text
 is escaped, and a webhook deleted mid-delivery loses no other outcome. Real servers, real
 receivers on loopback, both backends; synchronised on events and polling, never on sleeps."""
@@ -111,7 +111,7 @@ def slow_receiver() -> Iterator[SlowReceiver]:
 def test_an_attempt_has_a_total_deadline_not_a_per_read_timeout(
     slow_receiver: SlowReceiver,
 ) -> None:
-    """Defect 1: each byte arrives well within the timeout; the attempt still ends."""
+    """A trickling receiver: each byte arrives well within the timeout; the attempt still ends."""
     result = send_http(f"{slow_receiver.url}/hook", b"{}", {"Content-Type": "application/json"},
                        1.0, allow_private=True)
     assert not result.ok and result.status_code is None
@@ -123,7 +123,7 @@ def test_an_attempt_has_a_total_deadline_not_a_per_read_timeout(
 def test_a_slow_receiver_of_one_project_does_not_delay_another_projects_alert(
     sqlite_url: str, slow_receiver: SlowReceiver, receiver: Receiver
 ) -> None:
-    """Defect 1, the hostile tenant: project A's receiver trickles its answer for minutes;
+    """The hostile tenant: project A's receiver trickles its answer for minutes;
     project B's notification still arrives, and A's attempt is cut at its deadline."""
     settings = Settings(database_url=sqlite_url, worker_interval_s=0.05, webhook_timeout_s=2.0,
                         webhook_backoff_base_s=60.0)
@@ -192,7 +192,7 @@ def _firing_alert(url: str, project: str) -> tuple[uuid.UUID, int]:
 
 
 def test_silence_until_is_bounded(alert_server: str, project: str) -> None:
-    """Defect 2: the year-9999-at-UTC-14 silence (stored as year 10000 on PostgreSQL) is
+    """The year-9999-at-UTC-14 silence (stored as year 10000 on PostgreSQL) is
     refused with a clear 422, and reads keep working."""
     _, alert_id = _firing_alert(alert_server, project)
     for until in ("9999-12-31T23:59:59-14:00",
@@ -206,7 +206,7 @@ def test_silence_until_is_bounded(alert_server: str, project: str) -> None:
 
 
 def test_silence_keeps_its_utc_offset(alert_server: str, project: str) -> None:
-    """Defect 7: ``+05:00`` is the same instant when read back (SQLite stored it as ``Z``)."""
+    """``+05:00`` is the same instant when read back (SQLite stored it as ``Z``)."""
     _, alert_id = _firing_alert(alert_server, project)
     plus5 = (datetime.now(UTC) + timedelta(days=3)).astimezone(
         timezone(timedelta(hours=5))).replace(microsecond=0)
@@ -221,7 +221,7 @@ def test_silence_keeps_its_utc_offset(alert_server: str, project: str) -> None:
 
 def test_no_stored_silence_poisons_reads(alert_server: str, database_url: str,
                                          project: str) -> None:
-    """Defect 2: a value written before the bound existed (year 10000 on PostgreSQL, or
+    """A value written before the bound existed (year 10000 on PostgreSQL, or
     'infinity') is read clamped: lists, the run's alerts, ack and un-silence still answer."""
     if "postgresql" not in Settings(database_url=database_url).database_url:
         pytest.skip("SQLite cannot hold a timestamp Python cannot load (no year 10000)")
@@ -252,7 +252,7 @@ def test_no_stored_silence_poisons_reads(alert_server: str, database_url: str,
 
 
 def test_slack_text_escapes_links_and_mentions() -> None:
-    """Defect 6: a hostile run name renders as text: no link of its own, no @channel."""
+    """A hostile run name renders as text: no link of its own, no @channel."""
     name = "x> … <https://evil.example/login|Re-authenticate here> <!channel"
     view = AlertView(
         run_id=str(uuid.uuid4()), run_name=name, project="p&<q>", rule="non_finite",
@@ -276,7 +276,7 @@ def test_slack_text_escapes_links_and_mentions() -> None:
 
 def test_slack_text_reaches_the_receiver_escaped(alert_server: str, project: str,
                                                  receiver: Receiver) -> None:
-    """Defect 6 end to end: the run's name as an ingest token set it, escaped on the wire."""
+    """Slack escaping end to end: the run's name as an ingest token set it, escaped on the wire."""
     _webhook(alert_server, project, f"{receiver.url}/slack")
     _diverging_run(alert_server, project, name="x <https://evil.example|login> <!channel>")
     payload = wait_for(lambda: next(iter(receiver.payloads("/slack")), None), timeout=DEADLINE_S)
@@ -294,7 +294,7 @@ def test_slack_text_reaches_the_receiver_escaped(alert_server: str, project: str
 def test_a_webhook_deleted_mid_delivery_loses_no_other_outcome(
     factory: sessionmaker[Session], project: str
 ) -> None:
-    """Defect 10: the deleted webhook's delivery is dropped; the other one is recorded as
+    """The deleted webhook's delivery is dropped; the other one is recorded as
     delivered (it was an FK violation that lost the round's other outcomes)."""
     hooks = []
     with session_scope(factory) as s:

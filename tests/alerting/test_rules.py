@@ -75,8 +75,8 @@ def test_planted_faults_are_caught_by_their_rule(name: str) -> None:
     assert all(s >= onset for s in fired(events, rule)), "fired before the fault"
 
 
-#: Detection delay (fraction of the run) each fixture is held to: the issue's target, 5% of the
-#: run (BENCHMARKS.md has the measured delays: 0-4.9%).
+#: Detection delay (fraction of the run) each fixture is held to: the target, 5% of the run
+#: (BENCHMARKS.md, "Alert quality on real runs", has the measured delays).
 LIMITS: dict[str, float] = {
     "fault-collapse": 0.05,
     "fault-nan": 0.05,

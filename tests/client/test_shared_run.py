@@ -1,5 +1,5 @@
-"""Two live processes on one ``run_id`` share its spool directory without losing points (issue 17,
-defect 5): a segment is replayed and unlinked only once its writer closed it or died, never while
+"""Two live processes on one ``run_id`` share its spool directory without losing points: a
+segment is replayed and unlinked only once its writer closed it or died, never while
 another process still appends to it; and the second monitor is told loudly that it shares."""
 
 from __future__ import annotations

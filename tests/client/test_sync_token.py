@@ -1,4 +1,4 @@
-"""``curvecast sync`` sends the token only to a URL the user named (issue 17, defect 9): a spool
+"""``curvecast sync`` sends the token only to a URL the user named: a spool
 copied from elsewhere, whose ``run.json`` names some other host, must not receive it."""
 
 from __future__ import annotations

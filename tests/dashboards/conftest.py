@@ -134,7 +134,7 @@ def new_app(settings: Settings, alerts: FakeAlerts | None = None) -> FastAPI:
 # --- the browser ---------------------------------------------------------------------------
 
 CHROMIUM = os.environ.get("CURVECAST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-#: Exactly the flags of the issue (the user-data directory is a fresh temporary one).
+#: Headless Chromium's flags for these tests (the user-data directory is a fresh temporary one).
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run"]
 

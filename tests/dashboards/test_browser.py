@@ -1,6 +1,6 @@
 """The pages in a real browser: Debian's Chromium driven by playwright-python.
 
-Chromium is started with the flags the issue names and a fresh user-data directory. Under
+Chromium is started with fixed headless flags and a fresh user-data directory. Under
 ``CI=true`` these tests must run: a missing Chromium or playwright fails them. Screenshots of
 every page land in ``artifacts/`` (look at them).
 """
@@ -407,7 +407,7 @@ def test_pages_with_auth_on(browser: Any, tab: Tab, sqlite_url: str) -> None:
         page.goto(f"{url}/")
         assert page.locator("td.name a").inner_text() == "private run"
         tab.no_errors()
-        # "Sign out" is a form: a same-origin POST that the edge lets through (issue 17, #11).
+        # "Sign out" is a form: a same-origin POST that the edge lets through.
         page.click("form.logout button")
         page.wait_for_url(f"{url}/")
         assert "curvecast_token" not in {c["name"] for c in browser.cookies(url)}

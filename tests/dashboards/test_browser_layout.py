@@ -32,7 +32,7 @@ from tests.support import synthetic as syn
 
 pytestmark = pytest.mark.browser
 
-#: Window sizes every page is checked at: laptop, the issue's 1100 -> 1250 widening, a wide
+#: Window sizes every page is checked at: laptop, a 1100 -> 1250 widening, a wide
 #: screen, a narrow window (one column), and a phone.
 SIZES = ((1100, 800), (1250, 800), (1600, 900), (900, 800), (390, 844), (1280, 800))
 PHONE = {"width": 390, "height": 844}
@@ -45,8 +45,8 @@ READABLE_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 @dataclass(frozen=True)
 class Runs:
     """The module's runs: three finished 500-step runs and one that failed at step 300 of a
-    planned 3,000 (the issue's compare page), a running run with everything, a run whose
-    loss is flat early in a long plan (``too_early``)."""
+    planned 3,000 (a compare page with no common planned end), a running run with everything,
+    a run whose loss is flat early in a long plan (``too_early``)."""
 
     project: str
     finished: tuple[uuid.UUID, uuid.UUID, uuid.UUID]
@@ -182,8 +182,8 @@ def _pages(runs: Runs) -> list[tuple[str, tuple[str, ...]]]:
 def test_every_page_keeps_its_layout_across_window_sizes_and_resizes(
     watched: Tab, live: str, runs: Runs, artifacts_dir: Path,
 ) -> None:
-    """Loaded at 1100x800, then widened to 1250 (the issue's case: 480 and 340 px charts
-    fell to 120 and overlapped the cards below), wider, narrower, a phone's width and back."""
+    """Loaded at 1100x800, then widened to 1250 (charts must keep their height, not fall to
+    the box's minimum over the cards below), wider, narrower, a phone's width and back."""
     page = watched.page
     for path, charts in _pages(runs):
         page.set_viewport_size({"width": SIZES[0][0], "height": SIZES[0][1]})

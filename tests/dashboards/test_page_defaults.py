@@ -30,7 +30,7 @@ def run(status: str, last: int | None, total: int | None = None) -> dict[str, An
 
 def test_the_default_horizon_is_one_every_run_can_be_compared_at() -> None:
     finished = [run("finished", 500, 500)] * 3
-    # The case: three finished 500-step runs and one that failed at 300 of 3,000
+    # Three finished 500-step runs and one that failed at 300 of 3,000
     # (the default was 3,000, where none of them could be compared).
     assert views.common_horizon([*finished, run("failed", 300, 3000)]) == 500
     # A run still going is compared at its planned end, and no further than the end of a

@@ -32,6 +32,8 @@ BUILD_INPUTS = (
     "dashboards",
     "migrations",
 )
+#: The version pyproject.toml gives the distribution.
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 #: The server's and the optimizer's dependencies: a client-only install imports none of them.
 HEAVY = ("fastapi", "sqlalchemy", "scipy", "torch", "numpy", "pydantic", "httpx", "uvicorn")
 
@@ -74,7 +76,7 @@ def client_only_python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    assert {name.split("/")[0] for name in names} == {"curvecast", "curvecast-0.1.0.dist-info"}
+    assert {name.split("/")[0] for name in names} == {"curvecast", f"curvecast-{VERSION}.dist-info"}
     for needed in (
         "curvecast/contract.py",
         "curvecast/py.typed",
@@ -147,6 +149,15 @@ def test_client_only_install_syncs_and_explains_server_commands(
         capture_output=True, text=True, cwd=tmp_path, timeout=60,
     )
     assert "pip install 'curvecast[torch]'" in optimizer.stderr
+
+
+def test_the_package_reports_the_distribution_version() -> None:
+    """``curvecast.__version__`` and the service's (its OpenAPI ``info.version``) are
+    pyproject's: a release bumps all three."""
+    import curvecast
+    from curvecast import service
+
+    assert curvecast.__version__ == service.__version__ == VERSION
 
 
 def test_the_cli_knows_the_server_extra() -> None:

@@ -1,8 +1,8 @@
-"""Issue 17, round 2: what is refused at the edge, from the headers, before a body is read.
+"""What is refused at the edge, from the headers, before a body is read.
 
-#4 writes are authenticated before their body is read; #8 config step counts are bounded by
-the contract's ``MAX_STEP``; #11 ``Host`` names, cross-site state changes, login CSRF and a
-POST-only logout; and ``/readyz`` tells an anonymous caller nothing about the database.
+Writes are authenticated before their body is read; config step counts are bounded by the
+contract's ``MAX_STEP``; ``Host`` names, cross-site state changes, login CSRF and a POST-only
+logout; and ``/readyz`` tells an anonymous caller nothing about the database.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _read_answer(sock: socket.socket) -> bytes:
     return out
 
 
-# --- #4: authenticate from the headers before reading the body ---------------------------------
+# --- authenticate from the headers before reading the body --------------------------------------
 
 
 def test_a_bad_body_without_a_token_is_refused_as_unauthenticated(authed: str,
@@ -127,7 +127,7 @@ def test_anonymous_floods_do_not_grow_the_server(sqlite_url: str, tmp_path: Path
         server.stop()
 
 
-# --- #8: config step counts bounded by the contract ---------------------------------------------
+# --- config step counts bounded by the contract --------------------------------------------------
 
 
 @pytest.mark.parametrize("key", ["total_steps", "warmup_steps", "c_warmup"])
@@ -167,7 +167,7 @@ def test_readyz_does_not_show_the_database_error(caplog: pytest.LogCaptureFixtur
     assert str(port) in caplog.text
 
 
-# --- #11: Host names, cross-site requests, login CSRF, logout --------------------------------
+# --- Host names, cross-site requests, login CSRF, logout ------------------------------------
 
 
 def test_unknown_host_names_are_refused(sqlite_url: str) -> None:

@@ -156,7 +156,7 @@ def test_a_huge_declared_body_is_refused_without_reading_it(api: Api) -> None:
     started = time.monotonic()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
-            # A Host of this service (others are refused: issue 17, #11).
+            # A Host of this service (others are refused at the edge).
             f"POST /api/v1/runs/{api.run_id}/metrics HTTP/1.1\r\nHost: {host}:{port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {100 * LIMIT}\r\n\r\n".encode()
             + b"[" * 1000

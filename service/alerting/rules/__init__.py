@@ -19,9 +19,9 @@ Why the rules look the way they do (docs/alerts.md has the long form and the mea
   are rolling medians, which one outlier batch cannot move.
 * **Burn-in.** Nothing but non-finite values and stalls is judged before the burn-in
   (:meth:`curvecast.contract.RunConfig.alert_burn_in`): the larger of twice the step where
-  averaging starts and 10% of ``total_steps``. Norms move a lot while averaging starts; the
-  measurements on real runs show gradient norms change 2-5x during the first 10% of a healthy
-  run.
+  averaging starts and 10% of ``total_steps``. Norms move a lot while averaging starts: on
+  real runs gradient norms change several-fold during the first 10% of a healthy run
+  (BENCHMARKS.md, "drift").
 * **Durations in steps, scaled to the run.** ``auto`` windows and ``for`` durations are fractions
   of ``total_steps`` (with floors), so the same defaults serve a 1,000-step test and a 10^6-step
   pre-training run; without ``total_steps`` fixed fallbacks apply.

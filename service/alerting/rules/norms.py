@@ -1,9 +1,9 @@
 """Drift of a positive series: the gradient-norm and weight-norm rules.
 
-Both compare a recent rolling median of the log norm with a reference level. Per-step gradient
-norms are heavy-tailed, so levels are medians, which one outlier batch cannot move. A healthy
-small run's gradient norm keeps drifting at a steady rate in log space for its whole length
-(1.5-4x from 10% to 100% on the fixtures), so the gradient rule compares with the stretch just
+Both compare a recent rolling median of the log norm with a reference level. Per-step gradient norms
+are heavy-tailed, so levels are medians, which one outlier batch cannot move. A healthy small run's
+gradient norm keeps drifting at a steady rate in log space for its whole length (several-fold from
+10% to 100% of the run on the test fixtures), so the gradient rule compares with the stretch just
 before the recent window by default: a change in *rate* is what a fault looks like.
 ``reference: "burn_in"`` gives the fixed-level variant for runs known to be flat (AdamC at
 scale); the weight rule uses it by default, with a rate check beside it.
