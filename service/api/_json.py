@@ -2,7 +2,8 @@
 wherever the two could differ.
 
 FastAPI decodes a JSON body with ``json.loads``, a noticeable share of an ingest request's CPU
-(a 1,000-point batch is ~20 kB of numbers): it builds a Python float from a decimal string one
+(a 1,000-point batch is ~20 kB of numbers; BENCHMARKS.md, "Service CPU per request against a
+checkout", the ingest row): it builds a Python float from a decimal string one
 number at a time. ``pydantic_core.from_json`` (Rust, already installed with pydantic) decodes
 the same body several times faster and agrees with ``json.loads`` on what it
 accepts, bare ``NaN``/``Infinity`` literals (which Python's ``json`` writes and the client hook

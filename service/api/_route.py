@@ -3,8 +3,9 @@
 FastAPI runs a plain ``def`` endpoint in the thread pool; because the endpoint is not ``async``,
 it also validates the endpoint's answer in the thread pool, a second hand-over; and the request's
 session (``deps.get_session``) is committed and closed in a third, since both do I/O. Each
-hand-over is a measurable share of a small read's CPU (BENCHMARKS.md, "Service CPU per
-request").
+hand-over is a measurable share of a small read's CPU; this class and :mod:`._json` are kept
+for what they save against FastAPI's own route class (BENCHMARKS.md, "Service CPU per request
+against a checkout").
 
 For ``GET`` (and ``HEAD``) routes this class hands FastAPI an ``async`` wrapper of the endpoint
 instead. The wrapper runs the endpoint in the thread pool and, in that same thread, ends the
