@@ -188,6 +188,9 @@ class ParamSpec:
         doc: what it means and why the default.
         lo, hi: inclusive bounds for numbers.
         choices: allowed values for ``choice``.
+        below: the parameter this one must stay below (a clearing threshold is stricter than
+            the firing one it pairs with); checked on every override.
+        or_equal: with ``below``, equal is allowed too.
     """
 
     default: Any
@@ -196,6 +199,8 @@ class ParamSpec:
     lo: float | None = None
     hi: float | None = None
     choices: tuple[str, ...] = ()
+    below: str | None = None
+    or_equal: bool = False
 
     def check(self, name: str, value: Any) -> Any:
         """Validate one value; returns it normalised. Raises ValueError naming ``name``."""
@@ -301,9 +306,9 @@ class RuleSpec:
         resolve_auto: ``(context) -> steps`` for ``resolve_for_steps=None``.
         lookback: ``(context, cfg, memory) -> first step the evaluator needs``.
         inputs: ``(cfg) -> candidate key lists`` the evaluator reads.
-        for_steps: default ``for`` (``None``: auto, see ``for_doc``).
+        for_steps: default ``for`` (``None``: auto, see :attr:`for_doc`).
         resolve_for_steps: default resolve duration (``None``: auto).
-        for_doc: how the automatic ``for`` is chosen, for people.
+        for_reason: why an automatic ``for`` of 0 steps (``for_auto=immediately``) is right.
     """
 
     name: str
@@ -319,7 +324,14 @@ class RuleSpec:
     inputs: Callable[[RuleConfig], list[list[str]]]
     for_steps: int | None = None
     resolve_for_steps: int | None = None
-    for_doc: str = ""
+    for_reason: str = ""
+
+    @property
+    def for_doc(self) -> str:
+        """How the automatic ``for`` is chosen, for people (from ``for_auto`` itself)."""
+        if isinstance(self.for_auto, RunFraction):
+            return self.for_auto.describe()
+        return f"0: {self.for_reason or 'immediate'}"
 
     def default_config(self) -> RuleConfig:
         """The rule's configuration when a project overrides nothing."""
@@ -332,14 +344,27 @@ class RuleSpec:
         )
 
 
-def run_fraction(frac: float, floor: int, fallback: int) -> Callable[[EvalContext], int]:
+@dataclass(frozen=True)
+class RunFraction:
     """An automatic duration: ``frac`` of ``total_steps`` (at least ``floor``; ``fallback``
-    when the run's length is unknown)."""
+    when the run's length is unknown), which also says so in words (:meth:`describe`)."""
 
-    def auto(ctx: EvalContext) -> int:
-        return auto_steps(ctx, None, frac, floor, fallback, cap=None)
+    frac: float
+    floor: int
+    fallback: int
 
-    return auto
+    def __call__(self, ctx: EvalContext) -> int:
+        return auto_steps(ctx, None, self.frac, self.floor, self.fallback, cap=None)
+
+    def describe(self) -> str:
+        """``auto: 2% of total_steps (>= 20; 200 if unknown)``."""
+        return (f"auto: {self.frac * 100:g}% of total_steps (>= {self.floor}; "
+                f"{self.fallback} if unknown)")
+
+
+def run_fraction(frac: float, floor: int, fallback: int) -> RunFraction:
+    """An automatic duration: ``frac`` of ``total_steps`` (see :class:`RunFraction`)."""
+    return RunFraction(frac, floor, fallback)
 
 
 def immediately(_ctx: EvalContext) -> int:

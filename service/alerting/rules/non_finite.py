@@ -119,5 +119,4 @@ NON_FINITE = RuleSpec(
     lookback=since_last_round,
     inputs=_inputs,
     for_steps=0,
-    for_doc="0: immediate",
 )

@@ -172,7 +172,6 @@ GRAD_NORM_DRIFT = RuleSpec(
     resolve_auto=run_fraction(0.02, 20, 200),
     lookback=_drift_lookback(_GRAD_WINDOW, _GRAD_REF),
     inputs=grad_inputs,
-    for_doc="auto: 1% of total_steps (>= 10; 100 if unknown)",
 )
 
 
@@ -302,5 +301,4 @@ WEIGHT_NORM_DRIFT = RuleSpec(
     resolve_auto=run_fraction(0.02, 20, 200),
     lookback=_weight_lookback,
     inputs=_weight_inputs,
-    for_doc="auto: 1% of total_steps (>= 10; 100 if unknown)",
 )

@@ -394,7 +394,8 @@ OFF_CURVE = RuleSpec(
     params={
         "confidence": ParamSpec(0.99, "float", "interval that fires", lo=0.5, hi=0.9999),
         "resolve_confidence": ParamSpec(
-            0.9, "float", "interval that clears", lo=0.5, hi=0.9999
+            0.9, "float", "interval that clears", lo=0.5, hi=0.9999, below="confidence",
+            or_equal=True,
         ),
         "window_steps": auto_int("rolling-median window; auto: 2% of total_steps (>= 10)"),
         "lag_steps": auto_int(
@@ -421,5 +422,4 @@ OFF_CURVE = RuleSpec(
     resolve_auto=run_fraction(0.02, 20, 200),
     lookback=_lookback,
     inputs=_inputs,
-    for_doc="auto: 2% of total_steps (>= 20; 200 if unknown)",
 )

@@ -90,7 +90,8 @@ POLYAK_SPIKE = RuleSpec(
     params={
         "keys": KEYS,
         "factor": ParamSpec(5.0, "float", "fire above this ratio", lo=1.01, hi=1e9),
-        "resolve_factor": ParamSpec(2.0, "float", "clear below this ratio", lo=1.0, hi=1e9),
+        "resolve_factor": ParamSpec(2.0, "float", "clear below this ratio", lo=1.0, hi=1e9,
+                                    below="factor"),
         "window_steps": ParamSpec(3, "int", "recent window (steps)", lo=1),
         "reference_steps": auto_int("reference stretch; auto: 5% of total_steps (>= 20)"),
         "burn_in_steps": BURN_IN,
@@ -102,7 +103,7 @@ POLYAK_SPIKE = RuleSpec(
     lookback=_spike_lookback,
     inputs=_spike_inputs,
     for_steps=0,
-    for_doc="0: a spike does its damage in one step",
+    for_reason="a spike does its damage in one step",
 )
 
 
@@ -164,7 +165,8 @@ POLYAK_COLLAPSE = RuleSpec(
         "keys": KEYS,
         "min_fraction": ParamSpec(0.8, "float", "fire at this zero fraction", lo=0.01, hi=1.0),
         "clear_fraction": ParamSpec(
-            0.2, "float", "clear at or below this fraction", lo=0.0, hi=0.99
+            0.2, "float", "clear at or below this fraction", lo=0.0, hi=0.99,
+            below="min_fraction",
         ),
         "window_steps": auto_int("rolling window; auto: 2% of total_steps (>= 10)"),
         "burn_in_steps": BURN_IN,
@@ -175,5 +177,4 @@ POLYAK_COLLAPSE = RuleSpec(
     resolve_auto=run_fraction(0.01, 10, 100),
     lookback=_collapse_lookback,
     inputs=_collapse_inputs,
-    for_doc="auto: 0.5% of total_steps (>= 5; 50 if unknown)",
 )

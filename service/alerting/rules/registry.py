@@ -80,25 +80,21 @@ def validate_override(rule: str, override: Mapping[str, Any]) -> dict[str, Any]:
             f"it has {', '.join(sorted(spec.params))}"
         )
     checked = {k: spec.params[k].check(f"params.{k}", v) for k, v in params.items()}
-    _check_consistency({**spec.default_config().params, **checked})
+    _check_consistency(spec, {**spec.default_config().params, **checked})
     if checked:
         out["params"] = checked
     return out
 
 
-def _check_consistency(params: Mapping[str, Any]) -> None:
-    """Cross-field checks: a resolving threshold must be stricter than the firing one."""
-    if "confidence" in params and "resolve_confidence" in params:
-        if params["resolve_confidence"] > params["confidence"]:
-            raise ValueError("params.resolve_confidence must be <= params.confidence")
-    if "resolve_ratio" in params and not 0 <= params["resolve_ratio"] <= 1:
-        raise ValueError("params.resolve_ratio must be in [0, 1]")
-    if "min_fraction" in params and "clear_fraction" in params:
-        if params["clear_fraction"] >= params["min_fraction"]:
-            raise ValueError("params.clear_fraction must be < params.min_fraction")
-    if "factor" in params and "resolve_factor" in params:
-        if params["resolve_factor"] >= params["factor"]:
-            raise ValueError("params.resolve_factor must be < params.factor")
+def _check_consistency(spec: RuleSpec, params: Mapping[str, Any]) -> None:
+    """Cross-parameter checks, as the rule's parameters declare them (``ParamSpec.below``)."""
+    for name, param in spec.params.items():
+        if param.below is None:
+            continue
+        value, bound = params[name], params[param.below]
+        if value > bound or (value == bound and not param.or_equal):
+            op = "<=" if param.or_equal else "<"
+            raise ValueError(f"params.{name} must be {op} params.{param.below}")
 
 
 def rule_config(rule: str, override: Mapping[str, Any] | None = None) -> RuleConfig:

@@ -77,5 +77,5 @@ STALLED = RuleSpec(
     inputs=_inputs,
     for_steps=0,
     resolve_for_steps=0,
-    for_doc="0: the silence itself is the duration",
+    for_reason="the silence itself is the duration",
 )

@@ -218,5 +218,4 @@ GRAD_NORM_TREND = RuleSpec(
     resolve_auto=run_fraction(0.02, 20, 200),
     lookback=_lookback,
     inputs=grad_inputs,
-    for_doc="auto: 2% of total_steps (>= 20; 200 if unknown)",
 )
