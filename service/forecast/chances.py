@@ -26,7 +26,7 @@ import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 import numpy as np
 
@@ -265,7 +265,8 @@ def chances_best(runs: Sequence[tuple[uuid.UUID, Outlook]], *, draws: int = DRAW
     return out
 
 
-def default_horizon(runs: Sequence[RunInput]) -> tuple[int | None, str]:
+def default_horizon(runs: Sequence[RunInput]
+                    ) -> tuple[int | None, Literal["planned_total_steps", "last_step", "none"]]:
     """The step to compare ``runs`` at when none is asked for, and where it came from.
 
     Among the runs that may still be compared (not ``failed``, ``crashed`` or ``lost``): the
