@@ -193,7 +193,10 @@ def outlook(run: RunInput, step: int, confidence: float = 0.9) -> Outlook:
     the reason it cannot.
     """
     if run.status in STOPPED:
-        return Outlook(step, reason=f"the run {run.status}: it will not train to step {step:,}")
+        if run.last_step is None or run.last_step < step:
+            return Outlook(step, reason=f"the run {run.status}: it will not train to step "
+                                        f"{step:,}")
+        return Outlook(step, reason=f"the run {run.status}: a run that stopped is not compared")
     if run.missing:
         return Outlook(step, reason=run.missing)
     if run.last_step is not None and run.last_step >= step:
