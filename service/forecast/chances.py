@@ -91,6 +91,10 @@ def _no_loss(_step: int) -> float | None:
     return None
 
 
+def _no_final() -> tuple[int, float | None] | None:
+    return None
+
+
 @dataclass(frozen=True)
 class RunInput:
     """What deciding about one run needs (the store reads it; nothing here reads anything).
@@ -104,7 +108,10 @@ class RunInput:
         total_steps: its planned last step (config), if declared.
         last_step: its last logged step, if any.
         loss_at: the loss the series had at a step the run got to (smoothed, as the forecast
-            answers' ``reached``), else None.
+            answers' ``reached``), else None (also where the series has no point at or after
+            the step).
+        final: the series' last step and the loss it had there (None: NaN or infinite), or
+            None when the series has no point.
         missing: why the run has no fit of the series asked for ("" when it has, or may yet).
     """
 
@@ -116,6 +123,8 @@ class RunInput:
     total_steps: int | None = None
     last_step: int | None = None
     loss_at: Callable[[int], float | None] = field(default=_no_loss, compare=False)
+    final: Callable[[], tuple[int, float | None] | None] = field(default=_no_final,
+                                                                 compare=False)
     missing: str = ""
 
 
@@ -203,13 +212,15 @@ def outlook(run: RunInput, step: int, confidence: float = 0.9) -> Outlook:
         seen = run.loss_at(step)
         if seen is not None and math.isfinite(seen):
             return Outlook(step, value=seen, lo=seen, hi=seen, observed=True)
-    elif run.status == "finished" and run.last_step is not None:
-        final = run.loss_at(run.last_step)
-        note = f"ended at step {run.last_step:,}: its final loss, as it trains no further"
+    if run.status == "finished" and (end := run.final()) is not None and end[0] <= step:
+        # The series ended at or before the step (an eval series may end before the run's
+        # last step): the run trains no further, its last loss stands.
+        last, final = end
+        note = ("" if last == step else
+                f"ended at step {last:,}: its final loss, as it trains no further")
         if final is not None and math.isfinite(final):
             return Outlook(step, value=final, lo=final, hi=final, observed=True, note=note)
-        return Outlook(step, reason=f"the run ended at step {run.last_step:,} without a "
-                                    "finite loss")
+        return Outlook(step, reason=f"the run ended at step {last:,} without a finite loss")
     fit = run.fit
     if fit is None:
         return Outlook(step, reason=_PENDING_REASON)

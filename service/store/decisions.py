@@ -1,8 +1,9 @@
 """What the decision answers read: a project's runs with their latest fits, one run with its.
 
-Returns :class:`~curvecast.service.forecast.chances.RunInput` values, whose ``loss_at`` reads
-the loss a run had at a step through this request's session (:func:`forecasts.loss_reached`):
-only for the runs the answer asks about, and only at a step the run got to.
+Returns :class:`~curvecast.service.forecast.chances.RunInput` values, whose ``loss_at`` and
+``final`` read the loss a run had at a step (its series' last, for ``final``) through this
+request's session (:func:`forecasts.loss_reached`): only for the runs the answer asks about,
+and only at a step the run got to.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from sqlalchemy.orm import Session
 from curvecast.contract import RunConfig, fit_candidates
 from curvecast.service.errors import NotFound
 from curvecast.service.forecast.chances import RunInput
-from curvecast.service.models import FitRecord, Project, Run, Series
+from curvecast.service.models import FitRecord, MetricPoint, Project, Run, Series
 from curvecast.service.store import forecasts
 from curvecast.service.store import runs as run_store
 from curvecast.service.store.forecasts import StoredFit
@@ -35,6 +36,21 @@ def _reader(session: Session, run_id: uuid.UUID, key: str | None, last_step: int
         return forecasts.loss_reached(session, run_id, key, step, last_step)
 
     return read
+
+
+def _final(session: Session, run_id: uuid.UUID, key: str | None) -> Any:
+    def final() -> tuple[int, float | None] | None:
+        if key is None:
+            return None
+        sid = select(Series.id).where(Series.run_id == run_id, Series.key == key
+                                      ).scalar_subquery()
+        last = session.scalar(select(func.max(MetricPoint.step))
+                              .where(MetricPoint.series_id == sid))
+        if last is None:
+            return None
+        return int(last), forecasts.loss_reached(session, run_id, key, int(last), int(last))
+
+    return final
 
 
 def _missing(config: RunConfig, key: str | None, has_series: bool, has_fit: bool) -> str:
@@ -57,6 +73,7 @@ def _as_input(session: Session, *, run_id: uuid.UUID, name: str, status: str,
         run_id=run_id, name=name, status=status, fit=stored.fit if stored else None,
         key=series, total_steps=config.total_steps, last_step=last_step,
         loss_at=_reader(session, run_id, series, last_step),
+        final=_final(session, run_id, series),
         missing=_missing(config, key, has_series, stored is not None),
     )
 

@@ -37,10 +37,14 @@ def fitted(c: float, seed: int = 0, upto: int = 6_000) -> Fit:
 
 def run(fit: Fit | None, *, name: str = "r", status: str = "running", last_step: int = 6_000,
         total_steps: int | None = TOTAL, loss: float | None = None,
-        run_id: uuid.UUID | None = None) -> RunInput:
+        run_id: uuid.UUID | None = None, series_end: int | None = None) -> RunInput:
+    """A run whose series has loss ``loss`` at every step up to ``series_end`` (default: the
+    run's last step)."""
+    end = last_step if series_end is None else series_end
     return RunInput(run_id=run_id or uuid.uuid4(), name=name, status=status, fit=fit,
                     key="loss", total_steps=total_steps, last_step=last_step,
-                    loss_at=lambda _step: loss)
+                    loss_at=lambda step: loss if step <= end else None,
+                    final=lambda: (end, loss))
 
 
 def test_chance_below_rises_with_the_loss_and_matches_the_interval() -> None:
@@ -121,6 +125,16 @@ def test_a_finished_run_is_judged_on_its_observed_loss() -> None:
     short = run(None, name="short", status="finished", last_step=10_000, loss=2.2)
     look = outlook(short, TOTAL)
     assert look.observed and look.value == 2.2 and "ended at step 10,000" in look.note
+    # Its loss series ended before its last step (an eval every 500 steps): the same.
+    sparse = run(None, status="finished", last_step=TOTAL, series_end=19_500, loss=2.1)
+    look = outlook(sparse, TOTAL)
+    assert look.observed and look.value == 2.1 and "ended at step 19,500" in look.note
+    assert outlook(sparse, 19_000).observed and outlook(sparse, 19_000).note == ""
+    # A running run whose series ends before the step is forecast, not "ended".
+    assert not outlook(run(None, last_step=TOTAL, series_end=19_500, loss=2.1), TOTAL).known
+    broken = run(None, status="finished", last_step=TOTAL, loss=None)
+    assert outlook(broken, TOTAL).reason == ("the run ended at step 20,000 without a finite "
+                                             "loss")
 
 
 def test_two_observed_ties_split_the_chance() -> None:

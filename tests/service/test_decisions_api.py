@@ -50,7 +50,13 @@ def build(url: str, app_settings: Settings, factory: object, project: str) -> Wo
             "crashed": _run(client, project, "crashed", 1.5, 6_000, seed=3),
             "young": _run(client, project, "young", 2.0, 230, seed=4),
             "unplanned": _run(client, project, "unplanned", 2.0, 6_000, total_steps=None),
+            # Finished at step 20,000, its loss last logged at 19,000.
+            "tail": _run(client, project, "tail", 2.6, 19_000, seed=5),
         }
+        client.post(f"/api/v1/runs/{runs['tail']}/metrics", json={
+            "steps": [TOTAL], "values": {"opt/grad_norm": [1.0]}}).raise_for_status()
+        client.patch(f"/api/v1/runs/{runs['tail']}", json={"status": "finished"}
+                     ).raise_for_status()
         client.patch(f"/api/v1/runs/{runs['done']}", json={"status": "finished"}
                      ).raise_for_status()
         client.patch(f"/api/v1/runs/{runs['crashed']}", json={"status": "crashed"}
@@ -76,7 +82,7 @@ def test_the_ranking_puts_the_likely_best_first(world: World) -> None:
     names = [r["name"] for r in body["runs"]]
     # The others have (next to) no chance: ordered by their loss at the horizon.
     assert names[0] == "good <b>" and set(names[1:3]) == {"done", "unplanned"}
-    assert names[3] == "bad"
+    assert names[3:5] == ["bad", "tail"]
     by_name = {r["name"]: r for r in body["runs"]}
     good = by_name["good <b>"]
     assert good["p_best"] == pytest.approx(1.0, abs=0.01) and good["comparable"]
@@ -89,7 +95,12 @@ def test_the_ranking_puts_the_likely_best_first(world: World) -> None:
     # The unplanned run is forecast past its last step (no plan to be past).
     assert by_name["unplanned"]["comparable"] and by_name["unplanned"]["note"] == ""
     chances = [r["p_best"] for r in body["runs"] if r["p_best"] is not None]
-    assert len(chances) == 4 and sum(chances) == pytest.approx(1.0)
+    assert len(chances) == 5 and sum(chances) == pytest.approx(1.0)
+    # A finished run whose loss series ended before the horizon: its last loss stands.
+    tail = by_name["tail"]
+    assert tail["forecast"]["observed"] and "ended at step 19,000" in tail["note"]
+    assert tail["forecast"]["value"] == pytest.approx(
+        model(np.array([19_000]), 20.3, 377.0, 2.6)[0], abs=0.01)
     crashed, young = by_name["crashed"], by_name["young"]
     assert crashed["p_best"] is None and crashed["reason"].startswith("the run crashed")
     assert young["p_best"] is None and young["forecast"] is None
@@ -103,7 +114,7 @@ def test_the_ranking_at_a_given_horizon_and_key(world: World) -> None:
     assert body["horizon"] == 5_000 and body["horizon_source"] == "given"
     # Every run with data at step 5,000 is compared on the loss it had there.
     observed = {r["name"] for r in body["runs"] if r["forecast"] and r["forecast"]["observed"]}
-    assert observed == {"good <b>", "bad", "done", "unplanned"}
+    assert observed == {"good <b>", "bad", "done", "unplanned", "tail"}
     none = httpx.get(url, params={"key": "eval/loss"}).json()
     assert all(r["p_best"] is None for r in none["runs"])
     assert none["runs"][0]["reason"] == "the run has no series 'eval/loss'"
