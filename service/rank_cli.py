@@ -17,6 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from curvecast.dashboards.fmt import chance
 from curvecast.service.schemas.decisions import RankedRunOut, RankingOut
 
 __all__ = ["add_rank_parser", "format_ranking", "run_rank"]
@@ -30,13 +31,7 @@ _SOURCES = {
 
 
 def _pct(p: float | None) -> str:
-    if p is None:
-        return "-"
-    if 0.0 < p < 0.001:
-        return "<0.1%"
-    if 0.999 < p < 1.0:
-        return ">99.9%"
-    return f"{100.0 * p:.1f}%"
+    return "-" if p is None else chance(p)
 
 
 def _loss(run: RankedRunOut) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from curvecast.dashboards import fmt
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 from curvecast.service.testing import serve_app
@@ -45,7 +46,7 @@ def test_the_project_page_shows_the_ranking(world: World) -> None:
     first = _text(rows[0])
     # The run's name is escaped: "<b>" is text, not markup.
     assert "good &lt;b&gt;" in rows[0] and "<b>" not in rows[0]
-    assert first.startswith("1 good &lt;b&gt; running 100.0%")
+    assert first.startswith("1 good &lt;b&gt; running &gt;99.9%")
     assert f'href="/runs/{world.runs["good"]}"' in rows[0]
     assert "observed" in _text(next(r for r in rows if str(world.runs["done"]) in r))
     crashed = _text(next(r for r in rows if str(world.runs["crashed"]) in r))
@@ -63,3 +64,8 @@ def test_a_project_without_runs_has_no_leaderboard(world: World) -> None:
     httpx.delete(f"{world.url}/api/v1/runs/{run_id}", timeout=60).raise_for_status()
     page = httpx.get(f"{world.url}/projects/{project}", timeout=60)
     assert page.status_code == 200 and 'id="leaderboard"' not in page.text
+
+
+def test_chances_never_show_as_certain() -> None:
+    assert [fmt.chance(p) for p in (None, 0.0, 0.0004, 0.0006, 0.5, 0.9996, 1.0)] == [
+        "—", "<0.1%", "<0.1%", "0.1%", "50.0%", ">99.9%", ">99.9%"]
