@@ -43,6 +43,19 @@ def step(value: float | None) -> str:
     return f"{round(value):,}"
 
 
+def chance(p: float | None) -> str:
+    """A probability as a percentage with one decimal (``—`` when unknown). Below 0.05% and
+    above 99.95% it reads ``<0.1%`` and ``>99.9%``: a chance estimated by sampling a calibrated
+    forecast never shows as certain."""
+    if p is None or not math.isfinite(p):
+        return "—"
+    if p < 0.0005:
+        return "<0.1%"
+    if p > 0.9995:
+        return ">99.9%"
+    return f"{100.0 * p:.1f}%"
+
+
 def short_step(value: float | None) -> str:
     """A step count in short form: ``950``, ``12k``, ``1.5M``."""
     if value is None or not math.isfinite(value):

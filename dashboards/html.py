@@ -79,6 +79,7 @@ def environment() -> jinja2.Environment:
         step=fmt.step,
         short_step=fmt.short_step,
         interval=fmt.interval,
+        chance=fmt.chance,
         ago=fmt.ago,
     )
     env.globals.update(static=static_url)

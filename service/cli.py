@@ -1,4 +1,5 @@
-"""The ``curvecast`` command: serve, worker, migrate, token, forecast, import, demo and sync.
+"""The ``curvecast`` command: serve, worker, migrate, token, forecast, rank, import, demo and
+sync.
 
 ``sync`` is the client's (:mod:`curvecast.client.sync`) and needs only the standard library; every
 other command needs the ``[server]`` extra. On a client-only install (a training machine) the
@@ -369,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
         # Parse anything after these names: running them only prints how to install the extra.
         for name, help_text in (("forecast", "fit a loss curve from a file"),
                                 ("demo", "serve and train a real model, forecasting live"),
-                                ("import", "import runs from TensorBoard, MLflow or W&B")):
+                                ("import", "import runs from TensorBoard, MLflow or W&B"),
+                                ("rank", "rank a project's runs: which ends best")):
             sub.add_parser(name, help=f"{help_text} (needs curvecast[server])").add_argument(
                 "args", nargs=argparse.REMAINDER
             )
@@ -377,10 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
         from curvecast.service.demo import add_demo_parser
         from curvecast.service.forecast.cli import add_forecast_parser
         from curvecast.service.import_cli import add_import_parser
+        from curvecast.service.rank_cli import add_rank_parser
 
         add_forecast_parser(sub)
         add_demo_parser(sub)
         add_import_parser(sub)
+        add_rank_parser(sub)
     add_sync_parser(sub)
     return parser
 

@@ -1,8 +1,9 @@
 """The projects page (every project the caller may see, with its runs by status and firing
 alerts) and a project's own page (its runs, as the runs list shows them).
 
-A project's page is where per-project views go: its runs table is one section of it, so
-another (a leaderboard of the project's runs) can sit beside it.
+A project's page is where per-project views go: its runs table is one section of it, and its
+leaderboard (the runs at a common step, with each one's chance of ending best: the answer of
+``GET /api/v1/projects/{project}/ranking``) another, above it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from fastapi.responses import HTMLResponse, Response
 
 from curvecast.contract import PROJECT_PATTERN
 from curvecast.service.deps import SessionDep, SettingsDep
+from curvecast.service.forecast.decision_answers import ranking_answer
 from curvecast.service.schemas import Principal
+from curvecast.service.store import decisions as decision_store
 from curvecast.service.web import reads
 from curvecast.service.web.pages import page_config, serve_page
 from curvecast.service.web.responses import PageRoute, page
@@ -40,13 +43,16 @@ def projects_page(request: Request, settings: SettingsDep, session: SessionDep) 
 @router.get("/projects/{project}", response_class=HTMLResponse)
 def project_page(request: Request, project: ProjectName, settings: SettingsDep,
                  session: SessionDep) -> Response:
-    """One project: its runs (newest first), each as on the runs list, ticked to compare."""
+    """One project: its leaderboard, and its runs (newest first), each as on the runs list,
+    ticked to compare."""
 
     def render(principal: Principal) -> Response:
         summary = reads.project_rows(session, principal, project)[0]
         rows, next_token = reads.runs_rows(session, principal, project, None, None)
+        ranking = ranking_answer(project, decision_store.project_runs(
+            session, project=project, allowed_project=principal.project))
         return page("project.html", title=f"{project} · project", project=summary, rows=rows,
-                    next_token=next_token,
+                    next_token=next_token, ranking=ranking,
                     config=page_config(settings, "project", nav="projects", project=project,
                                        rows_query="?" + urlencode({"project": project})))
 

@@ -169,6 +169,7 @@ BODIES: dict[tuple[str, str], Any] = {
         "url": "http://127.0.0.1:9/new-hook", "enabled": False},
 }
 QUERY: dict[str, Any] = {"/api/v1/runs/{run_id}/forecast/target": {"loss": "2.5"},
+                         "/api/v1/runs/{run_id}/forecast/beat": {"loss": "2.5"},
                          "/compare": "runs", "/dashboards/api/compare": "runs"}
 
 
