@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from curvecast.service.demo_terminal import Rows
-from curvecast.service.forecast.answer import REACHED_WINDOW, loss_reached
+from curvecast.service.forecast.reached import REACHED_WINDOW, loss_reached
 
 #: Seconds of recent polls the pace is measured over.
 PACE_WINDOW_S: Final = 20.0
@@ -88,7 +88,7 @@ def _as_float(value: Any) -> float:
 
 def loss_reached_of(steps: Sequence[int], values: Sequence[Any]) -> float | None:
     """The loss a series reached at its last step, by the forecast core's rule
-    (``answer.loss_reached``: the median over the last 1% of the steps), from points read over
+    (``reached.loss_reached``: the median over the last 1% of the steps), from points read over
     REST (at least those of that window). None without points, or where the last is not
     finite."""
     if not steps:

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from curvecast.contract import MAX_STEP, RunConfig, lr_key
-from curvecast.service.forecast.answer import forecast_answer, loss_reached, offline_json
+from curvecast.service.forecast.answer import forecast_answer, offline_json
 from curvecast.service.forecast.files import (
     Curve,
     ForecastInputError,
@@ -63,6 +63,7 @@ from curvecast.service.forecast.files import (
     pick_curve,
 )
 from curvecast.service.forecast.fit import DIVERGED, NO_ASYMPTOTE, TOO_EARLY, Fit
+from curvecast.service.forecast.reached import loss_reached
 from curvecast.service.forecast.solver import fit_curve
 
 __all__ = ["ForecastInputError", "add_forecast_parser", "forecast_result", "load_series", "main",
@@ -242,7 +243,7 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
         lines.append(f"forecast: the current loss {_fmt(fit.level)} extended at the pace runs "
                      "like this one kept, not the curve above")
     p = out["prediction"]
-    # The loss the points had there (smoothed: answer.smoothed_reached).
+    # The loss the points had there (smoothed: reached.smoothed_reached).
     logged = "" if p is None or p["reached"] is None else f"{_fmt(p['reached'])} (data)"
     if p is not None and p["value"] is None and fit.before_fitted_range(p["step"]):
         lines.append(f"loss at step {_fmt_step(p['step'])}: no forecast: it is before the fitted "

@@ -43,7 +43,6 @@ from numpy.typing import ArrayLike
 from scipy.optimize import minimize_scalar
 
 from curvecast.contract import RunConfig
-from curvecast.service.forecast.answer import REACHED_MAX_POINTS, smoothed_reached
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS, bin_sorted, clean_series
 from curvecast.service.forecast.fit import (
     DIVERGED,
@@ -65,6 +64,7 @@ from curvecast.service.forecast.fit import (
     model,
     valid_confidence,
 )
+from curvecast.service.forecast.reached import REACHED_MAX_POINTS, smoothed_reached
 from curvecast.service.forecast.schedule import (
     CONSTANT_LR_ASSUMED,
     assumes_constant_lr,
@@ -479,7 +479,7 @@ def _reached(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | 
     Medians of equal-count bins, then the median of each window of three bins (one low eval
     batch does not count as reaching a target), then the running minimum, kept at the steps it
     fell: at most ~256 pairs per fit. The last step ends it with the loss the series had there
-    by :func:`~.answer.smoothed_reached`'s rule, where that is lower.
+    by :func:`~.reached.smoothed_reached`'s rule, where that is lower.
     """
     if t.size == 0:
         return None

@@ -32,14 +32,14 @@ from curvecast.contract import (
     lr_key,
 )
 from curvecast.service.errors import InvalidInput, NotFound, RunNotFound
-from curvecast.service.forecast.answer import (
+from curvecast.service.forecast.binning import DEFAULT_MAX_BINS
+from curvecast.service.forecast.fit import DIVERGED_MIN_POINTS, Fit, FloatArray, ends_diverged
+from curvecast.service.forecast.reached import (
     REACHED_MAX_POINTS,
     REACHED_WINDOW,
     ReachedReader,
     smoothed_reached,
 )
-from curvecast.service.forecast.binning import DEFAULT_MAX_BINS
-from curvecast.service.forecast.fit import DIVERGED_MIN_POINTS, Fit, FloatArray, ends_diverged
 from curvecast.service.models import (
     FitRecord,
     MetricPoint,
@@ -460,9 +460,9 @@ def _no_such_series(session: Session, run_id: uuid.UUID, key: str) -> str:
 
 def loss_reached(session: Session, run_id: uuid.UUID, key: str, step: int,
                  last_step: int | None) -> float | None:
-    """The loss ``key`` had at ``step`` once the run got there (``answer.loss_reached``'s rule,
+    """The loss ``key`` had at ``step`` once the run got there (``reached.loss_reached``'s rule,
     read from the database): the series smoothed over the last ``REACHED_WINDOW`` of the steps
-    up to ``step`` (:func:`~curvecast.service.forecast.answer.smoothed_reached`), provided the
+    up to ``step`` (:func:`~curvecast.service.forecast.reached.smoothed_reached`), provided the
     series has a point at or after ``step``. None before that, or where its point at or before
     ``step`` is NaN or infinite.
 
