@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from curvecast.contract import ForecastStatus
 from curvecast.service.demo_terminal import Rows
 from curvecast.service.forecast.reached import REACHED_WINDOW, loss_reached
 
@@ -226,7 +227,7 @@ def forecast_text(forecast: dict[str, Any], key: str, reached: float | None) -> 
         text = f"→ final {key} {fit}"
     else:
         text = f"→ final {key} {fmt_loss(reached)} reached; fit {fit}"
-    if forecast.get("status") != "ok":
+    if forecast.get("status") != ForecastStatus.OK:
         text += f" ({forecast.get('status')})"
     if fs.get("value") is not None:
         text += f" | f* {fmt_loss(fs.get('value'))}"
@@ -301,7 +302,7 @@ class Progress:
     def _target(self, forecast: dict[str, Any], now: float | None) -> float | None:
         """The ETA's target: the user's, else the one picked at the first ok forecast (then
         kept: a target that moves with every fit answers no question)."""
-        if self.target is None and forecast.get("status") == "ok":
+        if self.target is None and forecast.get("status") == ForecastStatus.OK:
             self.target = pick_target(now, forecast["prediction"]["value"])
         return self.target
 

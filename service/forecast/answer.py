@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from curvecast.contract import RunConfig
+from curvecast.contract import ForecastStatus, RunConfig
 from curvecast.service.forecast.fit import Fit, FloatArray, finite_or_none
 from curvecast.service.forecast.reached import ReachedReader
 from curvecast.service.schemas.forecast import (
@@ -49,7 +49,6 @@ from curvecast.service.schemas.forecast import (
 )
 
 __all__ = [
-    "PENDING",
     "Band",
     "DatedFit",
     "band",
@@ -59,8 +58,6 @@ __all__ = [
     "target_answer",
 ]
 
-#: The status of a run the worker has not fitted yet (not a fit status: there is no fit).
-PENDING = "pending"
 _PENDING_MESSAGE = "no fit yet: the worker fits a run seconds after its first points arrive"
 
 
@@ -164,8 +161,8 @@ def forecast_answer(
     """
     if fit is None:
         return ForecastOut(
-            status=PENDING, n_points=0, fitted_upto_step=None, a=None, b=None, c=None,
-            f_star=None, prediction=None, target=None, key=key, confidence=confidence,
+            status=ForecastStatus.PENDING, n_points=0, fitted_upto_step=None, a=None, b=None,
+            c=None, f_star=None, prediction=None, target=None, key=key, confidence=confidence,
             message=_PENDING_MESSAGE,
         )
     if horizon is None:
@@ -227,7 +224,7 @@ def target_answer(
         ``seconds`` null without a positive step rate.
     """
     if fit is None:
-        return TargetAnswer(status=PENDING, key=key, target=None, eta=None)
+        return TargetAnswer(status=ForecastStatus.PENDING, key=key, target=None, eta=None)
     # Past the planned end, a time "at the current pace" would be one the run will not last:
     # the target's reason says so, and there is no ETA.
     target = _target(fit, loss, confidence, total_steps)

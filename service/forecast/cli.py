@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from curvecast.contract import MAX_STEP, RunConfig, lr_key
+from curvecast.contract import LEVEL_EXTENDING_STATUSES, MAX_STEP, ForecastStatus, RunConfig, lr_key
 from curvecast.service.forecast.answer import forecast_answer, offline_json
 from curvecast.service.forecast.files import (
     Curve,
@@ -62,7 +62,7 @@ from curvecast.service.forecast.files import (
     load_series,
     pick_curve,
 )
-from curvecast.service.forecast.fit import DIVERGED, NO_ASYMPTOTE, TOO_EARLY, Fit
+from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.reached import loss_reached
 from curvecast.service.forecast.solver import fit_curve
 
@@ -231,7 +231,7 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
     if fit.burn_in is not None:
         lines.append(f"burn-in: step {_fmt_step(fit.burn_in)} ({fit.burn_in_source or 'given'})")
     if out["c"] is None:
-        if fit.status != DIVERGED:  # its message says why there is none
+        if fit.status != ForecastStatus.DIVERGED:  # its message says why there is none
             lines.append(f"{out['n_points']} usable points: no forecast")
         return "\n".join(lines)
     lines.append(f"fit: {_formula(out['a'], out['b'], out['c'])}   "
@@ -239,7 +239,7 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
                  f"from step {_fmt_step(fit.fitted_from_step)})")
     if fit.useful_from_step is not None:
         lines.append(f"next useful forecast: from step {_fmt_step(fit.useful_from_step)}")
-    if fit.status in (TOO_EARLY, NO_ASYMPTOTE) and fit.level is not None:
+    if fit.status in LEVEL_EXTENDING_STATUSES and fit.level is not None:
         lines.append(f"forecast: the current loss {_fmt(fit.level)} extended at the pace runs "
                      "like this one kept, not the curve above")
     p = out["prediction"]

@@ -25,21 +25,13 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from curvecast.contract import LEVEL_EXTENDING_STATUSES
+from curvecast.contract import FIT_STATUSES, LEVEL_EXTENDING_STATUSES, ForecastStatus
 from curvecast.service.forecast import calibration as _cal
 
 FloatArray = NDArray[np.float64]
 
 __all__ = [
-    "DIVERGED",
     "DIVERGED_MIN_POINTS",
-    "FLAT",
-    "INSUFFICIENT",
-    "NO_ASYMPTOTE",
-    "NO_CONVERGENCE",
-    "OFF_MODEL",
-    "OK",
-    "TOO_EARLY",
     "STATUSES",
     "Fit",
     "FitParams",
@@ -57,24 +49,15 @@ __all__ = [
 ]
 
 # --- statuses -----------------------------------------------------------------------------------
-OK: Final = "ok"
-OFF_MODEL: Final = "off_model"
-FLAT: Final = "flat"
-INSUFFICIENT: Final = "insufficient_data"
-NO_CONVERGENCE: Final = "no_convergence"
-TOO_EARLY: Final = "too_early"
-NO_ASYMPTOTE: Final = "no_asymptote"
-DIVERGED: Final = "diverged"
-#: Every status a fit can have (docs/forecast.md, "Statuses", says what each means).
-#: ``ok``, ``too_early``, ``no_asymptote``, ``off_model`` and ``flat`` carry a forecast;
-#: ``insufficient_data``, ``diverged`` and ``no_convergence`` carry none (queries answer NaN).
-STATUSES: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT, INSUFFICIENT, DIVERGED,
-                   NO_CONVERGENCE)
+#: Every status a fit can have (:class:`~curvecast.contract.ForecastStatus` but ``pending``;
+#: docs/forecast.md, "Statuses", says what each means).
+STATUSES: Final = FIT_STATUSES
 #: Trailing non-finite points (NaN, ±inf) that make a series ``diverged``: one alone may be a
 #: skipped mixed-precision step (an inf loss, and the next one finite).
 DIVERGED_MIN_POINTS: Final = 3
 #: The statuses whose forecast has a value.
-_WITH_FORECAST: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT)
+_WITH_FORECAST: Final = (ForecastStatus.OK, ForecastStatus.TOO_EARLY, ForecastStatus.NO_ASYMPTOTE,
+                         ForecastStatus.OFF_MODEL, ForecastStatus.FLAT)
 
 _MAX_TARGET_FACTOR: Final = 1e4  # steps_to searches up to this multiple of the fitted range
 #: The current level: the median of the latest ``LEVEL_FRACTION`` of the fitted points, at
@@ -222,7 +205,7 @@ class Fit:
             schedule (:func:`~.schedule.assumes_constant_lr`); its message says so.
     """
 
-    status: str
+    status: ForecastStatus
     a: float | None = None
     b: float | None = None
     c: float | None = None
@@ -259,7 +242,7 @@ class Fit:
     @property
     def f_star_identified(self) -> bool:
         """Whether the asymptote c is an estimate of f* (not at its floor, not too early)."""
-        return self.has_forecast and self.status not in (TOO_EARLY, NO_ASYMPTOTE)
+        return self.has_forecast and self.status not in LEVEL_EXTENDING_STATUSES
 
     def _clip(self, x: float) -> float:
         return x if self.loss_floor is None or not math.isfinite(x) else max(x, self.loss_floor)
@@ -267,7 +250,8 @@ class Fit:
     @property
     def params(self) -> FitParams | None:
         """The parameters as a warm start for the next fit, or ``None``."""
-        if not self.has_forecast or self.a is None or self.c is None or self.status == TOO_EARLY:
+        if (not self.has_forecast or self.a is None or self.c is None
+                or self.status == ForecastStatus.TOO_EARLY):
             return None  # a too_early fit may be provisional (another burn-in): start afresh
         b = self.b if self.b is not None else 0.0
         return FitParams(a=self.a, b=b, c=self.c, burn_in=self.burn_in)
@@ -532,7 +516,7 @@ class Fit:
         if passed is not None:
             return TargetEstimate(target, passed, passed, passed, True, reached=True)
         if not self.has_forecast or self.c is None or self.fitted_upto_step is None:
-            reason = self.message if self.status == DIVERGED else "no forecast yet"
+            reason = self.message if self.status == ForecastStatus.DIVERGED else "no forecast yet"
             return TargetEstimate(target, None, None, None, False, reason=reason)
         t_last = self.fitted_upto_step
         if self.loss_floor is not None and target < self.loss_floor:
@@ -577,7 +561,7 @@ class Fit:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (NaN and inf become ``None``); :meth:`from_dict` inverts it."""
         out: dict[str, Any] = {
-            "status": self.status,
+            "status": str(self.status),
             "a": finite_or_none(self.a),
             "b": finite_or_none(self.b),
             "c": finite_or_none(self.c),
@@ -627,9 +611,10 @@ class Fit:
                     break
                 rows.append((vals[0], vals[1], vals[2]))
             cov = tuple(rows) if rows else None
-        status = str(data.get("status", NO_CONVERGENCE))
+        status = str(data.get("status", ""))
         return cls(
-            status=status if status in STATUSES else NO_CONVERGENCE,
+            status=(ForecastStatus(status) if status in STATUSES
+                    else ForecastStatus.NO_CONVERGENCE),
             a=opt("a"),
             b=opt("b"),
             c=opt("c"),

@@ -42,18 +42,10 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.optimize import minimize_scalar
 
-from curvecast.contract import RunConfig
+from curvecast.contract import ForecastStatus, RunConfig
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS, bin_sorted, clean_series
 from curvecast.service.forecast.fit import (
-    DIVERGED,
     DIVERGED_MIN_POINTS,
-    FLAT,
-    INSUFFICIENT,
-    NO_ASYMPTOTE,
-    NO_CONVERGENCE,
-    OFF_MODEL,
-    OK,
-    TOO_EARLY,
     Fit,
     FitParams,
     FloatArray,
@@ -405,16 +397,18 @@ def fit_curve(
             if why is not None and fit.has_forecast:
                 # The model is for anytime runs; the numbers extrapolate the pace so far and
                 # cannot see the decay to come.
-                fit = replace(fit, status=OFF_MODEL, off_model=True, useful_from_step=None,
+                fit = replace(fit, status=ForecastStatus.OFF_MODEL, off_model=True,
+                              useful_from_step=None,
                               message=f"{why}: a/sqrt(t+b)+c describes constant-LR and "
                               "schedule-free runs; read the forecast with care")
-            elif fit.status == OK and assumes_constant_lr(cfg, lr is not None):
+            elif fit.status == ForecastStatus.OK and assumes_constant_lr(cfg, lr is not None):
                 fit = replace(fit, assumes_constant_lr=True, message="; ".join(
                     m for m in (fit.message, CONSTANT_LR_ASSUMED) if m))
             return replace(fit, loss_floor=floor, reached=_reached(t_all, y_all))
     except (ValueError, FloatingPointError, ArithmeticError, np.linalg.LinAlgError) as exc:
         # Defensive: numerical corner cases must come back as a status, not an exception.
-        return Fit(status=NO_CONVERGENCE, confidence=conf, message=f"fit failed: {exc}")
+        return Fit(status=ForecastStatus.NO_CONVERGENCE, confidence=conf,
+                   message=f"fit failed: {exc}")
 
 
 def _decaying_schedule(config: RunConfig, lr: tuple[ArrayLike, ArrayLike] | None,
@@ -529,7 +523,7 @@ def _diverged(t_all: FloatArray, conf: float) -> Fit:
     """The answer for a series that ends in NaN or infinite values: nothing to extrapolate."""
     last = float(t_all[-1]) if t_all.size else None
     after = f"after step {last:g}" if last is not None else "from its first point"
-    return Fit(status=DIVERGED, confidence=conf, n_points=int(t_all.size),
+    return Fit(status=ForecastStatus.DIVERGED, confidence=conf, n_points=int(t_all.size),
                fitted_upto_step=last,
                message=f"the loss is not finite {after}: its latest points are NaN or "
                        "infinite (the run diverged); no forecast")
@@ -551,7 +545,7 @@ def _transient(fit: Fit, t_all: FloatArray, y_all: FloatArray, burn_in: float | 
     start = config.averaging_start or 0
     t_last = float(t_all[-1])
     useful = _TRANSIENT_FACTOR * start
-    if fit.status == INSUFFICIENT:
+    if fit.status == ForecastStatus.INSUFFICIENT_DATA:
         provisional = _fit_curve(t_all, y_all, None, RunConfig(), None, conf, max_bins, False,
                                  floor)
         if not provisional.has_forecast:
@@ -559,14 +553,16 @@ def _transient(fit: Fit, t_all: FloatArray, y_all: FloatArray, burn_in: float | 
         fit = provisional
     elif not fit.has_forecast:
         return fit
-    hump = fit.status == FLAT or (fit.status == OFF_MODEL and (fit.off_model_score or 0) > 0)
+    hump = fit.status == ForecastStatus.FLAT or (
+        fit.status == ForecastStatus.OFF_MODEL and (fit.off_model_score or 0) > 0)
     total = config.total_steps
     if t_last < useful:
         why = f"still in the transient after averaging starts (step {start:g})"
     elif hump and t_last < _HUMP_FACTOR * start:
         useful = _HUMP_FACTOR * start
         why = f"a plateau or rise right after averaging starts (step {start:g})"
-    elif fit.status == FLAT and total is not None and t_last < _PLATEAU_FRACTION * total:
+    elif (fit.status == ForecastStatus.FLAT and total is not None
+          and t_last < _PLATEAU_FRACTION * total):
         # A plateau in the first half of a planned run: on the corpus these runs fell again.
         useful = min(2.0 * t_last, float(total))
         why = "a plateau in the first half of the run"
@@ -580,7 +576,7 @@ def _transient(fit: Fit, t_all: FloatArray, y_all: FloatArray, burn_in: float | 
                  "500-step warmup); for a short run pass warmup_steps of a tenth to a quarter of "
                  "it and c_warmup 1.5x that")
     return replace(
-        fit, status=TOO_EARLY, off_model=False, useful_from_step=useful,
+        fit, status=ForecastStatus.TOO_EARLY, off_model=False, useful_from_step=useful,
         message=(f"{why}: {when}; until then the forecast extends the current loss at the "
                  "pace runs like this one kept, with a wide interval"),
     )
@@ -590,7 +586,8 @@ def _fit_curve(t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
                config: RunConfig, warm_start: FitParams | None,
                conf: float, max_bins: int, check_off_model: bool, floor: float | None) -> Fit:
     if t_all.size == 0:
-        return Fit(status=INSUFFICIENT, confidence=conf, message="no finite (step, loss) pairs")
+        return Fit(status=ForecastStatus.INSUFFICIENT_DATA, confidence=conf,
+                   message="no finite (step, loss) pairs")
 
     # 1. burn-in
     source: str | None
@@ -621,8 +618,8 @@ def _fit_curve(t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
     t, y, counts = binned.steps, binned.values, binned.counts
     if np.unique(t).size < MIN_POINTS:
         n_raw = int(t_raw.size)
-        return Fit(status=INSUFFICIENT, n_points=n_raw, burn_in=finite_or_none(b_in),
-                   burn_in_source=source, confidence=conf,
+        return Fit(status=ForecastStatus.INSUFFICIENT_DATA, n_points=n_raw,
+                   burn_in=finite_or_none(b_in), burn_in_source=source, confidence=conf,
                    fitted_from_step=float(t_raw[0]) if n_raw else None,
                    fitted_upto_step=float(t_raw[-1]) if n_raw else None,
                    message=f"{n_raw} usable points after burn-in; at least {MIN_POINTS} "
@@ -635,7 +632,7 @@ def _fit_curve(t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
     if not sane.all():
         t, y, counts = t[sane], y[sane], counts[sane]
         if np.unique(t).size < MIN_POINTS:
-            return Fit(status=INSUFFICIENT, n_points=int(counts.sum()),
+            return Fit(status=ForecastStatus.INSUFFICIENT_DATA, n_points=int(counts.sum()),
                        burn_in=finite_or_none(b_in), burn_in_source=source, confidence=conf,
                        message="too few points left after removing gross outliers")
     cmin = ((floor if floor is not None else -math.inf) - y_mid) / y_scale
@@ -656,7 +653,7 @@ def _fit_curve(t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
 
     raw = _fit_vp(t, y, w0, cmin, qc)
     if raw is None or not all(math.isfinite(v) for v in (raw.a, raw.b, raw.c)):
-        return Fit(status=NO_CONVERGENCE, n_points=n_raw, n_fitted=int(t.size),
+        return Fit(status=ForecastStatus.NO_CONVERGENCE, n_points=n_raw, n_fitted=int(t.size),
                    burn_in=finite_or_none(b_in), burn_in_source=source, confidence=conf,
                    message="the optimiser did not find finite parameters")
 
@@ -689,10 +686,10 @@ def _fit_curve(t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
         cov_t = tuple((float(r[0]), float(r[1]), float(r[2])) for r in cov)
     a, c = raw.a * y_scale, raw.c * y_scale + y_mid
     if not (math.isfinite(a) and math.isfinite(c)):
-        return Fit(status=NO_CONVERGENCE, n_points=n_raw, n_fitted=int(t.size),
+        return Fit(status=ForecastStatus.NO_CONVERGENCE, n_points=n_raw, n_fitted=int(t.size),
                    burn_in=finite_or_none(b_in), burn_in_source=source, confidence=conf,
                    message="the parameters overflow in loss units")
-    fit = Fit(status=OK, a=a, b=raw.b, c=c, cov=cov_t, **base)
+    fit = Fit(status=ForecastStatus.OK, a=a, b=raw.b, c=c, cov=cov_t, **base)
 
     # 4. off-model test on the recent part of the window
     if check_off_model:
@@ -708,13 +705,14 @@ def _fit_curve(t_all: FloatArray, y_all: FloatArray, burn_in: float | None,
                 msg = (f"the recent data left the model: {abs(z):.1f} standard errors {where} "
                        f"a fit on the older data ({excess:+.0%} of its predicted decay)")
             fit = replace(fit, off_model=off, off_model_score=z, off_model_excess=excess,
-                          status=OFF_MODEL if off else OK, message=msg)
-    if fit.status == OK:
+                          status=ForecastStatus.OFF_MODEL if off else ForecastStatus.OK,
+                          message=msg)
+    if fit.status == ForecastStatus.OK:
         why = _unidentified_f_star(fit, raw.c <= cmin + 1e-9, floor)
         if why is not None:
             level = base["level"]
             at_most = f" (at most the current loss {level:.4g})" if level is not None else ""
-            fit = replace(fit, status=NO_ASYMPTOTE, message=(
+            fit = replace(fit, status=ForecastStatus.NO_ASYMPTOTE, message=(
                 f"{why}: f* is not identifiable yet{at_most}; the forecast extends the current "
                 "loss at the pace runs like this one kept (docs/forecast.md, \"Statuses\")"))
     return fit
@@ -764,10 +762,10 @@ def _flat_fit(t: FloatArray, y: FloatArray, base: dict[str, Any], y_mid: float, 
             score = math.inf
         off = bool(score is not None and score > _OFF_Z)
     if off:
-        return Fit(status=OFF_MODEL, a=0.0, b=None, c=level, off_model=True,
+        return Fit(status=ForecastStatus.OFF_MODEL, a=0.0, b=None, c=level, off_model=True,
                    off_model_score=finite_or_none(score),
                    message="the loss is rising: no decay to extrapolate", **base)
-    return Fit(status=FLAT, a=0.0, b=None, c=level, off_model=False,
+    return Fit(status=ForecastStatus.FLAT, a=0.0, b=None, c=level, off_model=False,
                off_model_score=finite_or_none(score),
                message="no significant decay: the forecast is the current level", **base)
 

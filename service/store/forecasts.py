@@ -385,7 +385,7 @@ def save_fits(
         record = FitRecord(
             run_id=job.run_id,
             key=fit_input.key,
-            status=fit.status,
+            status=str(fit.status),
             n_points=fit.n_points,
             run_n_points=job.run_n_points,
             fitted_upto_step=None if upto is None else int(upto),
