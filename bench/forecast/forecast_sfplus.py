@@ -75,7 +75,7 @@ from bench.forecast.forecast_calibrate import (
 )
 from curvecast.contract import ForecastStatus, RunConfig
 from curvecast.service.forecast import calibration as cal
-from curvecast.service.forecast import solver
+from curvecast.service.forecast import robust_fit, solver
 from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.solver import fit_curve
 
@@ -213,12 +213,12 @@ def _q_rel(fit: Fit) -> float | None:
 def eb_prior(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
     others = [q for name, q in ctx["q_full"].items() if name != run.name and q is not None]
     mu, tau = float(np.mean(others)), max(float(np.std(others)), 0.05)
-    saved = solver._PRIOR_MU, solver._PRIOR_TAU
-    solver._PRIOR_MU, solver._PRIOR_TAU = mu, tau  # type: ignore[misc]
+    saved = robust_fit._PRIOR_MU, robust_fit._PRIOR_TAU
+    robust_fit._PRIOR_MU, robust_fit._PRIOR_TAU = mu, tau  # type: ignore[misc]
     try:
         return shipped(run, k, ctx)
     finally:
-        solver._PRIOR_MU, solver._PRIOR_TAU = saved  # type: ignore[misc]
+        robust_fit._PRIOR_MU, robust_fit._PRIOR_TAU = saved  # type: ignore[misc]
 
 
 def _point(f: Forecast) -> Forecast:
@@ -233,17 +233,17 @@ def average_b(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
         return _point(_from_fit(fit, run.total))
     m = et >= fit.burn_in
     t, y = et[m], ev[m]
-    if t.size < solver.MIN_POINTS:
+    if t.size < robust_fit.MIN_POINTS:
         return _point(_from_fit(fit, run.total))
     ref = max(float(t[0]), 0.02 * float(t[-1]))
     qs = np.linspace(math.log(ref) - 4.0, math.log(ref) + 8.0, 241)
-    x = solver._design(t, qs)
+    x = robust_fit.design(t, qs)
     floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
-    a, c, sse = solver._solve_ac(x, y, np.ones_like(t), floor)
+    a, c, sse = robust_fit.solve_ac(x, y, np.ones_like(t), floor)
     inflation = t.size / max(fit.n_eff or t.size, 1.0)
     s2 = max(fit.residual_scale**2, 1e-12)
-    obj = sse / (2 * s2 * inflation) + (qs - math.log(ref) - solver._PRIOR_MU) ** 2 / (
-        2 * solver._PRIOR_TAU**2)
+    obj = sse / (2 * s2 * inflation) + (qs - math.log(ref) - robust_fit._PRIOR_MU) ** 2 / (
+        2 * robust_fit._PRIOR_TAU**2)
     w = np.exp(-(obj - obj.min()))
     w /= w.sum()
     pred = a / np.sqrt(np.exp(qs) + run.total - float(t[0])) + c
@@ -262,7 +262,7 @@ def train_shape(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
         return _point(_from_fit(level, run.total))
     x = 1.0 / np.sqrt(t + shape.b)
     floor = level.loss_floor if level.loss_floor is not None else -math.inf
-    a, c, _ = solver._solve_ac(x[None, :], y, np.ones_like(t), floor)
+    a, c, _ = robust_fit.solve_ac(x[None, :], y, np.ones_like(t), floor)
     return Forecast(float(a[0] / math.sqrt(run.total + shape.b) + c[0]), status=level.status)
 
 
@@ -284,7 +284,7 @@ def eb_prior_c(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
         return _point(_from_fit(fit, run.total))
     m = et >= fit.burn_in
     t, y = et[m], ev[m]
-    if t.size < solver.MIN_POINTS:
+    if t.size < robust_fit.MIN_POINTS:
         return _point(_from_fit(fit, run.total))
     others = [v for name, v in ctx["c_ratio"][k].items() if name != run.name and v is not None]
     mu, tau = float(np.mean(others)) * fit.level, max(float(np.std(others)), 0.05) * fit.level
@@ -580,7 +580,7 @@ def public_check() -> str:
             errs: list[list[float]] = [[], [], []]
             for c in members:
                 t, y = prefix(c, k)
-                if t.size < solver.MIN_POINTS:
+                if t.size < robust_fit.MIN_POINTS:
                     continue
                 truth, total = float(c.losses[-1]), float(c.steps[-1])
                 fit = fit_curve(t, y)

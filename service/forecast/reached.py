@@ -8,7 +8,10 @@ pairs end with it. Every caller applies the same rule from where its points are:
 * :func:`loss_reached` -- over the points at hand (the offline CLI, the demo's terminal);
 * :func:`smoothed_reached` -- from a series' latest points, newest first (the store reads those
   from the database with one statement and hands them over);
-* :data:`ReachedReader` -- how the answer builders ask for it, whoever reads the points.
+* :data:`ReachedReader` -- how the answer builders ask for it, whoever reads the points;
+* :func:`reached_pairs` -- where a fitted series' smoothed running minimum fell, ending with
+  the rule's loss at its last step (a fit's ``reached``: targets the data passed are answered
+  from it).
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ from typing import Final
 import numpy as np
 from numpy.typing import ArrayLike
 
+from curvecast.service.forecast.binning import bin_sorted
+from curvecast.service.forecast.fit import FloatArray
+
 __all__ = [
     "REACHED_MAX_POINTS",
     "REACHED_WINDOW",
     "ReachedReader",
     "loss_reached",
+    "reached_pairs",
     "smoothed_reached",
 ]
 
@@ -41,6 +48,8 @@ ReachedReader = Callable[[str | None, int], float | None]
 REACHED_WINDOW: Final = 0.01
 #: ... at most this many of them, the latest (a dense series' window stays a cheap read).
 REACHED_MAX_POINTS: Final = 256
+_REACHED_BINS: Final = 256  # a fit's running minimum is kept at this resolution ...
+_REACHED_SMOOTH: Final = 3  # ... of medians of this many consecutive bins
 
 
 def smoothed_reached(latest: Sequence[tuple[float, float]], step: float) -> float | None:
@@ -74,3 +83,41 @@ def loss_reached(steps: ArrayLike, values: ArrayLike, step: float) -> float | No
     newest = before[np.argsort(-t[before], kind="stable")[:REACHED_MAX_POINTS]]
     return smoothed_reached(list(zip(t[newest].tolist(), y[newest].tolist(), strict=True)),
                             step)
+
+
+def reached_pairs(t: FloatArray, y: FloatArray) -> tuple[tuple[float, float], ...] | None:
+    """``((step, loss), ...)``: where the smoothed series' running minimum fell.
+
+    Medians of equal-count bins, then the median of each window of three bins (one low eval
+    batch does not count as reaching a target), then the running minimum, kept at the steps it
+    fell: at most ~256 pairs per fit. The last step ends it with the loss the series had there
+    by :func:`smoothed_reached`'s rule, where that is lower.
+    """
+    if t.size == 0:
+        return None
+    binned = bin_sorted(t, y, _REACHED_BINS)
+    # Each bin stands at its last step, a logged one: its median is known there, not at the
+    # bin's mean step (which read as "reached at step 1180.5", half a bin before the data).
+    bt, by = t[np.cumsum(binned.counts) - 1], binned.values
+    k = min(_REACHED_SMOOTH, by.size)
+    if k > 1:
+        if k == 3:  # the median of three, elementwise (np.median's machinery costs more)
+            p, q, r = by[:-2], by[1:-1], by[2:]
+            by = np.maximum(np.minimum(p, q), np.minimum(np.maximum(p, q), r))
+        else:
+            by = np.median(np.lib.stride_tricks.sliding_window_view(by, k), axis=1)
+        bt = bt[k - 1:]  # a window's value is known at its last bin's last step
+    low = np.minimum.accumulate(by)
+    fell = np.concatenate(([True], low[1:] < low[:-1]))
+    pairs = list(zip(bt[fell].tolist(), low[fell].tolist(), strict=True))
+    # The last step by the rule of the loss "reached there" (prediction.reached): the three-bin
+    # median lags the newest points, so at a run's end a loss the answers call "reached there"
+    # would otherwise be a target "not reached".
+    # The series is sorted by step: its newest points are its tail, newest first (no second
+    # sort of a long series, as loss_reached needs for points in any order).
+    newest = zip(t[:-REACHED_MAX_POINTS - 1:-1].tolist(), y[:-REACHED_MAX_POINTS - 1:-1].tolist(),
+                 strict=True)
+    last = smoothed_reached(list(newest), float(t[-1]))
+    if last is not None and last < pairs[-1][1]:
+        pairs.append((float(t[-1]), last))
+    return tuple(pairs)
