@@ -34,7 +34,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from curvecast.contract import ForecastStatus, RunConfig
-from curvecast.service.forecast.fit import Fit, FloatArray, finite_or_none
+from curvecast.service.forecast.curve import FloatArray, finite_or_none
+from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.reached import ReachedReader
 from curvecast.service.schemas.forecast import (
     OFFLINE_KEYS,

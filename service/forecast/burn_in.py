@@ -15,7 +15,7 @@ from typing import Any, Final
 import numpy as np
 
 from curvecast.contract import RunConfig
-from curvecast.service.forecast.fit import FloatArray, model
+from curvecast.service.forecast.curve import FloatArray, model
 from curvecast.service.forecast.robust_fit import MIN_POINTS, fit_vp, median
 
 __all__ = ["choose_burn_in", "data_burn_in"]

@@ -19,7 +19,8 @@ from typing import Any, Final
 import numpy as np
 
 from curvecast.contract import ForecastStatus
-from curvecast.service.forecast.fit import Fit, FloatArray, curve_gradients, finite_or_none, model
+from curvecast.service.forecast.curve import FloatArray, curve_gradients, finite_or_none, model
+from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.robust_fit import (
     MIN_POINTS,
     covariance,

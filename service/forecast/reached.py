@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from curvecast.service.forecast.binning import bin_sorted
-from curvecast.service.forecast.fit import FloatArray
+from curvecast.service.forecast.curve import FloatArray
 
 __all__ = [
     "REACHED_MAX_POINTS",

@@ -20,7 +20,7 @@ from typing import Final
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from curvecast.service.forecast.fit import FloatArray
+from curvecast.service.forecast.curve import FloatArray
 
 __all__ = [
     "MIN_POINTS",

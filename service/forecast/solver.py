@@ -48,9 +48,8 @@ from numpy.typing import ArrayLike
 from curvecast.contract import ForecastStatus, RunConfig
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS, bin_sorted, clean_series
 from curvecast.service.forecast.burn_in import choose_burn_in, data_burn_in
-from curvecast.service.forecast.fit import (
+from curvecast.service.forecast.curve import (
     DIVERGED_MIN_POINTS,
-    Fit,
     FitParams,
     FloatArray,
     as_float,
@@ -58,6 +57,7 @@ from curvecast.service.forecast.fit import (
     level_points,
     valid_confidence,
 )
+from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.off_model import flat_fit, mark_off_model
 from curvecast.service.forecast.reached import reached_pairs
 from curvecast.service.forecast.robust_fit import (

@@ -33,7 +33,8 @@ from curvecast.contract import (
 )
 from curvecast.service.errors import InvalidInput, NotFound, RunNotFound
 from curvecast.service.forecast.binning import DEFAULT_MAX_BINS
-from curvecast.service.forecast.fit import DIVERGED_MIN_POINTS, Fit, FloatArray, ends_diverged
+from curvecast.service.forecast.curve import DIVERGED_MIN_POINTS, FloatArray, ends_diverged
+from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.reached import (
     REACHED_MAX_POINTS,
     REACHED_WINDOW,
