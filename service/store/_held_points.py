@@ -40,7 +40,7 @@ __all__ = ["HOLD_LIMIT", "MAX_POINTS", "HeldPoints", "held_points", "stored_coun
 #: Points held in all, per engine (two 8-byte columns: ~32 MB).
 MAX_POINTS = 2_000_000
 #: The longest series a downsampled read holds (a refit holds what it reads raw:
-#: ``forecasts.RAW_READ_LIMIT`` steps).
+#: ``refits.RAW_READ_LIMIT`` steps).
 HOLD_LIMIT = 20_000
 
 Points = tuple[NDArray[np.int64], NDArray[np.float64]]
