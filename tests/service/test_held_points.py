@@ -19,8 +19,8 @@ from curvecast.contract import RunConfig
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.schemas import MetricBatch, RunCreate
+from curvecast.service.store import metric_reads, refits
 from curvecast.service.store import metrics as metric_store
-from curvecast.service.store import refits
 from curvecast.service.store import runs as run_store
 from curvecast.service.store._held_points import HeldPoints
 from curvecast.service.store.retention import delete_run
@@ -43,9 +43,9 @@ def refit_cache(monkeypatch: pytest.MonkeyPatch) -> HeldPoints:
 
 @pytest.fixture
 def read_cache(monkeypatch: pytest.MonkeyPatch) -> HeldPoints:
-    """A fresh cache for the downsampled reads (``metrics``), its counters starting at 0."""
+    """A fresh cache for the downsampled reads (``metric_reads``), its counters starting at 0."""
     cache = HeldPoints()
-    monkeypatch.setattr(metric_store, "held_points", cache)
+    monkeypatch.setattr(metric_reads, "held_points", cache)
     return cache
 
 
@@ -169,7 +169,7 @@ def _buckets(factory: sessionmaker[Session], run_id: uuid.UUID, max_points: int 
              **window: int) -> Any:
     """A downsampled read whose buckets are narrower than a rollup block (raw points)."""
     with session_scope(factory) as s:
-        out = metric_store.read_series(s, run_id=run_id, keys=["loss"], max_points=max_points,
+        out = metric_reads.read_series(s, run_id=run_id, keys=["loss"], max_points=max_points,
                                        allowed_project=None, start=window.get("start"),
                                        end=window.get("end"))
     return json.loads(out.series[0].model_dump_json())  # NaN as "NaN": comparable
@@ -187,7 +187,7 @@ def test_raw_bucket_reads_from_held_points_answer_as_fresh_reads(
 
     def fresh(**window: int) -> Any:
         with monkeypatch.context() as m:
-            m.setattr(metric_store, "held_points", HeldPoints())
+            m.setattr(metric_reads, "held_points", HeldPoints())
             return _buckets(factory, run_id, **window)
 
     create()
@@ -234,7 +234,7 @@ def test_a_read_lets_go_of_a_series_grown_past_the_hold_limit(
     database_url: str, read_cache: HeldPoints,
 ) -> None:
     cache = read_cache
-    monkeypatch.setattr(metric_store, "HOLD_LIMIT", 500)
+    monkeypatch.setattr(metric_reads, "HOLD_LIMIT", 500)
     run_id = _create(factory, uuid.uuid4(), project)
     _log(factory, run_id, list(range(0, 400)))
     small = _buckets(factory, run_id, max_points=60)  # held: 400 points
