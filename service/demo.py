@@ -50,8 +50,8 @@ from curvecast.service.demo_terminal import Rows, log_above
 from curvecast.service.http_guard import protocol_for
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_charlm.py"
-# d_model, layers. "small" (0.4M parameters) trains 2,000 steps in 70-105 s on 2 cores
-# (BENCHMARKS.md, "demo_run"; up to ~3 min on a busy machine).
+# d_model, layers. How long "small" (0.4M parameters) takes for its 2,000 steps: BENCHMARKS.md,
+# "The demo run".
 SIZES = {"tiny": ("32", "1"), "small": ("128", "2")}
 #: Long enough for the eval curve to bend after averaging starts, so the forecast leaves
 #: ``too_early`` for ``ok`` (f* identified) before the end; 1,000 steps ended ``no_asymptote``.

@@ -278,8 +278,7 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
                      "the forecast with care")
         if not configured:
             # Without its c_warmup, a ScheduleFree+ run's fall once averaging starts looks like
-            # a decay leaving the model (on our runs' exports at 30%: off_model without the
-            # config, too_early with it).
+            # a decay leaving the model (off_model without the config, too_early with it).
             lines.append("hint: no --config or --burn-in given; for a ScheduleFree+ run pass "
                          "--config with the run's config (c_warmup, warmup_steps), e.g. the "
                          "file GET /api/v1/runs/{id} answers, so the fit starts after its "
