@@ -1,6 +1,8 @@
-"""``Monitor``: the training-loop hook.
+"""``Monitor``: the training-loop hook (its construction, the hot path, ``watch()``, the run's
+config, alerts and stats).
 
-The background threads and the data flow are in ``_pipeline.py``.
+The background threads and the data flow are in ``_pipeline.py``; flushing and finishing in
+``_lifecycle.py``.
 
 ``log()`` only validates and appends; both threads are daemons that catch and log every
 exception and keep going, so neither can take the training loop down nor block interpreter
@@ -14,12 +16,10 @@ import atexit
 import logging
 import os
 import statistics
-import sys
 import threading
 import time
 import uuid
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,15 +27,10 @@ from typing import Any
 
 from curvecast.client._api import Api, Backoff
 from curvecast.client._batcher import Outbox, Record, logged_points
+from curvecast.client._lifecycle import LIVE, RunLifecycle
 from curvecast.client._pipeline import Pipeline
-from curvecast.client._sender import (
-    HEARTBEAT_INTERVAL,
-    Counters,
-    Sender,
-    report_leftovers,
-    spool_batch,
-)
-from curvecast.client._signals import ExitSignals, exit_reason
+from curvecast.client._sender import HEARTBEAT_INTERVAL, Counters, Sender
+from curvecast.client._signals import ExitSignals
 from curvecast.client._spool import Spool, default_spool_dir
 from curvecast.client._transport import HTTPTransport, Transport
 from curvecast.client._validate import (
@@ -51,27 +46,14 @@ from curvecast.client._validate import (
     check_value,
 )
 from curvecast.client._watch import Sink, optimizer_config, watch_optimizer
-from curvecast.contract import FINAL_RUN_STATUSES, MAX_STEP, TELEMETRY_PREFIX
+from curvecast.contract import MAX_STEP, TELEMETRY_PREFIX
 
 log = logging.getLogger("curvecast.client")
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-RunStatus = str  # one of FINAL_RUN_STATUSES
-_LIVE: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
 
-def _after_fork_in_child() -> None:
-    # A forked child (a DataLoader worker) inherits the monitor but not its threads: make sure
-    # it never flushes or spools the parent's points at its own exit.
-    for monitor in list(_LIVE):
-        monitor._forked = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class Monitor:
+class Monitor(RunLifecycle):
     """Streams a training run's metrics to a curvecast service, without slowing the loop.
 
     Example:
@@ -98,7 +80,8 @@ class Monitor:
         norms_every: ``watch()`` logs weight and gradient L2 norms every this many steps
             (0 disables them). They cost a reduction pass over the parameters and one device
             sync, so they are not computed every step; 100 gives a drift trend hundreds of
-            points long on a typical run for well under 1% of the step time.
+            points long on a typical run at a small part of the step time (BENCHMARKS.md,
+            "Client hook overhead").
         on_alert: called from the background thread with each newly firing alert of the run
             (a dict as the service returns it). Keep it short: sending waits while it runs.
         alert_interval: seconds between alert polls when ``on_alert`` is set.
@@ -234,7 +217,7 @@ class Monitor:
             name=self.run_id[:8],
         )
         self._pipe.start()
-        _LIVE.add(self)
+        LIVE.add(self)
         atexit.register(self._atexit)
         self._signals = (
             ExitSignals(self._finish_on_signal, self._finishing_here) if handle_sigterm else None
@@ -266,7 +249,8 @@ class Monitor:
         # The names as a tuple: the same call site passes the same interned strings in the same
         # order, so the comparison is one identity test per name. (Comparing key views hashes
         # and looks up each name: after a training step, with cold caches, that was most of the
-        # names check's cost; bench/client/log_paired.py.)
+        # names check's cost; BENCHMARKS.md, "`Monitor.log()` against a revision, paired by
+        # step".)
         names = tuple(kwargs)
         if step < self._names_step or names != self._names:
             self._check_names(names, step, kwargs)
@@ -308,9 +292,9 @@ class Monitor:
 
         That last check is here, on a call site's first call, because ``log()``'s loop reads
         a CPU tensor with ``tolist()`` before it knows the shape: for a weight matrix logged
-        by mistake, a list of every element (seconds and gigabytes for 50M) before the error.
-        In the loop itself, one more attribute read per tensor cost 5% of ``log()``
-        (``bench/client/log_paired.py``)."""
+        by mistake, a list of every element (seconds and gigabytes for a large one) before the
+        error. In the loop itself, one more attribute read per tensor would cost ``log()``
+        measurably (BENCHMARKS.md, "`Monitor.log()` against a revision, paired by step")."""
         last = self._last_step
         for key in self._names:  # the last call's names, logged at _names_step since then
             last[key] = self._names_step
@@ -452,127 +436,6 @@ class Monitor:
         if result.ok:
             return list(self._sender.record_alerts(result.body))
         return list(self._sender.last_alerts)
-
-    # -- flushing and finishing ------------------------------------------------------------
-
-    def _all_sent(self) -> bool:
-        return self._pipe.idle_batcher() and self._sender.caught_up
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything logged so far is stored by the service.
-
-        Args:
-            timeout: seconds to wait at most (default ``flush_timeout``).
-
-        Returns:
-            True if everything was acknowledged, False on timeout (nothing is lost: what is not
-            sent yet stays queued or spooled).
-        """
-        deadline = time.monotonic() + (self.flush_timeout if timeout is None else timeout)
-        self._pipe.wake_batcher()
-        if not self._pipe.wait_for(self._pipe.idle_batcher, deadline):
-            return False
-        self._pipe.wake_sender()
-        return self._pipe.wait_for(self._all_sent, deadline)
-
-    def finish(
-        self, status: RunStatus = "finished", *, timeout: float | None = None,
-        reason: str | None = None,
-    ) -> bool:
-        """Send everything, mark the run ``status``, and stop the background threads.
-
-        Keeps trying for up to ``timeout`` seconds (default ``flush_timeout``); whatever is
-        still unsent then is written to the spool, and a warning says where and how to upload
-        it (``curvecast sync``). Idempotent; runs automatically at interpreter exit.
-
-        Args:
-            status: ``"finished"``, ``"failed"`` or ``"crashed"``.
-            timeout: seconds to keep trying.
-            reason: why the run ends so (at most 200 characters; shown with the status). None,
-                for a run that did not finish, in an ``except`` block: the exception, named.
-
-        Returns:
-            True if everything, the status included, reached the service.
-        """
-        if status not in FINAL_RUN_STATUSES:
-            raise ValueError(f"status must be one of {FINAL_RUN_STATUSES}, got {status!r}")
-        if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
-            raise ValueError(f"reason must be a string of at most 200 characters, got {reason!r}")
-        if reason is None and status != "finished":
-            reason = exit_reason(sys.exc_info()[1])
-        with self._finish_lock:
-            if self._finished is not None:
-                return self._finished
-            self._finished = False
-            self._finish_thread = threading.current_thread()
-        try:
-            return self._finish(status, timeout, reason)
-        finally:
-            self._finish_complete = True
-            if self._signals is not None:
-                self._signals.finished()  # exits if a signal arrived while finishing
-
-    def _finish(self, status: str, timeout: float | None, reason: str | None) -> bool:
-        atexit.unregister(self._atexit)
-        _LIVE.discard(self)
-        if self._forked:
-            return False
-        deadline = time.monotonic() + (self.flush_timeout if timeout is None else timeout)
-        self._closing = True
-        self._sink.open = False
-        self._pipe.wake_batcher()
-        self._pipe.wait_for(self._pipe.idle_batcher, deadline)
-        self._sender.begin_finish(status, reason)
-        self._pipe.wake_sender()
-        done = self._pipe.wait_for(lambda: self._pipe.idle_batcher() and self._sender.done,
-                                   deadline)
-        self._sender.stopped = True
-        self._pipe.stop()
-        try:
-            self._spool_leftovers(status, done)
-        except Exception:
-            log.exception("curvecast: could not spool the remaining points of run %s", self.run_id)
-        self._transport.close()
-        self._finished = done
-        return done
-
-    def _spool_leftovers(self, status: str, done: bool) -> None:
-        records = self._pipe.take(len(self._buffer))
-        for batch in [*self._pipe.encode(records), *self._outbox.take_all()]:
-            spool_batch(self._spool, batch, self._counters)
-        if done:
-            self._spool.cleanup()
-        else:
-            self._spool.update_meta(status=status)
-        self._spool.close()
-        report_leftovers(self._counters, self._spool.path, run_id=self.run_id, url=self.url,
-                         done=done)
-
-    def _atexit(self) -> None:
-        # The exception that ended the program, if one did (KeyboardInterrupt for Ctrl-C).
-        uncaught = getattr(sys, "last_value", None)
-        try:
-            self.finish("finished" if uncaught is None else "failed", reason=exit_reason(uncaught))
-        except Exception:
-            log.exception("curvecast: finishing run %s at exit failed", self.run_id)
-
-    def _finishing_here(self) -> bool:
-        """Whether this thread is inside finish() (a signal interrupted it)."""
-        return not self._finish_complete and self._finish_thread is threading.current_thread()
-
-    def _finish_on_signal(self, name: str) -> None:
-        if self._finished is None:
-            log.warning("curvecast: %s: finishing run %s as failed", name, self.run_id)
-        self.finish("failed", reason=name)
-        # finish() may be running in another thread (called from on_alert): let it complete.
-        self._pipe.wait_for(lambda: self._finish_complete,
-                            time.monotonic() + self.flush_timeout + 5)
-
-    def __enter__(self) -> Monitor:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.finish("finished" if exc_type is None else "failed", reason=exit_reason(exc))
 
     # -- introspection ---------------------------------------------------------------------
 

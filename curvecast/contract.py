@@ -15,6 +15,8 @@ What lives here:
 * **Which series is "the loss"** a forecast fits (:func:`loss_key`): the caller's choice
   (``?key=`` / ``--key``), else the run config's ``fit_key``, else the first evaluation-loss key
   present, else the training loss ``loss``.
+* **Forecast statuses** (:class:`ForecastStatus`): what a forecast answer's ``status`` says,
+  one enum for the fit, the service's answers, their schema, the pages and the benches.
 * **Typed reading of a run's config** (:class:`RunConfig`): the planned horizon, the step where
   averaging starts (the forecast's burn-in), the alert rules' burn-in, AdamC's lambda and the
   warmups. A stored config is a plain dict; every consumer reads it through this class.
@@ -27,6 +29,7 @@ import math
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, ClassVar
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "BASE64_COLUMNS",
     "ENDED_RUN_STATUSES",
     "FINAL_RUN_STATUSES",
+    "FIT_STATUSES",
     "INGEST_ENCODINGS_HEADER",
     "REPLAY_HEADER",
     "KEY_CHARS",
@@ -60,6 +64,7 @@ __all__ = [
     "TELEMETRY_PREFIXES",
     "TRAIN_LOSS_KEY",
     "TRAIN_LOSS_KEYS",
+    "ForecastStatus",
     "RunConfig",
     "is_valid_key",
     "key_for_name",
@@ -225,10 +230,35 @@ CONSTANT_SCHEDULES = ("constant", "constant_with_warmup", "schedule_free", "sche
                       "none")
 #: What a forecast fits when nobody chose: the first evaluation loss present, else ``loss``.
 LOSS_KEYS = (*EVAL_LOSS_KEYS, TRAIN_LOSS_KEY)
+
+
+# --- forecast statuses ---------------------------------------------------------------------------
+class ForecastStatus(StrEnum):
+    """The status of a forecast: what its fit made of the data (docs/forecast.md, "Statuses").
+
+    ``ok``, ``too_early``, ``no_asymptote``, ``off_model`` and ``flat`` carry a forecast;
+    ``insufficient_data``, ``diverged`` and ``no_convergence`` carry none (their numbers are
+    null); ``pending`` is no fit status: the run has no fit yet. A string enum: in JSON, in the
+    database and in text each status is its value.
+    """
+
+    OK = "ok"
+    TOO_EARLY = "too_early"
+    NO_ASYMPTOTE = "no_asymptote"
+    OFF_MODEL = "off_model"
+    FLAT = "flat"
+    INSUFFICIENT_DATA = "insufficient_data"
+    DIVERGED = "diverged"
+    NO_CONVERGENCE = "no_convergence"
+    PENDING = "pending"
+
+
+#: Every status a fit can have: all but ``pending`` (which says there is no fit).
+FIT_STATUSES = tuple(s for s in ForecastStatus if s is not ForecastStatus.PENDING)
 #: Forecast statuses whose answers beyond the data extend the current loss (at the pace runs
 #: like it kept) instead of evaluating the fitted curve, which is then not the forecast
 #: (docs/forecast.md, "Statuses"): the service answers so, the pages draw the answers.
-LEVEL_EXTENDING_STATUSES = ("too_early", "no_asymptote")
+LEVEL_EXTENDING_STATUSES = (ForecastStatus.TOO_EARLY, ForecastStatus.NO_ASYMPTOTE)
 
 
 def loss_key(

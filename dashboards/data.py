@@ -19,12 +19,22 @@ from curvecast.contract import (
     EVAL_LOSS_KEYS,
     LEVEL_EXTENDING_STATUSES,
     NON_FINITE_STRINGS,
+    ForecastStatus,
     RunConfig,
 )
 
 FloatArray = NDArray[np.float64]
 
 _NON_FINITE = dict(zip(NON_FINITE_STRINGS, (math.nan, math.inf, -math.inf), strict=True))
+
+
+def forecast_status(value: Any) -> ForecastStatus | None:
+    """A forecast answer's ``status`` as the contract's enum; None when it has none (or one
+    this version does not know)."""
+    try:
+        return ForecastStatus(value)
+    except ValueError:
+        return None
 
 
 def to_float(value: Any) -> float:
@@ -173,7 +183,7 @@ class Prediction:
 class ForecastData:
     """The fields of ``GET .../forecast`` the pictures use."""
 
-    status: str
+    status: ForecastStatus | None
     key: str | None
     a: float
     b: float
@@ -210,7 +220,7 @@ class ForecastData:
         useful = to_float(item.get("useful_from_step"))
         upto = item.get("fitted_upto_step")
         return cls(
-            status=str(item.get("status", "")),
+            status=forecast_status(item.get("status")),
             key=item.get("key"),
             a=a,
             b=b,

@@ -23,6 +23,7 @@ from curvecast.contract import (
     LOST_RUN_STATUS,
     TRAIN_LOSS_KEY,
     TRAIN_LOSS_KEYS,
+    ForecastStatus,
     RunConfig,
     telemetry_keys,
     telemetry_prefix,
@@ -36,6 +37,7 @@ from curvecast.dashboards.data import (
     alerts_list,
     chart_horizon,
     eval_key,
+    forecast_status,
     series_by_key,
 )
 from curvecast.dashboards.figures.base import parse_band
@@ -256,7 +258,7 @@ def run_kpis(page: RunPage) -> list[Kpi]:
     kpis.append(_loss_reached_kpi(page))
 
     fit = ForecastData.from_api(page.forecast)
-    status = (page.forecast or {}).get("status", "pending")
+    status = forecast_status((page.forecast or {}).get("status", ForecastStatus.PENDING))
     where = f"step {fmt.short_step(end)}" if end is not None else "the horizon"
     if fit is not None and fit.prediction is not None:
         pred = fit.prediction
@@ -277,10 +279,10 @@ def run_kpis(page: RunPage) -> list[Kpi]:
             # Short: the card shows two lines, and "too early" is the Fit card's (the step was
             # cut off at 1,400 px: "too early: a useful forecast from…").
             detail += f"; useful from step {fmt.step(fit.useful_from_step)}"
-        elif status == "no_asymptote":
+        elif status == ForecastStatus.NO_ASYMPTOTE:
             detail += ("; no asymptote yet: the current loss extended at the pace runs like "
                        "this one kept")
-        tone = "good" if status == "ok" and not fit.off_model else "warn"
+        tone = "good" if status == ForecastStatus.OK and not fit.off_model else "warn"
         # Named: beside the "Train loss reached" card, an eval-loss forecast above the training
         # loss read as a forecast that the loss will rise.
         label = (f"Forecast of {fit.key} at {fmt.short_step(end)}" if fit.key and end is not None
@@ -288,8 +290,8 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         kpis.append(Kpi("forecast", label, fmt.loss(pred.value), detail, tone))
     else:
         message = (page.forecast or {}).get("message") or "waiting for the first fit"
-        kpis.append(Kpi("forecast", f"Forecast at {where}", "pending" if status == "pending"
-                        else "—", str(message)))
+        kpis.append(Kpi("forecast", f"Forecast at {where}",
+                        "pending" if status == ForecastStatus.PENDING else "—", str(message)))
     # Named as the forecast card is: f* is the asymptote of the series that card forecasts.
     # (The label fits a card; "asymptote c" goes to the detail.)
     star = f"f* of {fit.key}" if fit is not None and fit.key else "f* (asymptote c)"
@@ -304,10 +306,11 @@ def run_kpis(page: RunPage) -> list[Kpi]:
             detail += f": at most {fmt.loss(fit.f_star_at_most)}"
         kpis.append(Kpi("f_star", star, "—", detail, "warn"))
     else:
-        waiting = "no fit yet" if status == "pending" else str(status).replace("_", " ")
+        waiting = ("no fit yet" if status == ForecastStatus.PENDING
+                   else str(status).replace("_", " "))
         kpis.append(Kpi("f_star", star, "—", waiting))
 
-    if page.forecast and status != "pending":
+    if page.forecast and status != ForecastStatus.PENDING:
         fitted_on = page.forecast.get("key") or "?"
         upto = page.forecast.get("fitted_upto_step")
         when = fmt.ago(page.forecast.get("fitted_at"))
@@ -315,7 +318,8 @@ def run_kpis(page: RunPage) -> list[Kpi]:
         if page.forecast.get("assumes_constant_lr"):
             # The status's reason, as REST's message gives it: nothing told it the schedule.
             detail += "; assumes the learning rate does not decay (no lr_schedule, no opt/lr)"
-        tone = "good" if status == "ok" and not page.forecast.get("off_model") else "warn"
+        tone = ("good" if status == ForecastStatus.OK and not page.forecast.get("off_model")
+                else "warn")
         label = "off model" if page.forecast.get("off_model") else str(status).replace("_", " ")
         kpis.append(Kpi("fit", "Fit", label, detail, tone))
     else:
@@ -355,7 +359,7 @@ def run_payload(page: RunPage, charts: Sequence[str], x_range: Sequence[float] |
     }
     if page.forecast is not None:  # only when this answer carries the forecast
         state["fitted_at"] = page.forecast.get("fitted_at")
-        state["fit_status"] = page.forecast.get("status", "pending")
+        state["fit_status"] = page.forecast.get("status", ForecastStatus.PENDING)
         state["fit_key"] = page.forecast.get("key")
         state["burn_in"] = page.forecast.get("burn_in")
     if "loss" not in charts:  # headline numbers need the loss and the forecast
@@ -437,7 +441,7 @@ def compare_entries(runs: Sequence[CompareRun]) -> list[figures.CompareEntry]:
             band=parse_band(item.band),
             at_horizon=Prediction.from_api(item.at_horizon) if fit is not None else None,
             same_name=same_name,
-            status=(item.forecast or {}).get("status"),
+            status=forecast_status((item.forecast or {}).get("status")),
             absent_key=None if item.logs_key else item.key,
         ))
     return entries
@@ -508,13 +512,14 @@ def _sort_value(value: float | None) -> str:
     return "" if value is None or not math.isfinite(value) else repr(float(value))
 
 
-def _forecast_cell(pred: Prediction | None, reached: float | None, status: str | None,
+def _forecast_cell(pred: Prediction | None, reached: float | None,
+                   status: ForecastStatus | None,
                    key: str | None = None) -> dict[str, str]:
     """The runs list's "Forecast (final)" cell: the forecast of the loss at the planned end
     with its interval, or, once the run got there, the loss it reached (the fit beside it);
     with ``key``, the series it is of, named in the detail."""
     if pred is None:
-        if status in (None, "pending"):
+        if status in (None, ForecastStatus.PENDING):
             return {"forecast": "pending", "forecast_detail": "", "forecast_sort": ""}
         # A fit without a forecast says why in one word ("diverged", "insufficient data").
         return {"forecast": "—", "forecast_detail": str(status).replace("_", " "),
@@ -563,7 +568,7 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         last_loss = item.get("last_loss")
         loss_key = item.get("loss_key")
         firing = item.get("firing")
-        status = (item.get("forecast") or {}).get("status")
+        status = forecast_status((item.get("forecast") or {}).get("status"))
         cell = _forecast_cell(pred, pred.reached if pred else None, status,
                               key=fit.key if fit and named else None)
         if (pred is not None and RunConfig.read(run.get("config")).total_steps is None

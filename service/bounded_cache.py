@@ -96,7 +96,10 @@ class PerEngine(Generic[C]):
 
     def of(self, session: Session) -> C:
         """The cache of ``session``'s engine."""
-        engine = session.get_bind()
+        return self.of_engine(session.get_bind())
+
+    def of_engine(self, engine: Any) -> C:
+        """The cache of ``engine``."""
         with self._lock:
             cache = self._by_engine.get(engine)
             if cache is None:

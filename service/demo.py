@@ -36,6 +36,7 @@ from typing import Any
 import uvicorn
 from filelock import FileLock, Timeout
 
+from curvecast.contract import ForecastStatus
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 from curvecast.service.demo_progress import (
@@ -230,7 +231,7 @@ def _summary(client: DemoApi, run_id: str, steps: int) -> str:
     else:
         lines += _quoted(early, steps, actual)
     # The first fit that knew (status ok): where a forecast became useful, and how good it was.
-    useful = next((p for p in history["points"] if p.get("status") == "ok"
+    useful = next((p for p in history["points"] if p.get("status") == ForecastStatus.OK
                    and (p.get("final") or {}).get("value") is not None), None)
     if useful is None:
         lines.append("no forecast reached status ok (still in the transient, or no asymptote)")

@@ -28,8 +28,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from curvecast.contract import ForecastStatus
 from curvecast.service.demo_terminal import Rows
-from curvecast.service.forecast.answer import REACHED_WINDOW, loss_reached
+from curvecast.service.forecast.reached import REACHED_WINDOW, loss_reached
 
 #: Seconds of recent polls the pace is measured over.
 PACE_WINDOW_S: Final = 20.0
@@ -88,7 +89,7 @@ def _as_float(value: Any) -> float:
 
 def loss_reached_of(steps: Sequence[int], values: Sequence[Any]) -> float | None:
     """The loss a series reached at its last step, by the forecast core's rule
-    (``answer.loss_reached``: the median over the last 1% of the steps), from points read over
+    (``reached.loss_reached``: the median over the last 1% of the steps), from points read over
     REST (at least those of that window). None without points, or where the last is not
     finite."""
     if not steps:
@@ -226,7 +227,7 @@ def forecast_text(forecast: dict[str, Any], key: str, reached: float | None) -> 
         text = f"→ final {key} {fit}"
     else:
         text = f"→ final {key} {fmt_loss(reached)} reached; fit {fit}"
-    if forecast.get("status") != "ok":
+    if forecast.get("status") != ForecastStatus.OK:
         text += f" ({forecast.get('status')})"
     if fs.get("value") is not None:
         text += f" | f* {fmt_loss(fs.get('value'))}"
@@ -301,7 +302,7 @@ class Progress:
     def _target(self, forecast: dict[str, Any], now: float | None) -> float | None:
         """The ETA's target: the user's, else the one picked at the first ok forecast (then
         kept: a target that moves with every fit answers no question)."""
-        if self.target is None and forecast.get("status") == "ok":
+        if self.target is None and forecast.get("status") == ForecastStatus.OK:
             self.target = pick_target(now, forecast["prediction"]["value"])
         return self.target
 

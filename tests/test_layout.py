@@ -5,6 +5,7 @@ no store; the client and the contract import only the standard library and each 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,3 +118,50 @@ def test_the_contract_imports_only_the_standard_library() -> None:
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The modules a file imports when it runs (at module level or inside functions): every
+    import but those under ``if TYPE_CHECKING:``."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names
+                         if _is_module(f"{node.module}.{alias.name}"))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+def test_the_store_never_imports_the_answer_builder() -> None:
+    """The store reads what answers need and the answer builder shapes them: the one rule both
+    apply (the loss a run reached) is the forecast core's (``forecast/reached.py``), so the
+    store never imports the answer builder, in its source or when it runs."""
+    answer = "curvecast.service.forecast.answer"
+    store = [(module, path) for module, path in _modules()
+             if module.startswith("curvecast.service.store")]
+    assert len(store) > 5
+    for module, path in store:
+        assert answer not in _runtime_imports(path), module
+    code = "\n".join(["import sys", *(f"import {module}" for module, _ in store),
+                      f"print({answer!r} in sys.modules)"])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=REPO)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_runtime_import_finder_skips_type_checking_blocks(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n"
+                      "else:\n    import b\ndef f():\n    import c\n", encoding="utf-8")
+    assert _runtime_imports(source) == {"typing", "b", "c"}

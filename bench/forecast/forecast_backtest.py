@@ -53,7 +53,8 @@ from bench.forecast.forecast_calibrate import (
 )
 from curvecast.service.forecast import calibration as cal
 from curvecast.service.forecast.binning import bin_series
-from curvecast.service.forecast.fit import Fit, Interval
+from curvecast.service.forecast.curve import Interval
+from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.solver import MIN_POINTS, fit_curve
 
 CUTS = (0.1, 0.2, 0.3, 0.5)

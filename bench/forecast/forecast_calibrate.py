@@ -50,8 +50,9 @@ import pandas as pd
 from bench._cli import parser, writes
 from bench._corpus import BenchRun, load_runs
 from bench._paths import DATA, REPO
+from curvecast.contract import ForecastStatus
 from curvecast.service.forecast import calibration as cal
-from curvecast.service.forecast.fit import NO_ASYMPTOTE, TOO_EARLY, Fit
+from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.solver import fit_curve
 
 DEFAULT_CURVES = Path(os.environ.get("CURVECAST_CURVES_DIR", REPO.parent / "shared" / "curves"))
@@ -156,7 +157,7 @@ SAMPLE_COLUMNS = ("curve", "family", "group", "k", "final", "ratio", "y", "y_hat
                   "sigma2", "drop", "status", "n_points", "n_eff", "level", "h", "t_last",
                   "cur_level", "decay_rate", "level_step")
 #: The statuses whose answers extend the current loss (the transient table calibrates them).
-TRANSIENT = (TOO_EARLY, NO_ASYMPTOTE)
+TRANSIENT = (ForecastStatus.TOO_EARLY, ForecastStatus.NO_ASYMPTOTE)
 #: A transient comparison counts only this far beyond the cut (closer, the exponent is noise).
 TRANSIENT_MIN_HORIZON = 1.25
 
@@ -271,8 +272,8 @@ def fit_transient_table(samples: pd.DataFrame, table_id: str = "") -> cal.Transi
     e = transient_exponents(samples)
     fam = e["family"].to_numpy()
     pooled = _quantile_row(e["g"].to_numpy(float), fam) or (0.0,) * len(PROBS)
-    early = (e["status"] == TOO_EARLY).to_numpy()
-    flat = (e["status"] == NO_ASYMPTOTE).to_numpy()
+    early = (e["status"] == ForecastStatus.TOO_EARLY).to_numpy()
+    flat = (e["status"] == ForecastStatus.NO_ASYMPTOTE).to_numpy()
     rate = e["decay_rate"].to_numpy(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(flat & (rate > 0), e["g"].to_numpy(float) / rate, np.nan)

@@ -73,10 +73,10 @@ from bench.forecast.forecast_calibrate import (
     fit_transient_table,
     load_corpus,
 )
-from curvecast.contract import RunConfig
+from curvecast.contract import ForecastStatus, RunConfig
 from curvecast.service.forecast import calibration as cal
-from curvecast.service.forecast import solver
-from curvecast.service.forecast.fit import NO_ASYMPTOTE, OK, TOO_EARLY, Fit
+from curvecast.service.forecast import robust_fit, solver
+from curvecast.service.forecast.fit import Fit
 from curvecast.service.forecast.solver import fit_curve
 
 CUTS = (0.2, 0.3, 0.5)
@@ -96,7 +96,8 @@ class Forecast:
 
 def _from_fit(fit: Fit, total: float) -> Forecast:
     p = fit.predict(total, CONFIDENCE)
-    floor_ok = fit.status == OK and fit.c is not None and fit.c <= (fit.loss_floor or 0.0) + 1e-9
+    floor_ok = (fit.status == ForecastStatus.OK and fit.c is not None
+                and fit.c <= (fit.loss_floor or 0.0) + 1e-9)
     return Forecast(p.value, p.lo, p.hi, fit.status, floor_ok)
 
 
@@ -134,7 +135,7 @@ def level_anchored_no_asymptote_only(run: BenchRun, k: float, ctx: dict[str, Any
     """The level extended from the step it stands for after a ``no_asymptote`` fit only; a
     ``too_early`` one (in the transient: a plateau or a rise) from the last fitted step."""
     return _extended(run, k, ctx["transient_mixed"][run.name],
-                     lambda fit: fit.level_anchor if fit.status == NO_ASYMPTOTE
+                     lambda fit: fit.level_anchor if fit.status == ForecastStatus.NO_ASYMPTOTE
                      else fit.fitted_upto_step or 0.0)
 
 
@@ -168,10 +169,10 @@ def extend_every_status(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecas
     rate, the leave-one-run-out table), ``too_early`` as shipped: the fitted curve dropped."""
     et, ev, _, _ = run.upto(k)
     fit = fit_curve(et, ev, config=run.config)
-    if fit.status == TOO_EARLY or fit.level is None or fit.fitted_upto_step is None:
+    if fit.status == ForecastStatus.TOO_EARLY or fit.level is None or fit.fitted_upto_step is None:
         return shipped(run, k, ctx)
     value, lo, hi = cal.transient_band(fit.level, fit.level_anchor, run.total,
-                                       "no_asymptote", fit.decay_rate, CONFIDENCE,
+                                       ForecastStatus.NO_ASYMPTOTE, fit.decay_rate, CONFIDENCE,
                                        ctx["transient"][run.name],
                                        sigma=fit.residual_scale)
     return Forecast(value, lo, hi, fit.status)
@@ -180,12 +181,12 @@ def extend_every_status(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecas
 def _model_interval(fit: Fit, total: float, widen: bool) -> Forecast:
     """The fitted curve's value with the main calibration's interval (what every status answered
     before the transient table), widened for the transient statuses if asked."""
-    as_ok = replace(fit, status=OK)
+    as_ok = replace(fit, status=ForecastStatus.OK)
     p = as_ok.predict(total, CONFIDENCE)
     lo, hi = p.lo, p.hi
     if widen and fit.status in TRANSIENT and fit.level is not None:
         hi = max(hi, fit.level)
-        if fit.status == TOO_EARLY and fit.loss_floor is not None:
+        if fit.status == ForecastStatus.TOO_EARLY and fit.loss_floor is not None:
             lo = min(lo, fit.loss_floor)
     return Forecast(p.value, lo, hi, fit.status)
 
@@ -212,12 +213,12 @@ def _q_rel(fit: Fit) -> float | None:
 def eb_prior(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
     others = [q for name, q in ctx["q_full"].items() if name != run.name and q is not None]
     mu, tau = float(np.mean(others)), max(float(np.std(others)), 0.05)
-    saved = solver._PRIOR_MU, solver._PRIOR_TAU
-    solver._PRIOR_MU, solver._PRIOR_TAU = mu, tau  # type: ignore[misc]
+    saved = robust_fit._PRIOR_MU, robust_fit._PRIOR_TAU
+    robust_fit._PRIOR_MU, robust_fit._PRIOR_TAU = mu, tau  # type: ignore[misc]
     try:
         return shipped(run, k, ctx)
     finally:
-        solver._PRIOR_MU, solver._PRIOR_TAU = saved  # type: ignore[misc]
+        robust_fit._PRIOR_MU, robust_fit._PRIOR_TAU = saved  # type: ignore[misc]
 
 
 def _point(f: Forecast) -> Forecast:
@@ -232,17 +233,17 @@ def average_b(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
         return _point(_from_fit(fit, run.total))
     m = et >= fit.burn_in
     t, y = et[m], ev[m]
-    if t.size < solver.MIN_POINTS:
+    if t.size < robust_fit.MIN_POINTS:
         return _point(_from_fit(fit, run.total))
     ref = max(float(t[0]), 0.02 * float(t[-1]))
     qs = np.linspace(math.log(ref) - 4.0, math.log(ref) + 8.0, 241)
-    x = solver._design(t, qs)
+    x = robust_fit.design(t, qs)
     floor = fit.loss_floor if fit.loss_floor is not None else -math.inf
-    a, c, sse = solver._solve_ac(x, y, np.ones_like(t), floor)
+    a, c, sse = robust_fit.solve_ac(x, y, np.ones_like(t), floor)
     inflation = t.size / max(fit.n_eff or t.size, 1.0)
     s2 = max(fit.residual_scale**2, 1e-12)
-    obj = sse / (2 * s2 * inflation) + (qs - math.log(ref) - solver._PRIOR_MU) ** 2 / (
-        2 * solver._PRIOR_TAU**2)
+    obj = sse / (2 * s2 * inflation) + (qs - math.log(ref) - robust_fit._PRIOR_MU) ** 2 / (
+        2 * robust_fit._PRIOR_TAU**2)
     w = np.exp(-(obj - obj.min()))
     w /= w.sum()
     pred = a / np.sqrt(np.exp(qs) + run.total - float(t[0])) + c
@@ -261,7 +262,7 @@ def train_shape(run: BenchRun, k: float, _ctx: dict[str, Any]) -> Forecast:
         return _point(_from_fit(level, run.total))
     x = 1.0 / np.sqrt(t + shape.b)
     floor = level.loss_floor if level.loss_floor is not None else -math.inf
-    a, c, _ = solver._solve_ac(x[None, :], y, np.ones_like(t), floor)
+    a, c, _ = robust_fit.solve_ac(x[None, :], y, np.ones_like(t), floor)
     return Forecast(float(a[0] / math.sqrt(run.total + shape.b) + c[0]), status=level.status)
 
 
@@ -283,7 +284,7 @@ def eb_prior_c(run: BenchRun, k: float, ctx: dict[str, Any]) -> Forecast:
         return _point(_from_fit(fit, run.total))
     m = et >= fit.burn_in
     t, y = et[m], ev[m]
-    if t.size < solver.MIN_POINTS:
+    if t.size < robust_fit.MIN_POINTS:
         return _point(_from_fit(fit, run.total))
     others = [v for name, v in ctx["c_ratio"][k].items() if name != run.name and v is not None]
     mu, tau = float(np.mean(others)) * fit.level, max(float(np.std(others)), 0.05) * fit.level
@@ -349,7 +350,7 @@ def transient_tables(runs: Sequence[BenchRun]) -> dict[str, dict[str, cal.Transi
     tables: dict[str, dict[str, cal.TransientTable]] = {"pooled": {}, "ours": {}, "moved": {},
                                                          "last": {}, "mixed": {}}
     mixed = pd.concat([public, ours], ignore_index=True)
-    early = mixed["status"] == TOO_EARLY
+    early = mixed["status"] == ForecastStatus.TOO_EARLY
     mixed.loc[early, "level_step"] = mixed.loc[early, "t_last"]
     at_last = pd.concat([public, ours], ignore_index=True)
     at_last["level_step"] = at_last["t_last"]
@@ -507,14 +508,14 @@ def off_model_table(runs: Sequence[BenchRun]) -> str:
             got = statuses(r, lo + f * (hi - lo))
             cells.append(" / ".join(got))
             for i, status in enumerate(got):
-                flagged[f][i] += status == "off_model"
+                flagged[f][i] += status == ForecastStatus.OFF_MODEL
         rows.append(cells)
     anytime = {mode: [0, 0] for mode in modes}
     for r in runs:
         if r.anytime:
             for k in CUTS:
                 for mode, status in zip(modes, statuses(r, k * r.total), strict=True):
-                    anytime[mode][0] += status == "off_model"
+                    anytime[mode][0] += status == ForecastStatus.OFF_MODEL
                     anytime[mode][1] += 1
     n = len(decaying)
     summary = markdown_table(
@@ -579,13 +580,14 @@ def public_check() -> str:
             errs: list[list[float]] = [[], [], []]
             for c in members:
                 t, y = prefix(c, k)
-                if t.size < solver.MIN_POINTS:
+                if t.size < robust_fit.MIN_POINTS:
                     continue
                 truth, total = float(c.losses[-1]), float(c.steps[-1])
                 fit = fit_curve(t, y)
                 late = fit_curve(t, y, burn_in=max(float(t[0]), 0.4 * float(t[-1])))
                 every = (cal.transient_band(fit.level, fit.level_anchor, total,
-                                            "no_asymptote", fit.decay_rate, CONFIDENCE)[0]
+                                            ForecastStatus.NO_ASYMPTOTE, fit.decay_rate,
+                                            CONFIDENCE)[0]
                          if fit.level is not None and fit.fitted_upto_step else math.nan)
                 for i, v in enumerate((fit.predict(total).value, late.predict(total).value,
                                        every)):

@@ -33,7 +33,7 @@ from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.migrate import upgrade
-from curvecast.service.store import forecasts
+from curvecast.service.store import refits
 from curvecast.service.store._common import utcnow
 from tests.support import (
     create_pg_database,
@@ -136,10 +136,10 @@ def refit_time(database_url: str, run_id: uuid.UUID, repeats: int) -> dict[str, 
                 text("SELECT n_points FROM runs WHERE id = :r"),
                 {"r": run_id if "postgres" in database_url else run_id.hex},
             ).scalar_one()
-        job = forecasts.FitJob(run_id=run_id, run_n_points=int(n), config=RunConfig())
+        job = refits.FitJob(run_id=run_id, run_n_points=int(n), config=RunConfig())
         t = time.perf_counter()
         with session_scope(factory) as session:
-            inputs = forecasts.read_fit_inputs(session, job=job)
+            inputs = refits.read_fit_inputs(session, job=job)
         assert inputs
         data = inputs[0]
         t1 = time.perf_counter()
@@ -154,7 +154,7 @@ def refit_time(database_url: str, run_id: uuid.UUID, repeats: int) -> dict[str, 
             (time.perf_counter() - warm_start) * 1000)
         with session_scope(factory) as session:
             # previous_fit=None: store the row every time (the same data would be deduplicated)
-            forecasts.save_fits(session, job=job, fits=[(replace(data, previous_fit=None), fit)],
+            refits.save_fits(session, job=job, fits=[(replace(data, previous_fit=None), fit)],
                                 now=utcnow())
         t3 = time.perf_counter()
         times["read"].append((t1 - t) * 1000)

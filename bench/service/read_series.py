@@ -1,7 +1,7 @@
 """Reads of several series at once, as a run page asks for them: statements and CPU per read.
 
 A page's live poll asks every 2 s for the points after its cursor of a dozen keys (each series
-read raw); a page that opens asks the same keys at 2,000 buckets each. ``store.metrics.
+read raw); a page that opens asks the same keys at 2,000 buckets each. ``store.metric_reads.
 read_series`` answers such a read with one statement for every series' bounds and one for the
 points of every series read raw; on PostgreSQL a series' buckets (when they are narrower than a
 rollup block, as here) come back as five binary columns read with numpy. The baseline, measured
@@ -34,6 +34,7 @@ from bench._report import markdown_table, phase
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.schemas import MetricBatch, MetricsOut, RunCreate, SeriesOut
+from curvecast.service.store import metric_reads
 from curvecast.service.store import metrics as metric_store
 from curvecast.service.store import runs as run_store
 from curvecast.service.store.rollups import choose_level
@@ -47,7 +48,7 @@ _RANGE = "series_id = :sid AND step >= :lo AND step <= :hi"
 _FIRST = text(f"SELECT min(step) FROM metric_points WHERE {_RANGE}")
 _LAST = text(f"SELECT max(step) FROM metric_points WHERE {_RANGE}")
 #: The store's raw-point buckets as row tuples (the store reads them as binary columns).
-_BUCKETS = text(metric_store._BUCKET_ROWS + " ORDER BY agg.last_step")
+_BUCKETS = text(metric_reads._BUCKET_ROWS + " ORDER BY agg.last_step")
 
 
 def _row_buckets(session: Session, sid: int, key: str, lo: int, hi: int, max_points: int
@@ -56,7 +57,7 @@ def _row_buckets(session: Session, sid: int, key: str, lo: int, hi: int, max_poi
     rows = session.execute(_BUCKETS, {
         "sid": sid, "lo": lo, "hi": hi, "nb": max_points, "span": hi - lo + 1}).all()
     steps, last, vmin, vmax, count = zip(*rows, strict=True)
-    floats = metric_store._floats
+    floats = metric_reads._floats
     return SeriesOut(key=key, total_points=sum(count), downsampled=True, steps=list(steps),
                      values=floats(last), min=floats(vmin), max=floats(vmax), count=list(count))
 
@@ -75,7 +76,7 @@ def one_at_a_time(session: Session, run_id: uuid.UUID, keys: list[str], start: i
         lo = session.execute(_FIRST, params).scalar()
         hi = int(session.execute(_LAST, params).scalar_one())
         if hi - lo + 1 <= max_points:
-            series.append(metric_store._read_all(session, sid, key, lo, hi))
+            series.append(metric_reads._read_all(session, sid, key, lo, hi))
         else:
             assert choose_level(hi - lo + 1, max_points) is None
             series.append(_row_buckets(session, sid, key, lo, hi, max_points))
@@ -85,7 +86,7 @@ def one_at_a_time(session: Session, run_id: uuid.UUID, keys: list[str], start: i
 def together(session: Session, run_id: uuid.UUID, keys: list[str], start: int,
              max_points: int) -> MetricsOut:
     """What the service does (``read_series``)."""
-    return metric_store.read_series(session, run_id=run_id, keys=keys, start=start, end=None,
+    return metric_reads.read_series(session, run_id=run_id, keys=keys, start=start, end=None,
                                     max_points=max_points, allowed_project=None)
 
 

@@ -14,6 +14,7 @@ from curvecast.contract import (
     EVAL_LOSS_KEYS,
     LOST_RUN_STATUS,
     TRAIN_LOSS_KEYS,
+    ForecastStatus,
 )
 from curvecast.dashboards import fmt, palette
 from curvecast.dashboards.data import FloatArray, ForecastData, Prediction, SeriesData, plottable
@@ -75,7 +76,7 @@ class CompareEntry:
     same_name: bool = False
     #: The status of the run's fit (``forecast`` is None for a fit without a curve, e.g.
     #: ``diverged``); None before its first fit.
-    status: str | None = None
+    status: ForecastStatus | None = None
     #: The series the page compares on (the user's choice), where this run does not log it.
     absent_key: str | None = None
 
@@ -96,7 +97,7 @@ class CompareEntry:
     @property
     def diverged(self) -> bool:
         """Whether the run's fit says its loss is no longer finite (status ``diverged``)."""
-        return self.status == "diverged"
+        return self.status == ForecastStatus.DIVERGED
 
     @property
     def reached(self) -> float | None:

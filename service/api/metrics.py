@@ -20,6 +20,7 @@ from curvecast.service.db import session_scope
 from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
 from curvecast.service.errors import InvalidInput, TooManyPoints
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, Principal
+from curvecast.service.store import metric_reads
 from curvecast.service.store import metrics as metric_store
 from curvecast.service.store.export import ExportReader, export_series
 
@@ -142,7 +143,7 @@ def read_metrics(
 ) -> MetricsOut:
     """What ``GET .../metrics`` answers; ``require_keys`` False for the run page's live poll,
     whose charts ask for every key they draw, logged yet or not (absent: an empty series)."""
-    return metric_store.read_series(
+    return metric_reads.read_series(
         session,
         run_id=run_id,
         keys=keys,

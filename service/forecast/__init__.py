@@ -2,14 +2,18 @@
 
 The modules, lightest first:
 
-* :mod:`.fit` -- the :class:`Fit` value type: parameters, calibrated intervals, storage as JSON.
-  numpy only; this package re-exports its names, so ``from curvecast.service.forecast import
-  Fit`` never loads scipy.
+* :mod:`.curve` -- the model curve, its gradients, and the value types a fit answers with.
+* :mod:`.fit` -- the :class:`Fit` value type: parameters, calibrated intervals; :mod:`.fit_json`
+  stores it as JSON. numpy only; this package re-exports the value types, so
+  ``from curvecast.service.forecast import Fit`` never loads scipy.
 * :mod:`.calibration` -- the interval multipliers fitted offline on the curve corpus.
 * :mod:`.binning` -- cleaning and binning a long series before a fit.
-* :mod:`.solver` -- :func:`~.solver.fit_curve`, the robust variable-projection fit (scipy).
+* :mod:`.reached` -- the loss a series reached at a step: the one rule (pure, numpy only).
+* :mod:`.schedule` -- whether a logged learning rate decays.
+* :mod:`.solver` -- :func:`~.solver.fit_curve`, the robust fit (scipy): its optimiser
+  (:mod:`.robust_fit`), burn-in (:mod:`.burn_in`) and off-model test (:mod:`.off_model`).
 * :mod:`.answer` -- the ONE builder of forecast answers (REST routes, pages, offline CLI).
-* :mod:`.cli` -- ``curvecast forecast``, the offline command.
+* :mod:`.files` and :mod:`.cli` -- ``curvecast forecast``, the offline command.
 
 Usage (stable; see docs/forecast.md)::
 
@@ -26,13 +30,7 @@ the offline CLI's and the backtests') and stores ``fit.to_dict()``; readers rebu
 :meth:`Fit.from_dict`.
 """
 
-from curvecast.service.forecast.fit import (
-    STATUSES,
-    Fit,
-    FitParams,
-    Interval,
-    TargetEstimate,
-    model,
-)
+from curvecast.service.forecast.curve import FitParams, Interval, TargetEstimate, model
+from curvecast.service.forecast.fit import STATUSES, Fit
 
 __all__ = ["STATUSES", "Fit", "FitParams", "Interval", "TargetEstimate", "model"]

@@ -14,29 +14,29 @@ Functions:
   wall-clock ETA from the run's step rate.
 * :func:`history_answer` -- a :class:`ForecastHistory`: each stored fit's forecast at one horizon.
 * :func:`band` -- the forecast interval at many steps at once (the pages' band), as arrays.
-* :func:`loss_reached` -- the loss a series had at a step it got to, smoothed
-  (:func:`smoothed_reached`; the answers give it beside the forecast for that step).
 * :func:`offline_json` -- the subset of a :class:`ForecastOut` that ``curvecast forecast --json``
   prints (:data:`~curvecast.service.schemas.forecast.OFFLINE_KEYS`).
 
 Every function takes a parsed :class:`Fit`: a stored fit is parsed once per request
-(``Fit.from_dict``, in the store) and passed along.
+(``Fit.from_dict``, in the store) and passed along. The loss a run reached at the horizon comes
+from the caller, through a :data:`~.reached.ReachedReader` (the rule is :mod:`.reached`'s).
 """
 
 from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 import numpy as np
-from numpy.typing import ArrayLike
 
-from curvecast.contract import RunConfig
-from curvecast.service.forecast.fit import Fit, FloatArray, finite_or_none
+from curvecast.contract import ForecastStatus, RunConfig
+from curvecast.service.forecast.curve import FloatArray, finite_or_none
+from curvecast.service.forecast.fit import Fit
+from curvecast.service.forecast.reached import ReachedReader
 from curvecast.service.schemas.forecast import (
     OFFLINE_KEYS,
     EtaOut,
@@ -50,29 +50,15 @@ from curvecast.service.schemas.forecast import (
 )
 
 __all__ = [
-    "PENDING",
-    "REACHED_MAX_POINTS",
-    "REACHED_WINDOW",
     "Band",
-    "ReachedReader",
     "DatedFit",
     "band",
     "forecast_answer",
     "history_answer",
-    "loss_reached",
     "offline_json",
-    "smoothed_reached",
     "target_answer",
 ]
 
-#: Reads the loss a run had for series ``key`` (None: the one at hand) at ``step`` once it
-#: got there (:func:`smoothed_reached`), else None: :func:`loss_reached` over the points at
-#: hand, or the store's over the database. The builders call it for the horizon they
-#: resolve, so no caller resolves it again.
-ReachedReader = Callable[[str | None, int], float | None]
-
-#: The status of a run the worker has not fitted yet (not a fit status: there is no fit).
-PENDING = "pending"
 _PENDING_MESSAGE = "no fit yet: the worker fits a run seconds after its first points arrive"
 
 
@@ -101,48 +87,6 @@ def _prediction(fit: Fit, step: int | None, confidence: float,
         step=step, value=finite_or_none(p.value), lo=finite_or_none(p.lo), hi=finite_or_none(p.hi),
         reached=finite_or_none(reached),
     )
-
-
-#: The loss a run "reached" at a step is its series smoothed there: the median of the points
-#: logged over the last ``REACHED_WINDOW`` of the steps up to it (as the target answers'
-#: smoothing: medians over ~1% of a run), so one noisy training batch is not "the final loss".
-#: A sparse series (an eval every few percent) has one point there: its value is that point.
-REACHED_WINDOW: Final = 0.01
-#: ... at most this many of them, the latest (a dense series' window stays a cheap read).
-REACHED_MAX_POINTS: Final = 256
-
-
-def smoothed_reached(latest: Sequence[tuple[float, float]], step: float) -> float | None:
-    """The loss a series had at ``step`` (:data:`REACHED_WINDOW`'s rule), from its latest
-    points at or before ``step``, newest first (at least the :data:`REACHED_MAX_POINTS` latest
-    of them, or all there are).
-
-    The median of the finite values over ``(step * (1 - REACHED_WINDOW), step]``, or, where no
-    point falls there, the newest point alone. None with no point, or where the newest is NaN
-    or infinite (the series has no loss there: it diverged).
-    """
-    if not latest or not math.isfinite(latest[0][1]):
-        return None
-    start = step * (1.0 - REACHED_WINDOW)
-    window = [v for s, v in latest[:REACHED_MAX_POINTS] if s > start and math.isfinite(v)]
-    return float(np.median(window)) if len(window) > 1 else latest[0][1]
-
-
-def loss_reached(steps: ArrayLike, values: ArrayLike, step: float) -> float | None:
-    """The loss a series had at ``step`` once it got there (:func:`smoothed_reached`),
-    provided it has a point at or after ``step``; else None.
-
-    The offline CLI reads it from the points it fits; the store reads the same from the
-    database (``store.forecasts.loss_reached``).
-    """
-    t = np.asarray(steps, dtype=np.float64)
-    y = np.asarray(values, dtype=np.float64)
-    if t.size == 0 or t.max() < step:
-        return None
-    before = np.flatnonzero(t <= step)
-    newest = before[np.argsort(-t[before], kind="stable")[:REACHED_MAX_POINTS]]
-    return smoothed_reached(list(zip(t[newest].tolist(), y[newest].tolist(), strict=True)),
-                            step)
 
 
 def _before_the_fit(fit: Fit, step: int | None, reached: float | None = None) -> str:
@@ -218,8 +162,8 @@ def forecast_answer(
     """
     if fit is None:
         return ForecastOut(
-            status=PENDING, n_points=0, fitted_upto_step=None, a=None, b=None, c=None,
-            f_star=None, prediction=None, target=None, key=key, confidence=confidence,
+            status=ForecastStatus.PENDING, n_points=0, fitted_upto_step=None, a=None, b=None,
+            c=None, f_star=None, prediction=None, target=None, key=key, confidence=confidence,
             message=_PENDING_MESSAGE,
         )
     if horizon is None:
@@ -281,7 +225,7 @@ def target_answer(
         ``seconds`` null without a positive step rate.
     """
     if fit is None:
-        return TargetAnswer(status=PENDING, key=key, target=None, eta=None)
+        return TargetAnswer(status=ForecastStatus.PENDING, key=key, target=None, eta=None)
     # Past the planned end, a time "at the current pace" would be one the run will not last:
     # the target's reason says so, and there is no ETA.
     target = _target(fit, loss, confidence, total_steps)

@@ -13,7 +13,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from curvecast.service.forecast.fit import FloatArray
+from curvecast.service.forecast.curve import FloatArray
 
 __all__ = ["DEFAULT_MAX_BINS", "BinnedSeries", "bin_series", "bin_sorted", "clean_series"]
 

@@ -30,6 +30,8 @@ from typing import Final, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from curvecast.contract import ForecastStatus
+
 # BEGIN GENERATED
 CALIBRATION_ID: Final = "corpus-232curves-2641fits"
 SE_FACTOR: Final = 1.0
@@ -150,13 +152,13 @@ class TransientTable:
     no_asymptote_plain: tuple[float, ...]
     id: str = ""
 
-    def exponents(self, kind: str, decay_rate: float | None, confidence: float
+    def exponents(self, kind: ForecastStatus, decay_rate: float | None, confidence: float
                   ) -> tuple[float, float, float]:
         """``(g_low, g_mid, g_high)``: exponents of a central ``confidence`` interval and the
         median, for a fit of status ``kind`` (``too_early`` or ``no_asymptote``)."""
         c = confidence if 0.0 < confidence < 1.0 else 0.9
         tail = 0.5 * (1.0 - c)
-        if kind == "too_early":
+        if kind == ForecastStatus.TOO_EARLY:
             row, scale = self.too_early, 1.0
         elif decay_rate is not None and math.isfinite(decay_rate) and decay_rate > 0:
             row, scale = self.no_asymptote, decay_rate
@@ -166,8 +168,9 @@ class TransientTable:
                 scale * _interp(1.0 - tail, self.probs, row))
 
 
-def transient_band(level: float, t_last: float, t: float, kind: str, decay_rate: float | None,
-                   confidence: float, table: TransientTable | None = None, *,
+def transient_band(level: float, t_last: float, t: float, kind: ForecastStatus,
+                   decay_rate: float | None, confidence: float,
+                   table: TransientTable | None = None, *,
                    sigma: float | None = None) -> tuple[float, float, float]:
     """``(value, lo, hi)`` of the loss at step ``t >= t_last`` extending the current ``level``.
 

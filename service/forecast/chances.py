@@ -30,19 +30,10 @@ from typing import Final, Literal
 
 import numpy as np
 
+from curvecast.contract import ForecastStatus
 from curvecast.service.forecast import calibration as _cal
-from curvecast.service.forecast.fit import (
-    DIVERGED,
-    FLAT,
-    INSUFFICIENT,
-    NO_ASYMPTOTE,
-    NO_CONVERGENCE,
-    OFF_MODEL,
-    OK,
-    TOO_EARLY,
-    Fit,
-    FloatArray,
-)
+from curvecast.service.forecast.curve import FloatArray
+from curvecast.service.forecast.fit import Fit
 
 __all__ = [
     "DRAWS",
@@ -73,16 +64,19 @@ STOPPED: Final = ("failed", "crashed", "lost")
 
 #: Why a fit of each status gives no chance (every status but ``ok``).
 _STATUS_REASONS: Final = {
-    TOO_EARLY: "a forecast needs more steps: the loss is still in the transient after "
-               "averaging starts",
-    NO_ASYMPTOTE: "a forecast needs more steps: the fit finds no floor yet, so it cannot say "
-                  "where the loss levels off",
-    OFF_MODEL: "the loss left the fitted curve's shape (a learning-rate decay?): its forecast "
-               "does not hold",
-    FLAT: "the loss is flat: the curve has no decay to extrapolate",
-    INSUFFICIENT: "a forecast needs more steps: too few points after the burn-in",
-    NO_CONVERGENCE: "the fit did not converge: there is no forecast",
-    DIVERGED: "the loss diverged: its latest values are not finite",
+    ForecastStatus.TOO_EARLY:
+        "a forecast needs more steps: the loss is still in the transient after averaging starts",
+    ForecastStatus.NO_ASYMPTOTE:
+        "a forecast needs more steps: the fit finds no floor yet, so it cannot say where the "
+        "loss levels off",
+    ForecastStatus.OFF_MODEL:
+        "the loss left the fitted curve's shape (a learning-rate decay?): its forecast does "
+        "not hold",
+    ForecastStatus.FLAT: "the loss is flat: the curve has no decay to extrapolate",
+    ForecastStatus.INSUFFICIENT_DATA:
+        "a forecast needs more steps: too few points after the burn-in",
+    ForecastStatus.NO_CONVERGENCE: "the fit did not converge: there is no forecast",
+    ForecastStatus.DIVERGED: "the loss diverged: its latest values are not finite",
 }
 _PENDING_REASON: Final = "no fit yet: the worker fits a run seconds after its first points arrive"
 
@@ -224,9 +218,9 @@ def outlook(run: RunInput, step: int, confidence: float = 0.9) -> Outlook:
     fit = run.fit
     if fit is None:
         return Outlook(step, reason=_PENDING_REASON)
-    if fit.status != OK:
+    if fit.status != ForecastStatus.OK:
         reason = _STATUS_REASONS.get(fit.status, f"the fit's status is {fit.status}")
-        if fit.status == TOO_EARLY and fit.useful_from_step is not None:
+        if fit.status == ForecastStatus.TOO_EARLY and fit.useful_from_step is not None:
             reason += f" (a useful forecast from about step {fit.useful_from_step:,.0f})"
         return Outlook(step, reason=reason)
     quantiles = _quantiles(fit, step)

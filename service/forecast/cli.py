@@ -51,8 +51,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from curvecast.contract import MAX_STEP, RunConfig, lr_key
-from curvecast.service.forecast.answer import forecast_answer, loss_reached, offline_json
+from curvecast.contract import LEVEL_EXTENDING_STATUSES, MAX_STEP, ForecastStatus, RunConfig, lr_key
+from curvecast.service.forecast.answer import forecast_answer, offline_json
 from curvecast.service.forecast.files import (
     Curve,
     ForecastInputError,
@@ -62,7 +62,8 @@ from curvecast.service.forecast.files import (
     load_series,
     pick_curve,
 )
-from curvecast.service.forecast.fit import DIVERGED, NO_ASYMPTOTE, TOO_EARLY, Fit
+from curvecast.service.forecast.fit import Fit
+from curvecast.service.forecast.reached import loss_reached
 from curvecast.service.forecast.solver import fit_curve
 
 __all__ = ["ForecastInputError", "add_forecast_parser", "forecast_result", "load_series", "main",
@@ -230,7 +231,7 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
     if fit.burn_in is not None:
         lines.append(f"burn-in: step {_fmt_step(fit.burn_in)} ({fit.burn_in_source or 'given'})")
     if out["c"] is None:
-        if fit.status != DIVERGED:  # its message says why there is none
+        if fit.status != ForecastStatus.DIVERGED:  # its message says why there is none
             lines.append(f"{out['n_points']} usable points: no forecast")
         return "\n".join(lines)
     lines.append(f"fit: {_formula(out['a'], out['b'], out['c'])}   "
@@ -238,11 +239,11 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
                  f"from step {_fmt_step(fit.fitted_from_step)})")
     if fit.useful_from_step is not None:
         lines.append(f"next useful forecast: from step {_fmt_step(fit.useful_from_step)}")
-    if fit.status in (TOO_EARLY, NO_ASYMPTOTE) and fit.level is not None:
+    if fit.status in LEVEL_EXTENDING_STATUSES and fit.level is not None:
         lines.append(f"forecast: the current loss {_fmt(fit.level)} extended at the pace runs "
                      "like this one kept, not the curve above")
     p = out["prediction"]
-    # The loss the points had there (smoothed: answer.smoothed_reached).
+    # The loss the points had there (smoothed: reached.smoothed_reached).
     logged = "" if p is None or p["reached"] is None else f"{_fmt(p['reached'])} (data)"
     if p is not None and p["value"] is None and fit.before_fitted_range(p["step"]):
         lines.append(f"loss at step {_fmt_step(p['step'])}: no forecast: it is before the fitted "
@@ -277,7 +278,7 @@ def _summary(out: dict[str, Any], fit: Fit, confidence: float, key: str, *,
                      "the forecast with care")
         if not configured:
             # Without its c_warmup, a ScheduleFree+ run's fall once averaging starts looks like
-            # a decay leaving the model.
+            # a decay leaving the model (off_model without the config, too_early with it).
             lines.append("hint: no --config or --burn-in given; for a ScheduleFree+ run pass "
                          "--config with the run's config (c_warmup, warmup_steps), e.g. the "
                          "file GET /api/v1/runs/{id} answers, so the fit starts after its "

@@ -4,7 +4,9 @@
 it (the loss at a step with a calibrated interval, the asymptote f*, when a target loss is
 reached) without refitting; :meth:`Fit.to_dict` / :meth:`Fit.from_dict` store it as JSON.
 numpy only: the readers of a stored fit (the REST answers, the pages, the alert rules) never load
-the solver's scipy. Fitting lives in :mod:`curvecast.service.forecast.solver`.
+the solver's scipy. Fitting lives in :mod:`curvecast.service.forecast.solver`; the model curve
+and the value types the queries answer with in :mod:`.curve`; the stored JSON in
+:mod:`.fit_json`.
 
 The interval scale at a step combines the delta-method standard error of the curve, the residual
 scale and a term proportional to the predicted remaining decay; the multipliers for that scale
@@ -18,155 +20,37 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
-from curvecast.contract import LEVEL_EXTENDING_STATUSES
+from curvecast.contract import FIT_STATUSES, LEVEL_EXTENDING_STATUSES, ForecastStatus
 from curvecast.service.forecast import calibration as _cal
+from curvecast.service.forecast.curve import (
+    FitParams,
+    FloatArray,
+    Interval,
+    TargetEstimate,
+    as_float,
+    curve_gradient,
+    curve_gradients,
+    model,
+    valid_confidence,
+)
+from curvecast.service.forecast.fit_json import fit_from_dict, fit_to_dict
 
-FloatArray = NDArray[np.float64]
+__all__ = ["STATUSES", "Fit"]
 
-__all__ = [
-    "DIVERGED",
-    "DIVERGED_MIN_POINTS",
-    "FLAT",
-    "INSUFFICIENT",
-    "NO_ASYMPTOTE",
-    "NO_CONVERGENCE",
-    "OFF_MODEL",
-    "OK",
-    "TOO_EARLY",
-    "STATUSES",
-    "Fit",
-    "FitParams",
-    "FloatArray",
-    "Interval",
-    "TargetEstimate",
-    "as_float",
-    "curve_gradient",
-    "curve_gradients",
-    "ends_diverged",
-    "finite_or_none",
-    "level_points",
-    "model",
-    "valid_confidence",
-]
-
-# --- statuses -----------------------------------------------------------------------------------
-OK: Final = "ok"
-OFF_MODEL: Final = "off_model"
-FLAT: Final = "flat"
-INSUFFICIENT: Final = "insufficient_data"
-NO_CONVERGENCE: Final = "no_convergence"
-TOO_EARLY: Final = "too_early"
-NO_ASYMPTOTE: Final = "no_asymptote"
-DIVERGED: Final = "diverged"
-#: Every status a fit can have (docs/forecast.md, "Statuses", says what each means).
-#: ``ok``, ``too_early``, ``no_asymptote``, ``off_model`` and ``flat`` carry a forecast;
-#: ``insufficient_data``, ``diverged`` and ``no_convergence`` carry none (queries answer NaN).
-STATUSES: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT, INSUFFICIENT, DIVERGED,
-                   NO_CONVERGENCE)
-#: Trailing non-finite points (NaN, ±inf) that make a series ``diverged``: one alone may be a
-#: skipped mixed-precision step (an inf loss, and the next one finite).
-DIVERGED_MIN_POINTS: Final = 3
+#: Every status a fit can have (:class:`~curvecast.contract.ForecastStatus` but ``pending``;
+#: docs/forecast.md, "Statuses", says what each means).
+STATUSES: Final = FIT_STATUSES
 #: The statuses whose forecast has a value.
-_WITH_FORECAST: Final = (OK, TOO_EARLY, NO_ASYMPTOTE, OFF_MODEL, FLAT)
-
+_WITH_FORECAST: Final = (ForecastStatus.OK, ForecastStatus.TOO_EARLY, ForecastStatus.NO_ASYMPTOTE,
+                         ForecastStatus.OFF_MODEL, ForecastStatus.FLAT)
 _MAX_TARGET_FACTOR: Final = 1e4  # steps_to searches up to this multiple of the fitted range
-#: The current level: the median of the latest ``LEVEL_FRACTION`` of the fitted points, at
-#: least ``LEVEL_MIN_POINTS`` of them (the solver computes it and the step it stands for).
-LEVEL_FRACTION: Final = 0.1
-LEVEL_MIN_POINTS: Final = 3
-
-
-def level_points(n_points: int) -> int:
-    """How many of the latest ``n_points`` fitted points the current level is the median of."""
-    return min(n_points, max(LEVEL_MIN_POINTS, int(round(LEVEL_FRACTION * n_points))))
-
-
-def ends_diverged(latest: Sequence[float | None]) -> bool:
-    """Whether a series whose latest values are ``latest`` (the newest
-    :data:`DIVERGED_MIN_POINTS`, or all of a shorter series) ends ``diverged``: that many of
-    them, none finite. The rule the solver applies to a whole series, for a caller that reads
-    only its tail (the worker's store)."""
-    return (len(latest) >= DIVERGED_MIN_POINTS
-            and not any(v is not None and math.isfinite(v) for v in latest))
-
-
-# --- small value types --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Interval:
-    """A point value with a two-sided interval; all NaN when there is no forecast."""
-
-    value: float
-    lo: float
-    hi: float
-
-
-@dataclass(frozen=True)
-class TargetEstimate:
-    """When a run reaches ``loss``.
-
-    ``step`` is the central estimate; ``lo`` the optimistic (earliest) and ``hi`` the pessimistic
-    (latest) end of the interval. ``hi`` is ``None`` when the pessimistic band never reaches the
-    target. ``reached`` is ``True`` when the data already got there: ``step`` is then the first
-    step where the smoothed series was at or below ``loss`` (``lo == hi == step``: data, not a
-    forecast). ``reachable`` is ``False`` when the target is below the loss floor, below f*'s
-    interval, or at or below the central asymptote ``c``; then ``step`` is ``None`` (``lo`` may
-    still say when it is possible at the optimistic end) and ``reason`` says why.
-    """
-
-    loss: float
-    step: float | None
-    lo: float | None
-    hi: float | None
-    reachable: bool
-    reached: bool = False
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class FitParams:
-    """Parameters of a previous fit, to warm-start the next one (``solver.fit_curve(warm_start=)``).
-
-    ``burn_in`` carries the burn-in the previous fit chose, so a warm refit does not search for it
-    again.
-    """
-
-    a: float
-    b: float
-    c: float
-    burn_in: float | None = None
-
-
-def model(steps: ArrayLike, a: float, b: float, c: float) -> FloatArray:
-    """Evaluate ``a / sqrt(t + b) + c`` (NaN where ``t + b <= 0``)."""
-    t = np.asarray(steps, dtype=np.float64)
-    u = t + b
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out: FloatArray = np.where(u > 0, a / np.sqrt(np.where(u > 0, u, 1.0)) + c, np.nan)
-    return out
-
-
-def finite_or_none(x: float | None) -> float | None:
-    """``x`` as a float, or None when it is missing, NaN or infinite (JSON has no NaN)."""
-    if x is None or not math.isfinite(x):
-        return None
-    return float(x)
-
-
-def as_float(x: Any) -> float:
-    """``x`` as a float; NaN when it is missing or not a number (stored data may be anything)."""
-    if x is None:
-        return math.nan
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 # --- the fit result -----------------------------------------------------------------------------
@@ -222,7 +106,7 @@ class Fit:
             schedule (:func:`~.schedule.assumes_constant_lr`); its message says so.
     """
 
-    status: str
+    status: ForecastStatus
     a: float | None = None
     b: float | None = None
     c: float | None = None
@@ -259,7 +143,7 @@ class Fit:
     @property
     def f_star_identified(self) -> bool:
         """Whether the asymptote c is an estimate of f* (not at its floor, not too early)."""
-        return self.has_forecast and self.status not in (TOO_EARLY, NO_ASYMPTOTE)
+        return self.has_forecast and self.status not in LEVEL_EXTENDING_STATUSES
 
     def _clip(self, x: float) -> float:
         return x if self.loss_floor is None or not math.isfinite(x) else max(x, self.loss_floor)
@@ -267,7 +151,8 @@ class Fit:
     @property
     def params(self) -> FitParams | None:
         """The parameters as a warm start for the next fit, or ``None``."""
-        if not self.has_forecast or self.a is None or self.c is None or self.status == TOO_EARLY:
+        if (not self.has_forecast or self.a is None or self.c is None
+                or self.status == ForecastStatus.TOO_EARLY):
             return None  # a too_early fit may be provisional (another burn-in): start afresh
         b = self.b if self.b is not None else 0.0
         return FitParams(a=self.a, b=b, c=self.c, burn_in=self.burn_in)
@@ -401,10 +286,10 @@ class Fit:
 
         Past that step neither end of the band rises again. The fitted curve falls, but the
         calibrated band's ends did not always: its multipliers are measured per extrapolation
-        ratio and are noisy from one ratio to the next (-5.1 at 9.5x, -2.5 at 21x for a 90%
-        band), and the scale grows with the horizon: a later step's forecast could rule out a
-        loss a nearer one allowed. The lowest ends so far are read at the steps of the crossing
-        table. BENCHMARKS.md ("held_band") has what it did to coverage and width.
+        ratio and are noisy from one ratio to the next, and the scale grows with the horizon: a
+        later step's forecast could rule out a loss a nearer one allowed. The lowest ends so far
+        are read at the steps of the crossing table. What it did to coverage and width:
+        BENCHMARKS.md, "The forecast band past the data, held".
         """
         future = np.isfinite(lo) & (t > (self.fitted_upto_step or 0.0))
         if not future.any():
@@ -532,7 +417,7 @@ class Fit:
         if passed is not None:
             return TargetEstimate(target, passed, passed, passed, True, reached=True)
         if not self.has_forecast or self.c is None or self.fitted_upto_step is None:
-            reason = self.message if self.status == DIVERGED else "no forecast yet"
+            reason = self.message if self.status == ForecastStatus.DIVERGED else "no forecast yet"
             return TargetEstimate(target, None, None, None, False, reason=reason)
         t_last = self.fitted_upto_step
         if self.loss_floor is not None and target < self.loss_floor:
@@ -575,102 +460,14 @@ class Fit:
 
     # -- (de)serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (NaN and inf become ``None``); :meth:`from_dict` inverts it."""
-        out: dict[str, Any] = {
-            "status": self.status,
-            "a": finite_or_none(self.a),
-            "b": finite_or_none(self.b),
-            "c": finite_or_none(self.c),
-            "n_points": self.n_points,
-            "n_fitted": self.n_fitted,
-            "fitted_from_step": finite_or_none(self.fitted_from_step),
-            "fitted_upto_step": finite_or_none(self.fitted_upto_step),
-            "residual_scale": finite_or_none(self.residual_scale),
-            "off_model": self.off_model,
-            "off_model_score": finite_or_none(self.off_model_score),
-            "off_model_excess": finite_or_none(self.off_model_excess),
-            "burn_in": finite_or_none(self.burn_in),
-            "burn_in_source": self.burn_in_source,
-            "n_eff": finite_or_none(self.n_eff),
-            "cov": None if self.cov is None else [[finite_or_none(x) for x in row]
-                                                  for row in self.cov],
-            "confidence": self.confidence,
-            "message": self.message,
-            "calibration": self.calibration,
-            "loss_floor": finite_or_none(self.loss_floor),
-            "level": finite_or_none(self.level),
-            "useful_from_step": finite_or_none(self.useful_from_step),
-            "reached": None if self.reached is None else [list(p) for p in self.reached],
-            "decay_rate": finite_or_none(self.decay_rate),
-            "level_step": finite_or_none(self.level_step),
-            "assumes_constant_lr": self.assumes_constant_lr,
-        }
-        return out
+        """JSON-ready dict (NaN and inf become ``None``); :meth:`from_dict` inverts it
+        (:mod:`.fit_json`)."""
+        return fit_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fit:
         """Rebuild a :class:`Fit` stored with :meth:`to_dict`. Unknown keys are ignored."""
-
-        def opt(key: str) -> float | None:
-            v = data.get(key)
-            f = as_float(v)
-            return f if math.isfinite(f) else None
-
-        cov_raw = data.get("cov")
-        cov: tuple[tuple[float, float, float], ...] | None = None
-        if isinstance(cov_raw, list | tuple) and len(cov_raw) == 3:
-            rows: list[tuple[float, float, float]] = []
-            for row in cov_raw:
-                vals = [as_float(x) for x in row] if isinstance(row, list | tuple) else []
-                if len(vals) != 3 or not all(math.isfinite(x) for x in vals):
-                    rows = []
-                    break
-                rows.append((vals[0], vals[1], vals[2]))
-            cov = tuple(rows) if rows else None
-        status = str(data.get("status", NO_CONVERGENCE))
-        return cls(
-            status=status if status in STATUSES else NO_CONVERGENCE,
-            a=opt("a"),
-            b=opt("b"),
-            c=opt("c"),
-            n_points=int(data.get("n_points") or 0),
-            n_fitted=int(data.get("n_fitted") or 0),
-            fitted_from_step=opt("fitted_from_step"),
-            fitted_upto_step=opt("fitted_upto_step"),
-            residual_scale=opt("residual_scale"),
-            off_model=bool(data.get("off_model", False)),
-            off_model_score=opt("off_model_score"),
-            off_model_excess=opt("off_model_excess"),
-            burn_in=opt("burn_in"),
-            burn_in_source=(None if data.get("burn_in_source") is None
-                            else str(data.get("burn_in_source"))),
-            n_eff=opt("n_eff"),
-            cov=cov,
-            confidence=valid_confidence(opt("confidence"), 0.9),
-            message=str(data.get("message", "")),
-            calibration=str(data.get("calibration", _cal.CALIBRATION_ID)),
-            loss_floor=opt("loss_floor"),
-            level=opt("level"),
-            useful_from_step=opt("useful_from_step"),
-            reached=_read_pairs(data.get("reached")),
-            decay_rate=opt("decay_rate"),
-            level_step=(opt("level_step") if "level_step" in data else _estimated_level_step(
-                int(data.get("n_points") or 0), opt("fitted_from_step"),
-                opt("fitted_upto_step"))),
-            assumes_constant_lr=bool(data.get("assumes_constant_lr", False)),
-        )
-
-
-def _estimated_level_step(n_points: int, start: float | None, end: float | None
-                          ) -> float | None:
-    """The step the level stands for, for a fit stored before ``level_step`` was: the median
-    step of the latest points, taking the points as evenly spaced over the fitted range (eval
-    losses every k steps, training losses every step). Without it such a fit would extend its
-    level from the last step, with a transient table measured from the level's step."""
-    if n_points < 2 or start is None or end is None or not end > start:
-        return None
-    n = level_points(n_points)
-    return end - 0.5 * (n - 1) * (end - start) / (n_points - 1)
+        return fit_from_dict(cls, data)
 
 
 _TABLE_POINTS: Final = 240  # steps of the crossing table (geometric from the last fitted step)
@@ -710,46 +507,3 @@ def _first_at_or_below(steps: FloatArray, band: FloatArray, target: float) -> fl
     y0, y1 = float(band[j - 1]), float(band[j])
     frac = (y0 - target) / (y0 - y1) if y0 > y1 else 1.0
     return float(steps[j - 1] + frac * (steps[j] - steps[j - 1]))
-
-
-def valid_confidence(value: float | None, default: float) -> float:
-    """``value`` when it is a coverage in (0, 1), else ``default``."""
-    c = as_float(value)
-    if not math.isfinite(c) or not 0.0 < c < 1.0:
-        return default
-    return c
-
-
-def _read_pairs(raw: Any) -> tuple[tuple[float, float], ...] | None:
-    """``[[step, loss], ...]`` as stored, or ``None`` when absent or malformed."""
-    if not isinstance(raw, list | tuple):
-        return None
-    if not raw:
-        return ()
-    try:  # a stored fit is read every worker round: one numpy pass, not one call per number
-        pairs = np.asarray(raw, dtype=np.float64)
-    except (TypeError, ValueError):
-        return None
-    if pairs.ndim != 2 or pairs.shape[1] != 2 or not bool(np.isfinite(pairs).all()):
-        return None
-    return tuple((s, v) for s, v in pairs.tolist())
-
-
-def curve_gradient(t: float, a: float, b: float, t0: float) -> FloatArray:
-    """d f(t) / d (a, q, c) with q = log(t0 + b)."""
-    u = t + b
-    if u <= 0:
-        return np.zeros(3)
-    inv = 1.0 / math.sqrt(u)
-    return np.array([inv, -0.5 * a * inv / u * (t0 + b), 1.0])
-
-
-def curve_gradients(t: FloatArray, a: float, b: float, t0: float) -> FloatArray:
-    """:func:`curve_gradient` at every step of ``t`` (one row each), in one numpy pass."""
-    u = t + b
-    ok = u > 0
-    safe = np.where(ok, u, 1.0)
-    inv = 1.0 / np.sqrt(safe)
-    grads: FloatArray = np.column_stack([inv, -0.5 * a * inv / safe * (t0 + b),
-                                         np.ones(t.size)]) * ok[:, None]
-    return grads

@@ -12,6 +12,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from curvecast.contract import ForecastStatus
+
 __all__ = [
     "OFFLINE_KEYS",
     "EtaOut",
@@ -78,7 +80,7 @@ class ForecastOut(BaseModel):
     """A forecast: the keys of ``curvecast forecast --json`` (:data:`OFFLINE_KEYS`), plus where
     it came from."""
 
-    status: str
+    status: ForecastStatus
     n_points: int
     fitted_upto_step: float | None
     a: float | None
@@ -132,7 +134,7 @@ class EtaOut(BaseModel):
 class TargetAnswer(BaseModel):
     """Answer of ``GET .../forecast/target``."""
 
-    status: str
+    status: ForecastStatus
     key: str | None
     target: TargetOut | None
     eta: EtaOut | None
@@ -143,7 +145,7 @@ class ForecastHistoryPoint(BaseModel):
 
     fitted_upto_step: float | None
     n_points: int
-    status: str
+    status: ForecastStatus
     key: str
     created_at: datetime
     final: PredictionOut | None

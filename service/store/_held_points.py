@@ -2,11 +2,11 @@
 that the next read asks the database only for the steps logged since.
 
 Two readers share it. A refit fits a series' raw points while it spans at most
-``RAW_READ_LIMIT`` steps (20,000); read whole every round, that read grew with the run: a run
-logging 100 steps a second had its whole history read every 5 s to add 500 points. And on
-SQLite a downsampled read whose buckets are narrower than a rollup block (a chart or a script
-asking 2,000 buckets of a run of a few thousand steps) reads the raw points, and SQLite's cost
-per row made every such read of a long series cost milliseconds of the service's CPU.
+``refits.RAW_READ_LIMIT`` steps; read whole every round, that read grew with the run: a run
+logging many steps a second had its whole history read every few seconds to add a few hundred
+points. And on SQLite a downsampled read whose buckets are narrower than a rollup block (a chart
+or a script asking 2,000 buckets of a run of a few thousand steps) reads the raw points, which
+SQLite hands over one row at a time.
 
 What it checks: the points held plus the new ones must be as many as the series' rollups count,
 counted *after* the new points were read (points are only added while a run exists, so a count
@@ -37,7 +37,7 @@ __all__ = ["HOLD_LIMIT", "MAX_POINTS", "HeldPoints", "held_points", "stored_coun
 #: Points held in all, per engine (two 8-byte columns: ~32 MB).
 MAX_POINTS = 2_000_000
 #: The longest series a downsampled read holds (a refit holds what it reads raw:
-#: ``forecasts.RAW_READ_LIMIT`` steps).
+#: ``refits.RAW_READ_LIMIT`` steps).
 HOLD_LIMIT = 20_000
 
 Points = tuple[NDArray[np.int64], NDArray[np.float64]]

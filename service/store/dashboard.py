@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS
 from curvecast.service.errors import RunNotFound
-from curvecast.service.forecast.answer import REACHED_MAX_POINTS, smoothed_reached
+from curvecast.service.forecast.reached import REACHED_MAX_POINTS, smoothed_reached
 from curvecast.service.models import Alert, Project, Run, Series
 from curvecast.service.schemas import LossReachedOut, RunOut, RunStatus
 from curvecast.service.store import runs as run_store
@@ -54,7 +54,7 @@ class RunSummary:
 
 def reached_now(session: Session, sid: int) -> tuple[int, float] | None:
     """The newest step of a series and the loss it reached there, by the forecast's
-    ``reached`` rule (:func:`~curvecast.service.forecast.answer.smoothed_reached`: the median
+    ``reached`` rule (:func:`~curvecast.service.forecast.reached.smoothed_reached`: the median
     over the last 1% of the steps, from its latest points): the one "loss reached" the run
     page, the runs list, the demo and REST's ``reached`` all show. One statement, the series'
     latest points by its step index. NaN when the newest value is not finite."""

@@ -24,7 +24,7 @@ from curvecast.service.schemas.forecast import ForecastOut
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import dashboard as dashboard_store
 from curvecast.service.store import forecasts as forecast_store
-from curvecast.service.store import metrics as metric_store
+from curvecast.service.store import metric_reads
 from curvecast.service.store import projects as project_store
 from curvecast.service.store import runs as run_store
 from curvecast.service.store._common import utcnow
@@ -100,7 +100,7 @@ def _series(session: Session, principal: Principal, run_id: uuid.UUID, keys: Seq
     """Metric series in ``span`` (``GET .../metrics`` items), at most ``max_points`` buckets."""
     if not keys:
         return []
-    answer = metric_store.read_series(
+    answer = metric_reads.read_series(
         session, run_id=run_id, keys=list(keys), start=span[0], end=span[1],
         max_points=max_points, allowed_project=principal.project)
     return [s.model_dump() for s in answer.series]
@@ -247,7 +247,7 @@ def loss_series(session: Session, runs: Sequence[RunOut]) -> list[tuple[str, int
         for key in fit_candidates(RunConfig.read(run.config)):
             if key not in candidates:
                 candidates.append(key)
-    has = metric_store.logged_keys(session, run_ids=[r.id for r in runs], keys=candidates)
+    has = metric_reads.logged_keys(session, run_ids=[r.id for r in runs], keys=candidates)
     counts = [(key, sum(key in keys for keys in has.values())) for key in candidates]
     return [(key, n) for key, n in counts if n]
 

@@ -11,7 +11,7 @@ from curvecast.service import prometheus
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.forecast.solver import fit_curve
-from curvecast.service.store import forecasts
+from curvecast.service.store import refits
 from curvecast.service.store._common import utcnow
 
 
@@ -19,7 +19,7 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
     """Refit every run whose data grew enough since its last fit (a few per round)."""
     now = utcnow()
     with session_scope(factory) as session:
-        jobs = forecasts.claim_fit_jobs(
+        jobs = refits.claim_fit_jobs(
             session,
             now=now,
             growth=settings.refit_growth,
@@ -32,7 +32,7 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
     for job in jobs:
         done = prometheus.observe_elapsed(prometheus.REFIT_SECONDS)
         with session_scope(factory) as session:
-            inputs = forecasts.read_fit_inputs(session, job=job)
+            inputs = refits.read_fit_inputs(session, job=job)
         fits = []
         for fit_input in inputs:  # the default series first, then the other loss series
             # A fit of the points alone, not warm-started from the previous fit: the answer
@@ -49,7 +49,7 @@ def refit_due_runs(factory: sessionmaker[Session], settings: Settings) -> int:
                 ends_non_finite=fit_input.ends_non_finite,
             )))
         with session_scope(factory) as session:
-            forecasts.save_fits(session, job=job, fits=fits, now=utcnow())
+            refits.save_fits(session, job=job, fits=fits, now=utcnow())
         done()
         if job.last_ingest_at is not None:
             lag = (utcnow() - job.last_ingest_at).total_seconds()

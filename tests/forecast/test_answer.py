@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from curvecast.contract import RunConfig
+from curvecast.contract import ForecastStatus, RunConfig
 from curvecast.service.forecast import Fit
 from curvecast.service.forecast.answer import (
-    PENDING,
     band,
     forecast_answer,
     history_answer,
@@ -97,11 +96,11 @@ def test_a_step_before_the_fitted_range_has_no_forecast_and_says_why() -> None:
 
 def test_no_fit_is_pending_everywhere() -> None:
     out = forecast_answer(None, config=RunConfig(total_steps=10), last_step=5, key="loss")
-    assert out.status == PENDING and out.prediction is None and out.f_star is None
+    assert out.status == ForecastStatus.PENDING and out.prediction is None and out.f_star is None
     assert out.key == "loss" and "no fit yet" in out.message
     ans = target_answer(None, loss=2.0, confidence=0.9, key="loss", last_step=5,
                         steps_per_second=1.0, now=NOW)
-    assert ans.status == PENDING and ans.target is None and ans.eta is None
+    assert ans.status == ForecastStatus.PENDING and ans.target is None and ans.eta is None
     assert all(math.isnan(v) for v in band(None, [1.0, 2.0]).mid)
 
 

@@ -13,15 +13,10 @@ import pytest
 from curvecast.service.forecast import STATUSES, Fit, FitParams, model
 from curvecast.service.forecast import calibration as cal
 from curvecast.service.forecast.binning import bin_series
-from curvecast.service.forecast.solver import (
-    _data_burn_in,
-    _LineFit,
-    _median,
-    _solve_ac,
-    _suffix_medians,
-    choose_burn_in,
-    fit_curve,
-)
+from curvecast.service.forecast.burn_in import choose_burn_in, data_burn_in
+from curvecast.service.forecast.off_model import suffix_medians
+from curvecast.service.forecast.robust_fit import LineFit, median, solve_ac
+from curvecast.service.forecast.solver import fit_curve
 
 DATA = Path(__file__).parent / "data"
 
@@ -360,7 +355,7 @@ def test_suffix_medians_equal_numpy_medians_of_every_suffix() -> None:
             x = np.round(x, 1)
         lengths = sorted({min(int(round(3 * 1.25**i)), n) for i in range(40)})
         expected = np.array([np.median(x[-m:]) for m in lengths])
-        assert np.array_equal(_suffix_medians(x, lengths), expected)
+        assert np.array_equal(suffix_medians(x, lengths), expected)
 
 
 def test_median_equals_numpy_median() -> None:
@@ -370,7 +365,7 @@ def test_median_equals_numpy_median() -> None:
         x = rng.standard_normal(int(rng.integers(1, 90))) * 10 ** rng.uniform(-5, 3)
         if trial % 3 == 0:
             x = np.round(x, 1)  # ties
-        assert _median(x) == float(np.median(x))
+        assert median(x) == float(np.median(x))
 
 
 def _line_fit_by_residuals(x: np.ndarray, y: np.ndarray, w: np.ndarray, cmin: float
@@ -398,8 +393,8 @@ def test_grid_and_polish_solves_match_the_residuals(cmin: float) -> None:
     w = rng.uniform(0.2, 1.0, t.size)
     qs = np.linspace(np.log(100.0) - 3, np.log(100.0) + 6, 40)
     x = 1.0 / np.sqrt(np.exp(qs)[:, None] + (t - t[0])[None, :])
-    a, c, sse = _solve_ac(x, y, w, cmin)
-    line = _LineFit(y, w, cmin)
+    a, c, sse = solve_ac(x, y, w, cmin)
+    line = LineFit(y, w, cmin)
     for i, row in enumerate(x):
         ea, ec, esse = _line_fit_by_residuals(row, y, w, cmin)
         assert a[i] == pytest.approx(ea, rel=1e-7, abs=1e-12)
@@ -413,18 +408,18 @@ def test_grid_and_polish_solves_match_the_residuals(cmin: float) -> None:
 def test_data_burn_in_fits_a_repeated_start_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Evaluated at 10% of the run the first step logged is at 12%: the 5% and 10% candidates
     # start at the same point and are one fit; a transient before 20% still moves the start.
-    import curvecast.service.forecast.solver as solver
+    import curvecast.service.forecast.burn_in as burn_in
 
     t = np.linspace(1_200.0, 10_000.0, 120)
     y = np.where(t < 2_000.0, 4.0, model(t, 40.0, 100.0, 1.0))
     starts: list[float] = []
-    real = solver._fit_vp
+    real = burn_in.fit_vp
 
     def spy(tt: np.ndarray, *args: Any, **kwargs: Any) -> Any:
         starts.append(float(tt[0]))
         return real(tt, *args, **kwargs)
 
-    monkeypatch.setattr(solver, "_fit_vp", spy)
-    start = _data_burn_in(t, y, np.ones_like(t), cmin=0.0)
+    monkeypatch.setattr(burn_in, "fit_vp", spy)
+    start = data_burn_in(t, y, np.ones_like(t), cmin=0.0)
     assert len(starts) == len(set(starts)) == 3  # 12% (for 5% and 10%), 20%, 30%
     assert start >= 2_000.0

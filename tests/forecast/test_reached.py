@@ -1,7 +1,7 @@
 """The loss a run "reached" at a step it got to (``PredictionOut.reached``): the series smoothed
 over the last 1% of the steps up to it, so a noisy training loss's one batch is not taken for
-the loss. The rule is ``answer.smoothed_reached``; the offline CLI applies it to the points at
-hand (``answer.loss_reached``) and the store to the database (``store.forecasts.loss_reached``),
+the loss. The rule is ``reached.smoothed_reached``; the offline CLI applies it to the points at
+hand (``reached.loss_reached``) and the store to the database (``store.forecasts.loss_reached``),
 which must agree on both backends."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
-from curvecast.service.forecast.answer import REACHED_MAX_POINTS, loss_reached
+from curvecast.service.forecast.reached import REACHED_MAX_POINTS, loss_reached
 from curvecast.service.schemas import MetricBatch, RunCreate
 from curvecast.service.store import forecasts as forecast_store
 from curvecast.service.store import metrics as metric_store

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from curvecast.service.forecast import Fit, model
-from curvecast.service.forecast.fit import ends_diverged
+from curvecast.service.forecast.curve import ends_diverged
 from curvecast.service.forecast.solver import fit_curve
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.migrate import upgrade
-from curvecast.service.store import forecasts
+from curvecast.service.store import refits
 from curvecast.service.worker import refit
 from tests._servers import thread_server
 from tests.conftest import create_pg_database, drop_pg_database
@@ -151,7 +151,7 @@ def test_a_run_deleted_during_its_refit_is_skipped_and_the_round_goes_on(
     run and aborted the round: the other runs waited for their 30 s lease.)"""
     settings = Settings(database_url=empty_database, worker_enabled=False,
                         refit_min_interval_s=0, refit_max_age_s=0.001)
-    real_save = forecasts.save_fits
+    real_save = refits.save_fits
     deleted: list[uuid.UUID] = []
 
     with thread_server(settings) as url:
@@ -181,7 +181,7 @@ def test_a_run_deleted_during_its_refit_is_skipped_and_the_round_goes_on(
                 deleted.append(job.run_id)
             real_save(session, job=job, **kwargs)
 
-        monkeypatch.setattr(forecasts, "save_fits", save_after_a_deletion)
+        monkeypatch.setattr(refits, "save_fits", save_after_a_deletion)
         engine = make_engine(settings)
         try:
             factory = make_sessionmaker(engine)

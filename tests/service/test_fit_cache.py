@@ -1,4 +1,4 @@
-"""Forecast reads reuse fits parsed earlier in the process (``store/forecasts._ParsedFits``):
+"""Forecast reads reuse fits parsed earlier in the process (``store/_parsed_fits.ParsedFits``):
 they must never answer with a fit other than the newest stored one, whatever the database."""
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.migrate import upgrade
 from curvecast.service.models import FitRecord, Run
 from curvecast.service.schemas import RunCreate
-from curvecast.service.store import forecasts
+from curvecast.service.store import forecasts, refits
 from curvecast.service.store import runs as run_store
 from curvecast.service.store._common import utcnow
+from curvecast.service.store._parsed_fits import parsed_fits
 
 
 def _factory(url: str) -> Iterator[sessionmaker[Session]]:
@@ -55,10 +56,10 @@ def _new_run(factory: sessionmaker[Session], project: str, run_id: uuid.UUID | N
 
 def _save(s: Session, run_id: uuid.UUID, fit: Fit, now: datetime | None = None) -> None:
     """Store ``fit`` as the worker would, as a new fit of the run's ``loss``."""
-    job = forecasts.FitJob(run_id=run_id, run_n_points=fit.n_points, config=RunConfig())
-    data = forecasts.FitInput(key="loss", steps=np.zeros(0), values=np.zeros(0),
+    job = refits.FitJob(run_id=run_id, run_n_points=fit.n_points, config=RunConfig())
+    data = refits.FitInput(key="loss", steps=np.zeros(0), values=np.zeros(0),
                               previous_fit=None)
-    forecasts.save_fits(s, job=job, fits=[(data, fit)], now=now or utcnow())
+    refits.save_fits(s, job=job, fits=[(data, fit)], now=now or utcnow())
 
 
 def _store(factory: sessionmaker[Session], run_id: uuid.UUID, fit: Fit,
@@ -184,7 +185,7 @@ def test_a_fit_whose_transaction_rolls_back_is_not_kept(
     with pytest.raises(RuntimeError), session_scope(factory) as s:
         _save(s, run_id, _fit(7.0))
         raise RuntimeError("the worker failed after saving")
-    cached = forecasts._parsed_fits._by_engine.get(factory.kw["bind"], {})
+    cached = parsed_fits._by_engine.get(factory.kw["bind"], {})
     assert not [ident for ident in cached if ident[1] == run_id]
     with session_scope(factory) as s:
         assert forecasts.newest_default_fits(s, [run_id]) == {}

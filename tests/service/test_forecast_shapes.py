@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
+from curvecast.service.testing import thread_server
 
-from curvecast.contract import RunConfig
+from curvecast.contract import ForecastStatus, RunConfig
+from curvecast.service.config import Settings
 from curvecast.service.forecast.answer import forecast_answer
 from curvecast.service.forecast.cli import forecast_result
 
@@ -35,3 +38,22 @@ def test_shapes_agree_without_a_forecast() -> None:
     ).model_dump()
     for key, value in cli.items():
         assert api[key] == value, key
+
+
+def test_the_openapi_schema_lists_the_forecast_statuses_as_one_enum(sqlite_url: str) -> None:
+    """Every forecast answer's ``status`` is the contract's ``ForecastStatus``: the schema a
+    real server publishes names exactly its values, and the answers carry them as strings."""
+    with thread_server(Settings(database_url=sqlite_url, worker_enabled=False)) as url:
+        schema = httpx.get(f"{url}/openapi.json", timeout=30).json()
+    schemas = schema["components"]["schemas"]
+    for answer in ("ForecastOut", "TargetAnswer", "ForecastHistoryPoint"):
+        ref = schemas[answer]["properties"]["status"]["$ref"]
+        status = schemas[ref.rsplit("/", 1)[-1]]
+        assert status["type"] == "string", answer
+        assert status["enum"] == [s.value for s in ForecastStatus], answer
+    assert [s.value for s in ForecastStatus] == [
+        "ok", "too_early", "no_asymptote", "off_model", "flat", "insufficient_data", "diverged",
+        "no_convergence", "pending"]
+    pending = forecast_answer(None, config=RunConfig(), last_step=None)
+    assert pending.model_dump(mode="json")["status"] == "pending"
+    assert pending.model_dump_json().count('"status":"pending"') == 1

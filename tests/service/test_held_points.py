@@ -19,7 +19,7 @@ from curvecast.contract import RunConfig
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.schemas import MetricBatch, RunCreate
-from curvecast.service.store import forecasts
+from curvecast.service.store import metric_reads, refits
 from curvecast.service.store import metrics as metric_store
 from curvecast.service.store import runs as run_store
 from curvecast.service.store._held_points import HeldPoints
@@ -35,17 +35,17 @@ def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
 
 @pytest.fixture
 def refit_cache(monkeypatch: pytest.MonkeyPatch) -> HeldPoints:
-    """A fresh cache for the refits' reads (``forecasts``), its counters starting at 0."""
+    """A fresh cache for the refits' reads (``refits``), its counters starting at 0."""
     cache = HeldPoints()
-    monkeypatch.setattr(forecasts, "held_points", cache)
+    monkeypatch.setattr(refits, "held_points", cache)
     return cache
 
 
 @pytest.fixture
 def read_cache(monkeypatch: pytest.MonkeyPatch) -> HeldPoints:
-    """A fresh cache for the downsampled reads (``metrics``), its counters starting at 0."""
+    """A fresh cache for the downsampled reads (``metric_reads``), its counters starting at 0."""
     cache = HeldPoints()
-    monkeypatch.setattr(metric_store, "held_points", cache)
+    monkeypatch.setattr(metric_reads, "held_points", cache)
     return cache
 
 
@@ -66,9 +66,9 @@ def _log(factory: sessionmaker[Session], run_id: uuid.UUID, steps: list[int],
 
 
 def _inputs(factory: sessionmaker[Session], run_id: uuid.UUID) -> tuple[np.ndarray, np.ndarray]:
-    job = forecasts.FitJob(run_id=run_id, run_n_points=0, config=RunConfig())
+    job = refits.FitJob(run_id=run_id, run_n_points=0, config=RunConfig())
     with session_scope(factory) as s:
-        (loss,) = forecasts.read_fit_inputs(s, job=job)
+        (loss,) = refits.read_fit_inputs(s, job=job)
     return loss.steps, loss.values
 
 
@@ -76,7 +76,7 @@ def _whole(factory: sessionmaker[Session], run_id: uuid.UUID,
            monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray]:
     """The same read with nothing held: a fresh cache, used once."""
     with monkeypatch.context() as m:
-        m.setattr(forecasts, "held_points", HeldPoints())
+        m.setattr(refits, "held_points", HeldPoints())
         return _inputs(factory, run_id)
 
 
@@ -115,8 +115,8 @@ def test_refits_read_new_steps_and_see_what_a_whole_read_sees(
     assert {700.0, 701.0} <= set(after_late[0].tolist()) and 700.0 not in late[0]
 
     # Past the raw limit the refit reads block means, and holds nothing of the series.
-    monkeypatch.setattr(forecasts, "RAW_READ_LIMIT", 600)
-    monkeypatch.setattr(forecasts, "MIN_FIT_BLOCKS", 20)
+    monkeypatch.setattr(refits, "RAW_READ_LIMIT", 600)
+    monkeypatch.setattr(refits, "MIN_FIT_BLOCKS", 20)
     means = _inputs(factory, run_id)
     _same(means, _whole(factory, run_id, monkeypatch))
     assert means[0].size < 500, "block means, not raw points"
@@ -127,7 +127,7 @@ def test_the_cache_holds_at_most_max_points(
     factory: sessionmaker[Session], project: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = HeldPoints(max_points=250)
-    monkeypatch.setattr(forecasts, "held_points", cache)
+    monkeypatch.setattr(refits, "held_points", cache)
     runs = [uuid.uuid4() for _ in range(3)]
     for run_id in runs:
         _create(factory, run_id, project)
@@ -169,7 +169,7 @@ def _buckets(factory: sessionmaker[Session], run_id: uuid.UUID, max_points: int 
              **window: int) -> Any:
     """A downsampled read whose buckets are narrower than a rollup block (raw points)."""
     with session_scope(factory) as s:
-        out = metric_store.read_series(s, run_id=run_id, keys=["loss"], max_points=max_points,
+        out = metric_reads.read_series(s, run_id=run_id, keys=["loss"], max_points=max_points,
                                        allowed_project=None, start=window.get("start"),
                                        end=window.get("end"))
     return json.loads(out.series[0].model_dump_json())  # NaN as "NaN": comparable
@@ -187,7 +187,7 @@ def test_raw_bucket_reads_from_held_points_answer_as_fresh_reads(
 
     def fresh(**window: int) -> Any:
         with monkeypatch.context() as m:
-            m.setattr(metric_store, "held_points", HeldPoints())
+            m.setattr(metric_reads, "held_points", HeldPoints())
             return _buckets(factory, run_id, **window)
 
     create()
@@ -234,7 +234,7 @@ def test_a_read_lets_go_of_a_series_grown_past_the_hold_limit(
     database_url: str, read_cache: HeldPoints,
 ) -> None:
     cache = read_cache
-    monkeypatch.setattr(metric_store, "HOLD_LIMIT", 500)
+    monkeypatch.setattr(metric_reads, "HOLD_LIMIT", 500)
     run_id = _create(factory, uuid.uuid4(), project)
     _log(factory, run_id, list(range(0, 400)))
     small = _buckets(factory, run_id, max_points=60)  # held: 400 points

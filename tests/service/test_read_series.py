@@ -1,4 +1,4 @@
-"""Reading several series of a run at once (``store/metrics.read_series``, what a page's live
+"""Reading several series of a run at once (``store/metric_reads.read_series``, what a page's live
 poll and figures ask for): the same answer as reading each alone, in a number of statements
 that does not grow with the number of keys, on both backends."""
 
@@ -16,6 +16,7 @@ from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.errors import ReadTooLarge
 from curvecast.service.schemas import MetricBatch, RunCreate
+from curvecast.service.store import metric_reads
 from curvecast.service.store import metrics as metric_store
 from curvecast.service.store import runs as run_store
 
@@ -66,7 +67,7 @@ def _read(factory: sessionmaker[Session], run_id: uuid.UUID, keys: list[str] | N
     event.listen(engine, "before_cursor_execute", count)
     try:
         with session_scope(factory) as s:
-            out = metric_store.read_series(s, run_id=run_id, keys=keys, allowed_project=None,
+            out = metric_reads.read_series(s, run_id=run_id, keys=keys, allowed_project=None,
                                            start=kwargs.get("start"),  # type: ignore[arg-type]
                                            end=kwargs.get("end"),  # type: ignore[arg-type]
                                            max_points=kwargs.get("max_points"),  # type: ignore[arg-type]

@@ -16,8 +16,8 @@ from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker, session_scope
 from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.schemas import MetricBatch, RunCreate, RunUpdate
-from curvecast.service.store import forecasts
 from curvecast.service.store import metrics as metric_store
+from curvecast.service.store import refits
 from curvecast.service.store import runs as run_store
 from curvecast.service.store._common import utcnow
 
@@ -49,17 +49,17 @@ def _claim_and_fit(factory: sessionmaker[Session], run_id: uuid.UUID, now: datet
     """One worker round at ``now`` for this run: the number of points fitted, or None if the
     run was not due."""
     with session_scope(factory) as s:
-        jobs = forecasts.claim_fit_jobs(
+        jobs = refits.claim_fit_jobs(
             s, now=now, growth=growth, max_age=timedelta(seconds=30), lease=timedelta(seconds=60),
             min_points=4, limit=1000, min_interval=timedelta(seconds=5))
     job = next((j for j in jobs if j.run_id == run_id), None)
     if job is None:
         return None
     with session_scope(factory) as s:
-        inputs = forecasts.read_fit_inputs(s, job=job)
+        inputs = refits.read_fit_inputs(s, job=job)
     fits = [(i, fit_curve(i.steps, i.values, config=job.config)) for i in inputs]
     with session_scope(factory) as s:
-        forecasts.save_fits(s, job=job, fits=fits, now=now)
+        refits.save_fits(s, job=job, fits=fits, now=now)
     return len(inputs[0].steps)
 
 
