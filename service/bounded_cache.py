@@ -43,6 +43,11 @@ class BoundedLRU(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def keys(self) -> list[K]:
+        """The keys held, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
     @property
     def total_weight(self) -> int:
         """The sum of the entries' weights."""

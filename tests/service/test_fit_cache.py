@@ -185,7 +185,7 @@ def test_a_fit_whose_transaction_rolls_back_is_not_kept(
     with pytest.raises(RuntimeError), session_scope(factory) as s:
         _save(s, run_id, _fit(7.0))
         raise RuntimeError("the worker failed after saving")
-    cached = parsed_fits._by_engine.get(factory.kw["bind"], {})
+    cached = parsed_fits._caches.of_engine(factory.kw["bind"]).keys()
     assert not [ident for ident in cached if ident[1] == run_id]
     with session_scope(factory) as s:
         assert forecasts.newest_default_fits(s, [run_id]) == {}
