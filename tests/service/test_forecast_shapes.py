@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
-from curvecast.service.testing import thread_server
 
 from curvecast.contract import ForecastStatus, RunConfig
 from curvecast.service.config import Settings
 from curvecast.service.forecast.answer import forecast_answer
 from curvecast.service.forecast.cli import forecast_result
+from tests.support import thread_server
 
 
 def test_api_and_cli_payloads_agree() -> None:
