@@ -29,7 +29,7 @@ async def get_settings(request: Request) -> Settings:
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
     """One session per request: committed when the route returns, rolled back on error (or
-    already ended by a read route in its endpoint's thread: ``api/_route.py``).
+    already ended by a read route in its endpoint's thread: ``routing.py``).
 
     ``async``, although committing does I/O: a plain generator dependency is entered and left
     in the thread pool, two hand-overs per request on top of the route's own (a tenth of a
@@ -43,7 +43,7 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         if not session.info.get(SESSION_ENDED):
             await run_in_threadpool(end_session, session, commit=False)
         raise
-    # A read route (api/_route.py) ended it already, in its endpoint's thread.
+    # A read route (routing.py) ended it already, in its endpoint's thread.
     if not session.info.get(SESSION_ENDED):
         await run_in_threadpool(end_session, session, commit=True)
 

@@ -24,7 +24,7 @@ from pydantic_core import from_json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from curvecast.service.api._route import OneHopRoute
+from curvecast.service.routing import OneHopRoute
 
 
 def loads(body: bytes) -> Any:

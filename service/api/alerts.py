@@ -19,7 +19,6 @@ from curvecast.contract import PROJECT_PATTERN
 from curvecast.service.alerting.rules import RULES, rule_config, validate_override
 from curvecast.service.alerting.targets import is_allowed_address, literal_address
 from curvecast.service.alerting.webhook_urls import masked_url
-from curvecast.service.api._route import OneHopRoute
 from curvecast.service.deps import (
     AdminPrincipal,
     IngestPrincipal,
@@ -28,6 +27,7 @@ from curvecast.service.deps import (
     SettingsDep,
 )
 from curvecast.service.errors import InvalidInput, NotFound, WebhookTargetNotAllowed
+from curvecast.service.routing import OneHopRoute
 from curvecast.service.schemas import PROJECT_FILTER_PATTERN
 from curvecast.service.schemas.alerts import (
     AlertList,

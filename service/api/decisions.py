@@ -13,10 +13,10 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from curvecast.contract import MAX_STEP, PROJECT_PATTERN
-from curvecast.service.api._route import OneHopRoute
 from curvecast.service.api.forecast import Confidence, Key
 from curvecast.service.deps import ReadPrincipal, SessionDep
 from curvecast.service.forecast.decision_answers import beat_answer, ranking_answer
+from curvecast.service.routing import OneHopRoute
 from curvecast.service.schemas.decisions import BeatOut, RankingOut
 from curvecast.service.store import decisions as decision_store
 

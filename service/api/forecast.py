@@ -13,10 +13,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from curvecast.contract import KEY_MAX_LENGTH, KEY_PATTERN, MAX_STEP
-from curvecast.service.api._route import OneHopRoute
+from curvecast.contract import MAX_STEP
 from curvecast.service.deps import ReadPrincipal, SessionDep
 from curvecast.service.forecast.answer import forecast_answer, history_answer, target_answer
+from curvecast.service.queries import SeriesKey
+from curvecast.service.routing import OneHopRoute
 from curvecast.service.schemas.forecast import ForecastHistory, ForecastOut, TargetAnswer
 from curvecast.service.store import forecasts as forecast_store
 from curvecast.service.store._common import utcnow
@@ -25,12 +26,8 @@ router = APIRouter(prefix="/api/v1/runs/{run_id}/forecast", tags=["forecast"],
                    route_class=OneHopRoute)
 
 Confidence = Annotated[float, Query(gt=0.5, lt=1.0, description="Interval coverage")]
-Key = Annotated[
-    str | None,
-    Query(min_length=1, max_length=KEY_MAX_LENGTH, pattern=KEY_PATTERN,
-          description="The series to forecast (default: an evaluation loss with enough points, "
-          "else loss; or the config's fit_key)"),
-]
+#: ``?key=`` (declared with the pages' chart routes, which take it too).
+Key = SeriesKey
 Horizon = Annotated[
     int | None,
     Query(ge=0, le=MAX_STEP, description="Default: the run's total_steps, else its last step"),

@@ -7,8 +7,8 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from curvecast.service.api._route import OneHopRoute
 from curvecast.service.migrate import check_schema
+from curvecast.service.routing import OneHopRoute
 from curvecast.service.schemas import Health
 
 log = logging.getLogger(__name__)

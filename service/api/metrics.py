@@ -12,13 +12,14 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from curvecast.contract import KEY_PATTERN, MAX_STEP, REPLAY_HEADER, is_valid_key
+from curvecast.contract import MAX_STEP, REPLAY_HEADER
 from curvecast.service import prometheus
 from curvecast.service.api._json import FastJSONRoute
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.deps import IngestPrincipal, ReadPrincipal, SessionDep, SettingsDep
-from curvecast.service.errors import InvalidInput, TooManyPoints
+from curvecast.service.errors import TooManyPoints
+from curvecast.service.queries import parse_keys
 from curvecast.service.schemas import IngestResult, MetricBatch, MetricsOut, Principal
 from curvecast.service.store import metric_reads
 from curvecast.service.store import metrics as metric_store
@@ -89,23 +90,6 @@ KeysQuery = Annotated[
     Query(description="Keys, comma-separated or repeated (`?keys=a,b` or `?keys=a&keys=b`); "
                       "default all"),
 ]
-
-
-def parse_keys(keys: list[str] | None) -> list[str] | None:
-    """The keys a ``keys`` query names (None: none named), each checked.
-
-    Raises:
-        InvalidInput: a key that is not a valid metric name (its index in the message).
-    """
-    if not keys:
-        return None
-    parsed = [k.strip() for part in keys for k in part.split(",") if k.strip()]
-    if not parsed:
-        return None
-    for index, key in enumerate(parsed):
-        if not is_valid_key(key):
-            raise InvalidInput(f"keys[{index}]: {key!r} does not match {KEY_PATTERN}")
-    return parsed
 
 
 StepQuery = Annotated[int | None, Query(ge=0, le=MAX_STEP)]

@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 
 from curvecast.contract import BASE64_COLUMNS, INGEST_ENCODINGS_HEADER
-from curvecast.service.api._route import OneHopRoute
 from curvecast.service.db import session_scope
 from curvecast.service.deps import AdminPrincipal, IngestPrincipal, ReadPrincipal, SessionDep
+from curvecast.service.routing import OneHopRoute
 from curvecast.service.schemas import (
     PROJECT_FILTER_PATTERN,
     RunCreate,

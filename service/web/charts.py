@@ -15,10 +15,10 @@ from fastapi.responses import Response
 
 from curvecast.contract import MAX_STEP
 from curvecast.dashboards import views
-from curvecast.service.api import forecast as forecast_api
-from curvecast.service.api._route import OneHopRoute
 from curvecast.service.deps import SessionDep
 from curvecast.service.errors import InvalidInput
+from curvecast.service.queries import SeriesKey
+from curvecast.service.routing import OneHopRoute
 from curvecast.service.web import reads
 from curvecast.service.web.login import PagePrincipal
 from curvecast.service.web.responses import chart_json
@@ -46,7 +46,7 @@ def run_figures(
     session: SessionDep,
     principal: PagePrincipal,
     charts: Annotated[str | None, Query(description="Comma-separated chart ids")] = None,
-    key: forecast_api.Key = None,
+    key: SeriesKey = None,
     start: Step = None,
     end: Step = None,
 ) -> Response:
@@ -69,7 +69,7 @@ def compare_figures(
     principal: PagePrincipal,
     runs: Annotated[str, Query(max_length=2000)],
     horizon: Annotated[int | None, Query(ge=1, le=MAX_STEP)] = None,
-    key: forecast_api.Key = None,
+    key: SeriesKey = None,
     start: Step = None,
     end: Step = None,
 ) -> Response:

@@ -22,8 +22,9 @@ from curvecast.service.api import alerts as alerts_api
 from curvecast.service.api import forecast as forecast_api
 from curvecast.service.api import metrics as metrics_api
 from curvecast.service.api import runs as runs_api
-from curvecast.service.api._route import OneHopRoute
 from curvecast.service.deps import SessionDep, SettingsDep
+from curvecast.service.queries import SeriesKey, parse_keys
+from curvecast.service.routing import OneHopRoute
 from curvecast.service.schemas import LossReachedOut, MetricsOut, RunOut
 from curvecast.service.schemas.alerts import AlertList
 from curvecast.service.schemas.forecast import ForecastOut
@@ -58,12 +59,12 @@ def live_poll(
     start: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
     max_points: Annotated[int | None, Query(ge=10, le=100_000)] = None,
     horizon: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
-    key: forecast_api.Key = None,
+    key: SeriesKey = None,
 ) -> LivePoll:
     """``GET /api/v1/runs/{id}``, ``.../metrics?keys&start&max_points`` (only with ``keys``),
     ``.../forecast?horizon&key`` and ``.../alerts``, answered together."""
     run = runs_api.get_run(run_id, session, principal)
-    wanted = metrics_api.parse_keys(keys)
+    wanted = parse_keys(keys)
     metrics = (
         metrics_api.read_metrics(session, settings, principal, run_id, keys=wanted,
                                  start=start, end=None, max_points=max_points,

@@ -18,12 +18,12 @@ import sqlalchemy as sa
 from fastapi.routing import APIRoute
 from sqlalchemy.exc import OperationalError
 
-from curvecast.service.api._route import OneHopRoute
 from curvecast.service.app import create_app
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine
 from curvecast.service.deps import SessionDep
 from curvecast.service.errors import Conflict
+from curvecast.service.routing import OneHopRoute
 from curvecast.service.store._common import write_connection
 from curvecast.service.store.projects import ensure_project
 from tests.support import serve_app
