@@ -111,6 +111,22 @@ def test_each_room_has_one_door() -> None:
     assert "contract" not in edges
 
 
+def test_the_pages_read_one_way_never_through_the_rest_routes() -> None:
+    """The pages, their chart data and the live poll read through ``service/web/reads.py`` (the
+    store and the answer builder), never by calling the REST API's route modules; what both
+    share (the route class, query parameters) lives outside ``service/api``."""
+    checked = 0
+    for module, path in _modules():
+        if not module.startswith(("curvecast.service.web", "curvecast.dashboards")):
+            continue
+        checked += 1
+        routes = sorted(name for name in _imports(path)
+                        if name == "curvecast.service.api"
+                        or name.startswith("curvecast.service.api."))
+        assert not routes, f"{module} imports {routes}"
+    assert checked > 10
+
+
 def test_the_contract_imports_only_the_standard_library() -> None:
     tree = ast.parse((REPO / "curvecast" / "contract.py").read_text(encoding="utf-8"))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)

@@ -20,12 +20,11 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from curvecast.contract import EVAL_LOSS_KEYS, TRAIN_LOSS_KEYS
-from curvecast.service.errors import RunNotFound
 from curvecast.service.forecast.reached import REACHED_MAX_POINTS, smoothed_reached
 from curvecast.service.models import Alert, Project, Run, Series
 from curvecast.service.schemas import LossReachedOut, RunOut, RunStatus
 from curvecast.service.store import runs as run_store
-from curvecast.service.store._common import as_utc, run_created_at
+from curvecast.service.store._common import as_utc
 from curvecast.service.store.forecasts import StoredFit, newest_default_fits
 
 #: Series a run's trend and the loss it reached are read from, in order of preference. Unlike the
@@ -74,17 +73,12 @@ def reached_now(session: Session, sid: int) -> tuple[int, float] | None:
     return step, math.nan if value is None else value
 
 
-def run_loss_reached(session: Session, *, run_id: uuid.UUID, allowed_project: str | None
-                     ) -> LossReachedOut | None:
+def run_loss_reached(session: Session, run_id: uuid.UUID) -> LossReachedOut | None:
     """The loss a run reached (:class:`~curvecast.service.schemas.LossReachedOut`): its first
     series of :data:`TREND_KEYS` at its newest step (:func:`reached_now`); None before the run
-    logged a loss.
-
-    Raises:
-        RunNotFound: no such run (visible to the caller).
+    logged a loss. For a run the caller has read already (the pages read it first, with the
+    caller's project check), so it is not checked again here.
     """
-    if run_created_at(session, run_id, allowed_project) is None:
-        raise RunNotFound(f"run {run_id} not found")
     rows = session.execute(
         select(Series.key, Series.id).where(Series.run_id == run_id, Series.key.in_(TREND_KEYS))
     ).all()

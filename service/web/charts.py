@@ -59,7 +59,8 @@ def run_figures(
         raise InvalidInput(f"charts: unknown {unknown[0]!r}; choose from "
                            f"{', '.join(views.RUN_CHARTS)}")
     span, x_range = _span(start, end)
-    page = reads.run_page(session, principal, run_id, wanted, span, key)
+    run = reads.get_run(session, principal, run_id)
+    page = reads.run_page(session, principal, run, wanted, span, key)
     return chart_json(views.run_payload(page, wanted, x_range))
 
 

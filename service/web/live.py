@@ -4,9 +4,9 @@ An open run page asks every 2 s for the run, the points after its cursor, the fo
 alerts. As four REST requests, each paid the service's fixed cost of a request (routing,
 dependencies, a session and its connection, a thread-pool hand-over) for a few milliseconds of
 work: under ``bench/service/load.py`` the page's polls were more requests than every training job's
-ingest together. Here the four answers are built in one session: each is exactly what its REST
-route answers (the route functions themselves are called), read in one transaction, so the page
-never shows a forecast newer than the points beside it.
+ingest together. Here the four answers are built in one session, each what its REST route
+answers, from the pages' one read path (:mod:`.reads`: the run read once, its newest fit once),
+in one transaction, so the page never shows a forecast newer than the points beside it.
 """
 
 from __future__ import annotations
@@ -18,17 +18,13 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict
 
 from curvecast.contract import MAX_STEP
-from curvecast.service.api import alerts as alerts_api
-from curvecast.service.api import forecast as forecast_api
-from curvecast.service.api import metrics as metrics_api
-from curvecast.service.api import runs as runs_api
 from curvecast.service.deps import SessionDep, SettingsDep
 from curvecast.service.queries import SeriesKey, parse_keys
 from curvecast.service.routing import OneHopRoute
 from curvecast.service.schemas import LossReachedOut, MetricsOut, RunOut
 from curvecast.service.schemas.alerts import AlertList
 from curvecast.service.schemas.forecast import ForecastOut
-from curvecast.service.store import dashboard as dashboard_store
+from curvecast.service.web import reads
 from curvecast.service.web.login import PagePrincipal
 
 router = APIRouter(route_class=OneHopRoute)
@@ -43,7 +39,7 @@ class LivePoll(BaseModel):
     metrics: MetricsOut
     forecast: ForecastOut
     alerts: AlertList
-    #: The run page's "Train loss reached" card (``store.dashboard.run_loss_reached``).
+    #: The run page's "Train loss reached" card (:func:`.reads.loss_reached`).
     loss_reached: LossReachedOut | None = None
 
 
@@ -63,18 +59,11 @@ def live_poll(
 ) -> LivePoll:
     """``GET /api/v1/runs/{id}``, ``.../metrics?keys&start&max_points`` (only with ``keys``),
     ``.../forecast?horizon&key`` and ``.../alerts``, answered together."""
-    run = runs_api.get_run(run_id, session, principal)
+    run = reads.get_run(session, principal, run_id)
     wanted = parse_keys(keys)
-    metrics = (
-        metrics_api.read_metrics(session, settings, principal, run_id, keys=wanted,
-                                 start=start, end=None, max_points=max_points,
-                                 require_keys=False)
-        if wanted else MetricsOut(run_id=run_id, series=[])
-    )
-    forecast = forecast_api.get_forecast(run_id, session, principal, horizon=horizon,
-                                         confidence=0.9, key=key)
-    alerts = alerts_api.run_alerts(run_id, session, principal, state=None, limit=100)
-    reached = dashboard_store.run_loss_reached(session, run_id=run_id,
-                                               allowed_project=principal.project)
-    return LivePoll(run=run, metrics=metrics, forecast=forecast, alerts=alerts,
-                    loss_reached=reached)
+    metrics = reads.run_metrics(session, settings, principal, run, wanted, start, max_points)
+    fits = reads.run_fits(session, principal, run, key)
+    return LivePoll(run=run, metrics=metrics,
+                    forecast=reads.answer_forecast(session, run, fits.latest, horizon, key),
+                    alerts=reads.run_alerts(session, principal, run),
+                    loss_reached=reads.loss_reached(session, run))

@@ -157,13 +157,18 @@ def run_page(request: Request, run_id: uuid.UUID, settings: SettingsDep,
                              level_extending=list(LEVEL_EXTENDING_STATUSES))
         # The loss chart drawn by the server too: it shows at first paint, before plotly.js
         # (megabytes of JavaScript on a first visit) has loaded and drawn the real one.
-        loss = views.run_figures(reads.run_page(session, principal, run_id, ["loss"],
-                                                (None, None), key or None), ["loss"])["loss"]
+        fits = reads.run_fits(session, principal, run, key or None)
+        loss = views.run_figures(reads.run_page(session, principal, run, ["loss"], (None, None),
+                                                key or None, fits), ["loss"])["loss"]
         first = f"/dashboards/api/runs/{run_id}/figures" + (
             "?" + urlencode({"key": key}) if key else "")
         # The list's default entry names the series it stands for (the default switches from
-        # the training loss to the eval loss once that has enough points).
-        default = reads.default_fit_key(session, principal, run_id) if len(series) > 1 else None
+        # the training loss to the eval loss once that has enough points): the newest fit's
+        # when the page shows the default series, else that series' own newest fit's.
+        default = None
+        if len(series) > 1:
+            default = (reads.default_fit_key(session, principal, run) if key
+                       else fits.latest.key if fits.latest is not None else None)
         return page("run.html", title=run.name or str(run_id), run=run.model_dump(mode="json"),
                     config_rows=config_rows, config=config, series=series, key=key,
                     default_key=default,

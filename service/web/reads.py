@@ -1,8 +1,11 @@
 """What the pages show, read one way: the store for data, the forecast answer builder for
 forecasts, in the REST API's shapes (:mod:`curvecast.dashboards.views` composes the figures).
 
-Nothing here goes through the app's own routes. A page's stored fit is parsed once (by the
-store) and its forecast band computed in one call (:func:`~curvecast.service.forecast.answer.band`).
+Every page, chart route and the live poll read here, never through the app's own routes. A run
+page reads its run once (:func:`get_run`) and hands the :class:`RunOut` down: its fits are read
+without reading the run again (:mod:`curvecast.service.store.run_fits`), its newest fit once
+(:func:`run_fits`), parsed once by the store, its forecast band computed in one call
+(:func:`~curvecast.service.forecast.answer.band`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -17,15 +21,18 @@ from sqlalchemy.orm import Session
 from curvecast.contract import LOSS_KEYS, RunConfig, fit_candidates
 from curvecast.dashboards import lists, views
 from curvecast.dashboards.data import Prediction, chart_horizon
+from curvecast.service.config import Settings
 from curvecast.service.errors import InvalidInput, NotFound
 from curvecast.service.forecast.answer import band, forecast_answer, history_answer
-from curvecast.service.schemas import Principal, RunOut, RunStatus
-from curvecast.service.schemas.forecast import ForecastOut
+from curvecast.service.schemas import LossReachedOut, MetricsOut, Principal, RunOut, RunStatus
+from curvecast.service.schemas.alerts import AlertList, AlertOut
+from curvecast.service.schemas.forecast import ForecastHistory, ForecastOut
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import dashboard as dashboard_store
 from curvecast.service.store import forecasts as forecast_store
 from curvecast.service.store import metric_reads
 from curvecast.service.store import projects as project_store
+from curvecast.service.store import run_fits as fit_store
 from curvecast.service.store import runs as run_store
 from curvecast.service.store._common import utcnow
 from curvecast.service.store.forecasts import StoredFit
@@ -66,11 +73,11 @@ def get_run(session: Session, principal: Principal, run_id: uuid.UUID) -> RunOut
     return run_store.get_run(session, run_id=run_id, allowed_project=principal.project)
 
 
-def _forecast(session: Session, stored: StoredFit | None, run: RunOut,
-              horizon: int | None = None, key: str | None = None) -> ForecastOut:
-    """The forecast answer for a run's stored fit, as ``GET .../forecast`` gives it (with the
-    loss reached at a horizon the run is past); ``key``: the series asked for, named in the
-    answer while it has no fit."""
+def answer_forecast(session: Session, run: RunOut, stored: StoredFit | None,
+                    horizon: int | None = None, key: str | None = None) -> ForecastOut:
+    """The forecast answer for a run's stored fit, as ``GET .../forecast?horizon&key`` gives it
+    (with the loss reached at a horizon the run is past); ``key``: the series asked for, named
+    in the answer while it has no fit."""
     return forecast_answer(
         stored.fit if stored else None,
         config=RunConfig.read(run.config),
@@ -106,44 +113,64 @@ def _series(session: Session, principal: Principal, run_id: uuid.UUID, keys: Seq
     return [s.model_dump() for s in answer.series]
 
 
-def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: Sequence[str],
-             span: tuple[int | None, int | None], key: str | None = None) -> views.RunPage:
+@dataclass(frozen=True)
+class RunFits:
+    """The fits a run page draws, each read once: the newest fit of the series it shows (None
+    before its first); and, for the forecast evolution, the recent fits, oldest first (the
+    newest last: ``latest``)."""
+
+    latest: StoredFit | None
+    history: list[StoredFit] | None = None
+
+
+def run_fits(session: Session, principal: Principal, run: RunOut, key: str | None, *,
+             history: bool = False) -> RunFits:
+    """``run``'s newest fit of ``key``; with ``history``, its newest :data:`HISTORY_FITS` fits
+    (the newest fit among them). One read of the fits either way, none of the run.
+
+    Raises as ``GET .../forecast?key=`` does (without ``history``) or ``.../forecast/history``
+    (with): NotFound for a series the run does not log; InvalidInput for one no fit is made of.
+    """
+    if history:
+        fits = fit_store.recent_fits(session, run=run, allowed_project=principal.project,
+                                     limit=HISTORY_FITS, key=key)
+        return RunFits(fits[-1] if fits else None, fits)
+    return RunFits(fit_store.newest_fit(session, run=run, key=key,
+                                        allowed_project=principal.project))
+
+
+def run_page(session: Session, principal: Principal, run: RunOut, charts: Sequence[str],
+             span: tuple[int | None, int | None], key: str | None = None,
+             fits: RunFits | None = None) -> views.RunPage:
     """Everything the run page's ``charts`` need, for steps in ``span`` (``(None, None)``: all).
+
+    ``run``: read by the caller (:func:`get_run`); ``fits``: its fits of ``key``, when the caller
+    read them already (:func:`run_fits`, with the history if the charts draw the evolution),
+    else read here when a chart draws a fit.
 
     The forecast is for the contract's horizon (the number the page prints), of the series
     ``key`` (default: the run's default series); its band reaches the loss chart's horizon
     (further ahead when the run plans no ``total_steps``).
     """
-    run = get_run(session, principal, run_id)
+    drawn = "loss" in charts or "evolution" in charts
+    if fits is None and drawn:
+        fits = run_fits(session, principal, run, key, history="evolution" in charts)
     telemetry = [key for chart in charts if chart != "loss" for key in views.chart_keys(chart)]
     loss_keys = views.chart_keys("loss") if "loss" in charts else []
     if key is not None and loss_keys and key not in loss_keys:
         loss_keys.append(key)
     metrics = [
-        *_series(session, principal, run_id, loss_keys, span, views.MAX_POINTS["loss"]),
-        *_series(session, principal, run_id, telemetry, span, views.DEFAULT_MAX_POINTS),
+        *_series(session, principal, run.id, loss_keys, span, views.MAX_POINTS["loss"]),
+        *_series(session, principal, run.id, telemetry, span, views.DEFAULT_MAX_POINTS),
     ]
     history = None
-    latest = None
     if "evolution" in charts:
-        fits, _run = forecast_store.fit_history(session, run_id=run_id,
-                                                allowed_project=principal.project,
-                                                limit=HISTORY_FITS, key=key)
-        history = history_answer(
-            run_id, fits, config=RunConfig.read(run.config), last_step=run.last_step, key=key,
-            reached=forecast_store.reached_reader(session, run_id, run.last_step),
-        ).model_dump(mode="json")
-        latest = fits[-1] if fits else None  # oldest first: the newest is the latest fit
-    elif "loss" in charts:
-        latest, _run = forecast_store.latest_fit(session, run_id=run_id, key=key,
-                                                 allowed_project=principal.project)
-    wanted = "loss" in charts or "evolution" in charts
-    forecast = _forecast(session, latest, run, key=key) if wanted else None
+        assert fits is not None and fits.history is not None, "the evolution draws the history"
+        history = _history(session, run, fits.history, key).model_dump(mode="json")
+    latest = fits.latest if fits is not None else None
+    forecast = answer_forecast(session, run, latest, key=key) if drawn else None
     end, _planned = chart_horizon(run.config, run.last_step)
-    alerts = alert_store.run_alerts(session, run_id=run_id, state=None, limit=RUN_ALERTS,
-                                    allowed_project=principal.project)
-    reached = dashboard_store.run_loss_reached(session, run_id=run_id,
-                                               allowed_project=principal.project)
+    reached = loss_reached(session, run)
     return views.RunPage(
         run=run.model_dump(mode="json"),
         loss_reached=reached.model_dump(mode="json") if reached else None,
@@ -151,8 +178,42 @@ def run_page(session: Session, principal: Principal, run_id: uuid.UUID, charts: 
         forecast=forecast.model_dump(mode="json") if forecast else None,
         band=_band(latest, end, forecast.confidence) if forecast and "loss" in charts else [],
         history=history,
-        alerts=[a.model_dump(mode="json") for a in alerts.alerts],
+        alerts=[a.model_dump(mode="json") for a in run_alerts(session, principal, run).alerts],
     )
+
+
+def _history(session: Session, run: RunOut, fits: Sequence[StoredFit], key: str | None
+             ) -> ForecastHistory:
+    """``GET .../forecast/history?key`` of ``fits`` (oldest first)."""
+    return history_answer(
+        run.id, fits, config=RunConfig.read(run.config), last_step=run.last_step, key=key,
+        reached=forecast_store.reached_reader(session, run.id, run.last_step),
+    )
+
+
+def run_metrics(session: Session, settings: Settings, principal: Principal, run: RunOut,
+                keys: Sequence[str] | None, start: int | None, max_points: int | None
+                ) -> MetricsOut:
+    """``GET .../metrics?keys&start&max_points`` as the live poll reads it: every key the
+    page's charts draw, logged yet or not (absent: an empty series, where REST answers 404);
+    no keys, no points."""
+    if not keys:
+        return MetricsOut(run_id=run.id, series=[])
+    return metric_reads.read_series(
+        session, run_id=run.id, keys=list(keys), start=start, end=None, max_points=max_points,
+        allowed_project=principal.project, max_raw_points=settings.max_read_points,
+        require_keys=False)
+
+
+def run_alerts(session: Session, principal: Principal, run: RunOut) -> AlertList:
+    """``GET .../alerts``: ``run``'s newest :data:`RUN_ALERTS` alerts."""
+    return alert_store.list_alerts(session, project=None, run_id=run.id, state=None,
+                                   limit=RUN_ALERTS, allowed_project=principal.project)
+
+
+def loss_reached(session: Session, run: RunOut) -> LossReachedOut | None:
+    """The run page's "Train loss reached" card (:func:`store.dashboard.run_loss_reached`)."""
+    return dashboard_store.run_loss_reached(session, run.id)
 
 
 def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.UUID],
@@ -173,8 +234,8 @@ def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.
         fits, logged = [], []
         for run in runs:
             try:  # one statement: the run's newest fit of the series, and whether it has one
-                fits.append(forecast_store.latest_fit(session, run_id=run.id, key=key,
-                                                      allowed_project=principal.project)[0])
+                fits.append(fit_store.newest_fit(session, run=run, key=key,
+                                                 allowed_project=principal.project))
                 logged.append(True)
             except NotFound:  # the run does not log this series
                 fits.append(None)
@@ -185,7 +246,7 @@ def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.
         for wanted in (stored.key if stored is not None else None, key):  # the fit's, the asked
             if wanted is not None and wanted not in keys:
                 keys.append(wanted)
-        forecast = _forecast(session, stored, run, common, key=key)
+        forecast = answer_forecast(session, run, stored, common, key=key)
         out.append(views.CompareRun(
             run=run.model_dump(mode="json"),
             metrics=_series(session, principal, run.id, keys, span, views.MAX_POINTS["compare"]),
@@ -210,7 +271,7 @@ def _fits_on_one_series(session: Session, principal: Principal, runs: Sequence[R
     instead.
     Where there is none, the defaults stay, and the verdict says the series differ.
     """
-    fits = [forecast_store.latest_fit(session, run_id=run.id, allowed_project=principal.project)[0]
+    fits = [fit_store.newest_fit(session, run=run, allowed_project=principal.project)
             for run in runs]
     if len({f.key for f in fits if f is not None}) <= 1:
         return fits
@@ -218,8 +279,8 @@ def _fits_on_one_series(session: Session, principal: Principal, runs: Sequence[R
         shared: list[StoredFit | None] = []
         for run in runs:
             try:
-                stored, _ = forecast_store.latest_fit(session, run_id=run.id, key=key,
-                                                      allowed_project=principal.project)
+                stored = fit_store.newest_fit(session, run=run, key=key,
+                                              allowed_project=principal.project)
             except NotFound:  # the run does not log this series
                 break
             if stored is None or not stored.fit.has_forecast:  # e.g. 5 eval points
@@ -230,10 +291,9 @@ def _fits_on_one_series(session: Session, principal: Principal, runs: Sequence[R
     return fits
 
 
-def default_fit_key(session: Session, principal: Principal, run_id: uuid.UUID) -> str | None:
-    """The series a run's forecast is of when nobody chose one (None before its first fit)."""
-    stored, _run = forecast_store.latest_fit(session, run_id=run_id,
-                                             allowed_project=principal.project)
+def default_fit_key(session: Session, principal: Principal, run: RunOut) -> str | None:
+    """The series ``run``'s forecast is of when nobody chose one (None before its first fit)."""
+    stored = fit_store.newest_fit(session, run=run, allowed_project=principal.project)
     return stored.key if stored is not None else None
 
 
@@ -261,7 +321,8 @@ def runs_rows(session: Session, principal: Principal, project: str | None,
         allowed_project=principal.project)
     items = []
     for s in summaries:
-        forecast = _forecast(session, s.latest_fit, s.run) if s.latest_fit is not None else None
+        forecast = (answer_forecast(session, s.run, s.latest_fit) if s.latest_fit is not None
+                    else None)
         items.append({
             "run": s.run.model_dump(mode="json"),
             "last_loss": s.last_loss,
@@ -279,13 +340,13 @@ def alerts_rows(session: Session, principal: Principal, project: str | None,
     """The alerts page's rows across the runs the caller may see (of ``project``, in
     ``state``, when given; the newest :data:`ALERTS_PER_STATE` of each state), and how many
     of them are in each state."""
-    alerts = []
+    found: list[AlertOut] = []
     for wanted in [state] if state else lists.ALERT_STATES:
-        found = alert_store.list_alerts(session, project=project, run_id=None, state=wanted,
-                                        limit=ALERTS_PER_STATE,
-                                        allowed_project=principal.project)
-        alerts += [a.model_dump(mode="json") for a in found.alerts]
-    names = dashboard_store.run_names(session, list({uuid.UUID(a["run_id"]) for a in alerts}))
+        found += alert_store.list_alerts(session, project=project, run_id=None, state=wanted,
+                                         limit=ALERTS_PER_STATE,
+                                         allowed_project=principal.project).alerts
+    names = dashboard_store.run_names(session, list({a.run_id for a in found}))
+    alerts = [a.model_dump(mode="json") for a in found]
     rows = lists.alert_rows(alerts, {str(k): v for k, v in names.items()}, utcnow())
     return rows, lists.alert_counts(alerts)
 
