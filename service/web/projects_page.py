@@ -16,9 +16,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from curvecast.contract import PROJECT_PATTERN
 from curvecast.service.deps import SessionDep, SettingsDep
-from curvecast.service.forecast.decision_answers import ranking_answer
 from curvecast.service.schemas import Principal
-from curvecast.service.store import decisions as decision_store
 from curvecast.service.web import reads
 from curvecast.service.web.pages import page_config, serve_page
 from curvecast.service.web.responses import PageRoute, page
@@ -49,8 +47,7 @@ def project_page(request: Request, project: ProjectName, settings: SettingsDep,
     def render(principal: Principal) -> Response:
         summary = reads.project_rows(session, principal, project)[0]
         rows, next_token = reads.runs_rows(session, principal, project, None, None)
-        ranking = ranking_answer(project, decision_store.project_runs(
-            session, project=project, allowed_project=principal.project))
+        ranking = reads.project_ranking(session, principal, project)
         return page("project.html", title=f"{project} · project", project=summary, rows=rows,
                     next_token=next_token, ranking=ranking,
                     config=page_config(settings, "project", nav="projects", project=project,

@@ -24,11 +24,14 @@ from curvecast.dashboards.data import Prediction, chart_horizon
 from curvecast.service.config import Settings
 from curvecast.service.errors import InvalidInput, NotFound
 from curvecast.service.forecast.answer import band, forecast_answer, history_answer
+from curvecast.service.forecast.decision_answers import ranking_answer
 from curvecast.service.schemas import LossReachedOut, MetricsOut, Principal, RunOut, RunStatus
 from curvecast.service.schemas.alerts import AlertList, AlertOut
+from curvecast.service.schemas.decisions import RankingOut
 from curvecast.service.schemas.forecast import ForecastHistory, ForecastOut
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import dashboard as dashboard_store
+from curvecast.service.store import decisions as decision_store
 from curvecast.service.store import forecasts as forecast_store
 from curvecast.service.store import metric_reads
 from curvecast.service.store import projects as project_store
@@ -363,3 +366,9 @@ def project_rows(session: Session, principal: Principal, name: str | None = None
     return lists.project_rows(
         [{"name": p.name, "runs_by_status": p.runs_by_status, "last_update": p.last_update,
           "firing_alerts": p.firing_alerts} for p in summaries], utcnow())
+
+
+def project_ranking(session: Session, principal: Principal, project: str) -> RankingOut:
+    """A project page's leaderboard: ``GET /api/v1/projects/{project}/ranking``'s answer."""
+    return ranking_answer(project, decision_store.project_runs(
+        session, project=project, allowed_project=principal.project))
