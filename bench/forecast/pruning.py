@@ -40,7 +40,7 @@ from bench._corpus import CorpusRun, load, names
 from bench._report import markdown_table
 from curvecast.client.integrations.optuna import CurvecastPruner
 
-ORDERS = 20
+ORDERS = 40
 QUICK_ORDERS = 2
 MIN_GROUP = 5
 SEED = 7
