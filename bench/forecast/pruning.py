@@ -7,7 +7,7 @@ replayed in ``ORDERS`` random trial orders; each order is a real Optuna study (i
 storage) whose trials report the run's eval loss at every logged step and ask
 ``should_prune()``, with each pruner:
 
-* ``curvecast``: :class:`~curvecast.client.integrations.optuna.CurvecastPruner` (its defaults:
+* ``curvecast``: :class:`~curvecast.service.integrations.optuna.CurvecastPruner` (its defaults:
   5% threshold, no pruning before 10% of the run), the run's config as the hook logs it
   (``lr_schedule`` named for the decaying AdamW runs, which the fit then calls ``off_model``);
 * ``curvecast 1%``, ``curvecast 20%``: thresholds beside the default, for the trade-off;
@@ -38,7 +38,7 @@ import optuna
 from bench._cli import parser, publish
 from bench._corpus import CorpusRun, load, names
 from bench._report import markdown_table
-from curvecast.client.integrations.optuna import CurvecastPruner
+from curvecast.service.integrations.optuna import CurvecastPruner
 
 ORDERS = 40
 QUICK_ORDERS = 2

@@ -3,7 +3,7 @@
 Usage::
 
     import optuna
-    from curvecast.client.integrations.optuna import CurvecastPruner
+    from curvecast.service.integrations.optuna import CurvecastPruner
 
     def objective(trial):
         lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)

@@ -17,7 +17,7 @@ else:
 
 from bench._corpus import load  # noqa: E402
 from bench.forecast.pruning import SweepRun, replay, sweep_run, sweeps  # noqa: E402
-from curvecast.client.integrations.optuna import CurvecastPruner, decide  # noqa: E402
+from curvecast.service.integrations.optuna import CurvecastPruner, decide  # noqa: E402
 
 GROUP = "64x2, 3,000 steps"
 
