@@ -5,5 +5,6 @@
   ``[optuna]`` extra).
 
 They live here, not in :mod:`curvecast.client.integrations`, because they import the fit and
-the decision core (numpy, scipy): the client is the standard library and the contract only.
+the decision core (numpy, scipy, pydantic): the client is the standard library and the
+contract only.
 """

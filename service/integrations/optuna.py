@@ -27,7 +27,7 @@ says so and the trial goes on: no completed trial yet, too few steps, a fit that
 (``too_early``, ``no_asymptote``, ``off_model`` -- a decaying learning rate --, ``flat``, ...).
 
 :func:`decide` is the whole decision, pure (no I/O, no Optuna): the pruner, the tests and the
-pruning bench call it. Needs ``pip install 'curvecast[optuna]'`` (optuna, numpy, scipy).
+pruning bench call it. Needs ``pip install 'curvecast[optuna]'``.
 """
 
 from __future__ import annotations
