@@ -147,3 +147,18 @@ def test_a_maximizing_study_is_refused() -> None:
 
     with pytest.raises(ValueError, match="minimize"):
         study.optimize(objective, n_trials=1)
+
+
+def test_the_bench_replays_every_candidate_on_the_same_orders() -> None:
+    """One order per sweep through the bench's own loop: every candidate gets a study of each
+    sweep, the baseline trains everything, and the pruner keeps each sweep's best run."""
+    from bench.forecast.pruning import run_all, table
+
+    outcomes, sizes = run_all(1)
+    assert set(sizes) == {GROUP, "128x2, 3,000 steps"}
+    assert {len(got) for got in outcomes.values()} == {len(sizes)}
+    assert all(o.steps == o.baseline_steps and o.regret == 0
+               for o in outcomes["none (baseline)"])
+    ours = outcomes["curvecast (5%, the default)"]
+    assert all(o.best_survived and o.steps < o.baseline_steps for o in ours)
+    assert "| hyperband |" in table(outcomes)
