@@ -8,6 +8,7 @@ and only at a step the run got to.
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any, Final
 
@@ -22,7 +23,9 @@ from curvecast.service.store import forecasts
 from curvecast.service.store import runs as run_store
 from curvecast.service.store.forecasts import StoredFit
 
-__all__ = ["MAX_RANKED_RUNS", "project_runs", "run_input"]
+__all__ = [
+    "MAX_RANKED_RUNS", "best_finished", "project_runs", "run_input", "seconds_per_step",
+]
 
 #: A ranking compares a project's newest runs, at most this many.
 MAX_RANKED_RUNS: Final = 1000
@@ -140,3 +143,39 @@ def run_input(session: Session, *, run_id: uuid.UUID, allowed_project: str | Non
     return _as_input(session, run_id=run_id, name=run.name, status=run.status,
                      config=context.config, last_step=context.last_step, stored=stored,
                      key=key, has_series=True)
+
+
+def best_finished(session: Session, *, project_id: int, key: str, exclude: uuid.UUID
+                  ) -> tuple[float, str] | None:
+    """The lowest final loss of series ``key`` among the project's finished runs other than
+    ``exclude`` (its newest :data:`MAX_RANKED_RUNS`), with that run's name; None when none has
+    a finite one. A run's final loss is what the ranking compares finished runs on (the
+    smoothed loss at its series' last step)."""
+    rows = session.execute(
+        select(Run.id, Run.name)
+        .where(Run.project_id == project_id, Run.status == "finished", Run.id != exclude)
+        .order_by(Run.created_at.desc(), Run.id)
+        .limit(MAX_RANKED_RUNS)
+    ).all()
+    best: tuple[float, str] | None = None
+    for row in rows:
+        end = _final(session, row.id, key)()
+        if end is None or end[1] is None or not math.isfinite(end[1]):
+            continue
+        if best is None or end[1] < best[0]:
+            best = (end[1], row.name)
+    return best
+
+
+def seconds_per_step(session: Session, *, run_id: uuid.UUID) -> float | None:
+    """The run's wall seconds per step so far (created to its last ingest, over its last
+    step), or None when that is not known yet."""
+    row = session.execute(select(Run.created_at, Run.last_ingest_at, Run.last_step)
+                          .where(Run.id == run_id)).one_or_none()
+    if row is None or row.last_ingest_at is None or not row.last_step:
+        return None
+    created, last = row.created_at, row.last_ingest_at
+    if (created.tzinfo is None) != (last.tzinfo is None):  # SQLite reads naive datetimes
+        created, last = created.replace(tzinfo=None), last.replace(tzinfo=None)
+    elapsed = (last - created).total_seconds()
+    return elapsed / row.last_step if elapsed > 0 else None

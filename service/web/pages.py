@@ -26,7 +26,7 @@ from curvecast.dashboards.figures.static_svg import static_svg
 from curvecast.service.deps import SessionDep, SettingsDep
 from curvecast.service.errors import InvalidInput, ServiceError
 from curvecast.service.schemas import PROJECT_FILTER_PATTERN, Principal, RunOut, RunStatus
-from curvecast.service.web import reads
+from curvecast.service.web import compare_chances, reads
 from curvecast.service.web.login import page_principal, token_login
 from curvecast.service.web.responses import PAGE_HEADERS, PageRoute, error_page, fragment, page
 
@@ -221,7 +221,13 @@ def compare_page(
         # one stays: a comparison needs a run), and runs of the first run's project first.
         # Two runs of one name carry their short ids, as in the chart and the verdict.
         shared = figures.shared_names(found)
+        # Each run's chance of ending best where the page compares them (the leaderboard's).
+        default = views.common_horizon(found)
+        p_best = compare_chances.chances_best(session, principal, ids, horizon or default,
+                                              key or None)
         chosen = [{**run, "name": figures.run_label(run, shared[index]),
+                   "p_best": p_best.get(run["id"], (None, ""))[0],
+                   "p_best_why": p_best.get(run["id"], (None, ""))[1],
                    "colour": palette.run_colour(index),
                    "remove": compare_href([k for k in keys if k != run["id"]], horizon, key)
                    if len(keys) > 1 else None}
@@ -229,8 +235,7 @@ def compare_page(
         config = page_config(settings, "compare", run_ids=keys, horizon=horizon,
                              key=key or None, project=found[0]["project"],
                              max_runs=reads.MAX_COMPARE)
-        # The horizon the page compares at when none is typed (views.common_horizon).
-        default = views.common_horizon(found)
+        # The horizon the page compares at when none is typed: ``default``.
         return page("compare.html", title="Compare runs", runs=chosen, horizon=horizon or "",
                     default_horizon=default,
                     run_ids=listed, config=config, first_data=first, series=series, key=key,

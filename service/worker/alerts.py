@@ -30,10 +30,13 @@ from curvecast.service.alerting.rules import (
 from curvecast.service.alerting.rules.stalled import SILENCE_WATCHED
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
+from curvecast.service.forecast.fit import OK
 from curvecast.service.schemas.alerts import EvalJob
 from curvecast.service.store import alerts as alert_store
+from curvecast.service.store import decisions as decision_store
 from curvecast.service.store import webhooks as webhook_store
 from curvecast.service.store._common import utcnow
+from curvecast.service.store.forecasts import StoredFit
 from curvecast.service.worker._windows import Points, SeriesWindows
 
 log = logging.getLogger(__name__)
@@ -137,10 +140,12 @@ def evaluate_job(
         # Asked only while a rule that waits on it is firing (a statement saved per round).
         acked = (alert_store.acknowledged_rules(session, run_id=job.run_id)
                  if _firing(job.state, "non_finite") else frozenset())
+        best, pace = _competition(session, job, configs, fit) if new_data else (None, None)
         ctx = EvalContext(
             config=job.config, last_step=last_step, after_step=after, status=job.status,
             seconds_since_ingest=silent, stalled_after_s=settings.stalled_after_s,
             fit=fit.fit if fit else None, fit_key=fit.key if fit else None, acknowledged=acked,
+            project_best=best, seconds_per_step=pace,
         )
         rules = tuple(RULES) if new_data else ("stalled",) if not ended else ()
         series = _read_series(session, job, ctx, configs, rules) if new_data else {}
@@ -155,6 +160,21 @@ def evaluate_job(
     if not recorded:
         log.info("alert evaluation of run %s: lease lost; another worker has it", job.run_id)
     return recorded
+
+
+def _competition(session: Session, job: EvalJob, configs: dict[str, RuleConfig],
+                 fit: StoredFit | None) -> tuple[tuple[float, str] | None, float | None]:
+    """What the opt-in ``not_competitive`` rule needs besides the fit: the project's best
+    finished loss on the fitted series (unless a target replaces it) and the run's pace. Read
+    only while the rule is enabled and could judge (a running run with an ``ok`` fit)."""
+    cfg = configs["not_competitive"]
+    if not cfg.enabled or job.status != "running" or fit is None or fit.fit.status != OK:
+        return None, None
+    best = None
+    if cfg.params.get("target_loss") is None:
+        best = decision_store.best_finished(session, project_id=job.project_id, key=fit.key,
+                                            exclude=job.run_id)
+    return best, decision_store.seconds_per_step(session, run_id=job.run_id)
 
 
 def _firing(state: Mapping[str, Any], rule: str) -> bool:

@@ -9,7 +9,8 @@ pending/firing/resolved alerts. The service's worker, the quality bench
 
 The modules: :mod:`.framework` (what a rule is made of), :mod:`.stats` (rolling statistics),
 one module per family of rules with each rule's definition beside its evaluator
-(:mod:`.norms`, :mod:`.polyak`, :mod:`.non_finite`, :mod:`.off_curve`, :mod:`.stalled`), and
+(:mod:`.norms`, :mod:`.polyak`, :mod:`.non_finite`, :mod:`.off_curve`, :mod:`.stalled`,
+:mod:`.competitive`, the opt-in ``not_competitive``), and
 :mod:`.registry` (the rule table and a project's configuration of a rule).
 
 Why the rules look the way they do (docs/alerts.md has the long form and the measurements):

@@ -81,6 +81,11 @@ class EvalContext:
             series it was fitted on, for the off-curve rule.
         acknowledged: the rules whose open alert of this run someone acknowledged (a
             ``non_finite`` alert resolves only once acknowledged).
+        project_best: the lowest final loss of the project's other finished runs on the
+            fitted series, and that run's name, for the ``not_competitive`` rule (the worker
+            reads it only while that rule is enabled and needs it).
+        seconds_per_step: the run's wall seconds per step so far, if known (what stopping
+            it would save, in time).
     """
 
     config: Mapping[str, Any]
@@ -92,6 +97,8 @@ class EvalContext:
     fit: Fit | None = None
     fit_key: str | None = None
     acknowledged: frozenset[str] = frozenset()
+    project_best: tuple[float, str] | None = None
+    seconds_per_step: float | None = None
 
     @cached_property
     def run_config(self) -> RunConfig:
@@ -309,6 +316,7 @@ class RuleSpec:
         for_steps: default ``for`` (``None``: auto, see :attr:`for_doc`).
         resolve_for_steps: default resolve duration (``None``: auto).
         for_reason: why an automatic ``for`` of 0 steps (``for_auto=immediately``) is right.
+        enabled: whether a project that overrides nothing evaluates it (an opt-in rule: no).
     """
 
     name: str
@@ -325,6 +333,7 @@ class RuleSpec:
     for_steps: int | None = None
     resolve_for_steps: int | None = None
     for_reason: str = ""
+    enabled: bool = True
 
     @property
     def for_doc(self) -> str:
@@ -336,7 +345,7 @@ class RuleSpec:
     def default_config(self) -> RuleConfig:
         """The rule's configuration when a project overrides nothing."""
         return RuleConfig(
-            enabled=True,
+            enabled=self.enabled,
             severity=self.severity,
             for_steps=self.for_steps,
             resolve_for_steps=self.resolve_for_steps,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from curvecast.service.alerting.rules.competitive import NOT_COMPETITIVE
 from curvecast.service.alerting.rules.framework import (
     SEVERITIES,
     EvalContext,
@@ -34,6 +35,7 @@ RULES: dict[str, RuleSpec] = {
         NON_FINITE,
         OFF_CURVE,
         STALLED,
+        NOT_COMPETITIVE,
     )
 }
 

@@ -1,0 +1,51 @@
+"""The compare page shows each run's P(best) beside it: the decision core's chance at the step
+the page compares at, the same the ranking API and the leaderboard give. Rendered by the real
+app with its worker, on each backend."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from curvecast.dashboards import fmt
+from tests.dashboards.conftest import app_server, live_settings, make_run, new_app
+
+Clients = Callable[[str], httpx.Client]
+
+
+@pytest.fixture(scope="module")
+def dash(database_url: str) -> Iterator[str]:
+    """A live service (worker on) on each backend."""
+    with app_server(new_app(live_settings(database_url))) as url:
+        yield url
+
+
+def shown(page: str) -> dict[str, str]:
+    """The P(best) the page shows beside each run, by run id."""
+    found = re.findall(r'data-p-best="([0-9a-f-]+)"[^>]*>P\(best\) ([^<]+)</span>', page)
+    return {run: html.unescape(p) for run, p in found}
+
+
+def test_the_compare_page_shows_each_runs_chance_of_ending_best(
+        dash: str, project: str, client_for: Clients) -> None:
+    client = client_for(dash)
+    low = make_run(client, project, name="low", steps=3000, curve=(60.0, 300.0, 1.8))
+    high = make_run(client, project, name="high", steps=3000, curve=(60.0, 300.0, 2.6))
+    horizon = 20_000
+    page = client.get("/compare", params={"runs": f"{low},{high}", "horizon": horizon})
+    assert page.status_code == 200
+    ranking = client.get(f"/api/v1/projects/{project}/ranking",
+                         params={"horizon": horizon}).json()
+    expected = {r["run_id"]: fmt.chance(r["p_best"]) for r in ranking["runs"]}
+    assert shown(page.text) == expected
+    assert expected[str(low)] not in ("—", "<0.1%")  # the lower curve is the likely best
+    assert f"chance of ending best (lowest loss) at step {horizon}" in page.text
+
+    # One run alone is never "best": the chip says so instead of a number.
+    alone = client.get("/compare", params={"runs": str(low), "horizon": horizon}).text
+    assert shown(alone) == {str(low): "—"}
+    assert "the only run that can be compared" in html.unescape(alone)
