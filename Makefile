@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench run worker_rounds
 	$(BIN)/python -m bench run read_series
 	$(BIN)/python -m bench run request_cost
+	$(BIN)/python -m bench run pruning
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache artifacts *.egg-info

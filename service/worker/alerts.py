@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from curvecast.contract import FINAL_RUN_STATUSES
+from curvecast.contract import FINAL_RUN_STATUSES, ForecastStatus
 from curvecast.service import prometheus
 from curvecast.service.alerting.decisions import plan_alert_writes
 from curvecast.service.alerting.engine import Transition, evaluate_round
@@ -30,7 +30,6 @@ from curvecast.service.alerting.rules import (
 from curvecast.service.alerting.rules.stalled import SILENCE_WATCHED
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
-from curvecast.service.forecast.fit import OK
 from curvecast.service.schemas.alerts import EvalJob
 from curvecast.service.store import alerts as alert_store
 from curvecast.service.store import decisions as decision_store
@@ -168,7 +167,8 @@ def _competition(session: Session, job: EvalJob, configs: dict[str, RuleConfig],
     finished loss on the fitted series (unless a target replaces it) and the run's pace. Read
     only while the rule is enabled and could judge (a running run with an ``ok`` fit)."""
     cfg = configs["not_competitive"]
-    if not cfg.enabled or job.status != "running" or fit is None or fit.fit.status != OK:
+    if (not cfg.enabled or job.status != "running" or fit is None
+            or fit.fit.status != ForecastStatus.OK):
         return None, None
     best = None
     if cfg.params.get("target_loss") is None:

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
+from curvecast.contract import ForecastStatus
 from curvecast.service.alerting.lifecycle import Observation
 from curvecast.service.alerting.rules.framework import (
     BURN_IN,
@@ -32,7 +33,6 @@ from curvecast.service.alerting.rules.framework import (
     since_last_round,
 )
 from curvecast.service.forecast.chances import RunInput, outlook
-from curvecast.service.forecast.fit import OK
 
 _RUN: Final = uuid.UUID(int=0)
 
@@ -59,7 +59,7 @@ def chance_to_beat(ctx: EvalContext, cfg: RuleConfig) -> float | None:
     beat = _to_beat(ctx, cfg)
     total = ctx.total_steps
     fit = ctx.fit
-    if (beat is None or total is None or fit is None or fit.status != OK
+    if (beat is None or total is None or fit is None or fit.status != ForecastStatus.OK
             or ctx.status != "running" or ctx.last_step >= total
             or ctx.last_step <= burn_in_step(ctx, cfg.params.get("burn_in_steps"))):
         return None
