@@ -528,21 +528,29 @@ def test_log_y_on_a_run_with_a_forecast_shows_the_losses(
     page = tab.page
     page.goto(f"{live}/runs/{run_id}")
     tab.wait_for_charts(("loss",))
-    drawn = page.evaluate("""() => { const d = document.getElementById('chart-loss').data;
-        const ys = d.filter(t => t.meta && ['last', 'prediction'].includes(t.meta.role))
-          .flatMap(t => Array.from(t.y)).filter(v => isFinite(v));
-        return [Math.min(...ys), Math.max(...ys)]; }""")
 
-    def log_range() -> list[float]:
-        axis = page.evaluate("""() => { const a = document.getElementById('chart-loss')
-            ._fullLayout.yaxis; return [a.type, a.range[0], a.range[1]]; }""")
-        assert axis[0] == "log", axis
-        return [10 ** axis[1], 10 ** axis[2]]
+    def drawn_and_range() -> tuple[list[float], list[float]]:
+        """What is drawn (the losses, the prediction, f* and its band) and the log axis's
+        range, read together: the run is still streaming, so the live poll may add lower
+        losses between two reads."""
+        ys_min, ys_max, kind, r0, r1 = page.evaluate("""() => {
+            const el = document.getElementById('chart-loss');
+            const of = roles => el.data.filter(t => t.meta && roles.includes(t.meta.role))
+              .flatMap(t => Array.from(t.y)).filter(v => isFinite(v) && v > 0);
+            const losses = of(['last', 'prediction']);
+            const floor = Math.min(...losses) / 10;  // f* or its band a decade below: left out
+            const ys = losses.concat(of(['f_star']), (el.layout.shapes || [])
+                .filter(s => s.yref === 'y').flatMap(s => [s.y0, s.y1]))
+              .filter(v => isFinite(v) && v >= floor);
+            const a = el._fullLayout.yaxis;
+            return [Math.min(...ys), Math.max(...ys), a.type, a.range[0], a.range[1]]; }""")
+        assert kind == "log", kind
+        return [ys_min, ys_max], [10 ** r0, 10 ** r1]
 
     page.locator("#chart-loss .updatemenu-button", has_text="log y").click()
     page.wait_for_function(
         "() => document.getElementById('chart-loss')._fullLayout.yaxis.type === 'log'")
-    lo, hi = log_range()
+    drawn, (lo, hi) = drawn_and_range()
     # Within a factor of two of what is drawn, not dozens of decades below it.
     assert drawn[0] / 2 < lo <= drawn[0] * 1.02 and hi < 2 * drawn[1], (lo, hi, drawn)
     shot(tab, artifacts_dir, "run-log-y")
@@ -553,7 +561,7 @@ def test_log_y_on_a_run_with_a_forecast_shows_the_losses(
         """() => { const t = document.getElementById('chart-loss').data.find(t => t.meta &&
              t.meta.key === 'loss' && t.meta.role === 'last');
              return t && t.x[0] === 1000 && t.x[t.x.length - 1] === 2000; }""")
-    lo, hi = log_range()
+    drawn, (lo, hi) = drawn_and_range()
     assert drawn[0] / 2 < lo and hi < 2 * drawn[1], (lo, hi, drawn)
     tab.no_errors()
 
