@@ -49,10 +49,8 @@ RUN_CHARTS = ("loss", "step_size", "gradient", "norms", "averaging", "evolution"
 SERIES_CHARTS = RUN_CHARTS[:-1]
 #: Telemetry names per telemetry chart (stored under the run's telemetry prefix).
 _TELEMETRY_OF = {
-    "step_size": ("eta", "alpha"),
-    "gradient": ("grad_l1", "denom_ema"),
-    "norms": ("x_l2", "y_l2", "z_l2", "grad_l2"),
-    "averaging": ("c", "sf_beta"),
+    "step_size": ("eta", "alpha"), "gradient": ("grad_l1", "denom_ema"),
+    "norms": ("x_l2", "y_l2", "z_l2", "grad_l2"), "averaging": ("c", "sf_beta"),
 }
 #: The builder of each telemetry chart.
 _TELEMETRY_FIGURES: dict[str, Callable[..., FigureSpec]] = {
