@@ -50,6 +50,7 @@ from typing import Any
 
 from bench._cli import parser, publish, writes
 from bench._paths import DATA
+from curvecast.contract import telemetry_key
 
 DATA_DIR = DATA / "sfplus_corpus"
 EVERY_STEP = ("grad_l1", "eta", "alpha", "numerator")
@@ -256,26 +257,27 @@ def train(spec: Spec) -> dict[str, Any]:
             opt.step(loss=loss)
             stats = opt.stats(norms=t % NORM_EVERY == 0)
             for key in EVERY_STEP:
-                rec.add(f"opt/{key}", t, stats[key])
+                rec.add(telemetry_key(key), t, stats[key])
             if t % NORM_EVERY == 0:
                 for key in EVERY_TENTH + ("x_l2", "y_l2", "z_l2", "grad_l2"):
-                    rec.add(f"opt/{key}", t, stats[key])
+                    rec.add(telemetry_key(key), t, stats[key])
         else:
             grads = [p.grad for p in params if p.grad is not None]
-            rec.add("opt/grad_l1", t, sum(float(g.abs().sum()) for g in grads))
+            rec.add(telemetry_key("grad_l1"), t, sum(float(g.abs().sum()) for g in grads))
             if t % NORM_EVERY == 0:
-                rec.add("opt/grad_l2", t, _norms(grads))
+                rec.add(telemetry_key("grad_l2"), t, _norms(grads))
             for group in opt.param_groups:
                 group["lr"] = spec.lr * factor(t)
             opt.step()
             # What Monitor.watch() logs for an optimizer that is not ScheduleFree+: its first
             # group's lr (schedule-free AdamW keeps its base rate there; warmup is inside).
-            rec.add("opt/lr", t, opt.param_groups[0]["lr"] if opt.param_groups else spec.lr)
+            lr = opt.param_groups[0]["lr"] if opt.param_groups else spec.lr
+            rec.add(telemetry_key("lr"), t, lr)
             if t % NORM_EVERY == 0:
-                rec.add("opt/y_l2", t, _norms(params))
+                rec.add(telemetry_key("y_l2"), t, _norms(params))
                 if averaged is not None:
                     with averaged():
-                        rec.add("opt/x_l2", t, _norms(params))
+                        rec.add(telemetry_key("x_l2"), t, _norms(params))
         rec.add("loss", t, float(loss.detach()))
         if t % eval_every == 0 or t == spec.steps:
             rec.add("eval_loss", t, eval_loss())
