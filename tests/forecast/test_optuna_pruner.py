@@ -4,10 +4,16 @@ ScheduleFree+ corpus's recorded runs, and its pure decision on those curves."""
 from __future__ import annotations
 
 import importlib
+import math
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from tests import REPO
 from tests.conftest import IN_CI
 
 if IN_CI:  # the dev extra installs optuna: missing there is a failure
@@ -162,3 +168,99 @@ def test_the_bench_replays_every_candidate_on_the_same_orders() -> None:
     ours = outcomes["curvecast (5%, the default)"]
     assert all(o.best_survived and o.steps < o.baseline_steps for o in ours)
     assert "| hyperband |" in table(outcomes)
+
+
+# --- RDB storage: several workers on one study ------------------------------------------------
+
+_SECOND_WORKER = """
+import sys
+import optuna
+from bench._corpus import load
+from bench.forecast.pruning import replay, sweep_run
+from curvecast.service.integrations.optuna import CurvecastPruner
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+pruner = CurvecastPruner()
+study = optuna.load_study(study_name="sweep", storage=sys.argv[1], pruner=pruner)
+run = sweep_run(load(sys.argv[2]))
+study.optimize(lambda t: replay(t, run), n_trials=1)
+trial = study.trials[-1]
+print(trial.state.name, trial.last_step, pruner.decisions[trial.number].reason)
+"""
+
+
+def test_a_second_worker_on_rdb_storage_prunes_against_the_first_ones_best(
+        tmp_path: Path) -> None:
+    """Optuna's RDB storage (SQLite) shared by two processes, the way a study scales past one
+    machine: the second worker's hopeless trial is pruned against the best trial the first
+    worker completed, read back from the database (intermediate values included)."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    first = optuna.create_study(study_name="sweep", storage=storage, direction="minimize",
+                                pruner=CurvecastPruner())
+    good = corpus("d-s-b128-3k")
+    first.optimize(lambda t: replay(t, good), n_trials=1)
+    assert first.trials[0].state.name == "COMPLETE"
+    worker = subprocess.run([sys.executable, "-c", _SECOND_WORKER, storage, "s-wd0"],
+                            capture_output=True, text=True, timeout=240, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert worker.returncode == 0, worker.stderr
+    state, last_step, reason = worker.stdout.strip().split(" ", 2)
+    assert state == "PRUNED" and int(last_step) <= 1500, worker.stdout
+    assert "chance" in reason
+    # What the second worker stored is what this process reads: one study, two trials.
+    again = optuna.load_study(study_name="sweep", storage=storage)
+    assert [t.state.name for t in again.trials] == ["COMPLETE", "PRUNED"]
+    assert again.best_value == pytest.approx(good.final)
+
+
+def test_a_tiny_torch_model_trains_under_the_pruner() -> None:
+    """A real objective: a small regression net trained with ScheduleFree+, its eval loss
+    (at the averaged weights) reported every 20 steps. The first trial has nothing to beat and
+    completes; a second, whose optimizer barely moves (lr scaled down 1,000x), is pruned."""
+    torch = pytest.importorskip("torch")
+    from curvecast import ScheduleFreePlus
+
+    steps = 600
+    teacher = torch.nn.Linear(8, 1)
+    gen = torch.Generator().manual_seed(0)
+    x_val = torch.randn(512, 8, generator=gen)
+    y_val = teacher(x_val).detach()
+
+    def objective(trial: optuna.Trial) -> float:
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
+                                    torch.nn.Linear(32, 1))
+        opt = ScheduleFreePlus(model.parameters(), lr=trial.suggest_float("lr", 1e-3, 1.0),
+                               warmup_steps=30, c_warmup=45)
+        trial.set_user_attr("total_steps", steps)
+        trial.set_user_attr("curvecast_config", {"warmup_steps": 30, "c_warmup": 45})
+        loss_fn = torch.nn.functional.mse_loss
+        data = torch.Generator().manual_seed(2)
+        value = math.inf
+        for step in range(1, steps + 1):
+            x = torch.randn(64, 8, generator=data)
+            loss = loss_fn(model(x), teacher(x).detach() + 0.05 * torch.randn(64, 1,
+                                                                               generator=data))
+            loss.backward()
+            opt.step(loss=loss)
+            opt.zero_grad()
+            if step % 20 == 0:
+                with opt.averaged(model), torch.no_grad():
+                    value = float(loss_fn(model(x_val), y_val))
+                trial.report(value, step)
+                if trial.should_prune():
+                    raise optuna.TrialPruned()
+        return value
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    pruner = CurvecastPruner()
+    study = optuna.create_study(direction="minimize", pruner=pruner)
+    study.enqueue_trial({"lr": 1.0})
+    study.enqueue_trial({"lr": 1e-3})
+    study.optimize(objective, n_trials=2)
+    first, second = study.trials
+    assert first.state.name == "COMPLETE"
+    assert all(d.prune is False for n, d in pruner.decisions.items() if n == 0)
+    assert second.state.name == "PRUNED", pruner.decisions.get(1)
+    assert second.last_step is not None and second.last_step < steps
