@@ -1,0 +1,173 @@
+"""What a decision costs: a project's ranking over REST, and one ``CurvecastPruner.prune()``.
+
+1. ``GET /api/v1/projects/{p}/ranking`` of a project of 50 runs (each streamed 6,000 steps of
+   the loss and the hook's telemetry, then fitted by the worker's refit task), on PostgreSQL
+   through a real server on a loopback port, against ``GET /healthz`` asked the same way in
+   the same run (the framework's floor). Requests alternate between the two.
+2. ``CurvecastPruner.prune()`` of a trial that reported 1,000 points, with one completed
+   trial to beat, in a real in-memory Optuna study, against the plain fit of those points
+   (``fit_curve``, which the pruner's forecast starts from) timed in the same run.
+
+Goals: the ranking of 50 runs <= 100 ms at p95; ``prune()`` <= 20 ms a call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench._cli import parser, publish
+from bench._db import fresh_database
+from bench._report import markdown_table, phase
+from curvecast.contract import TELEMETRY_PREFIX
+from curvecast.service.config import Settings
+from curvecast.service.db import make_engine, make_sessionmaker
+from curvecast.service.forecast.solver import fit_curve
+from curvecast.service.worker.refit import refit_due_runs
+from tests.support import thread_server
+from tests.support.synthetic import batch, create_run
+
+RUNS = 50
+STEPS = 6_000
+RANKING_GOAL_MS = 100.0
+PRUNE_GOAL_MS = 20.0
+PRUNE_POINTS = 1_000
+
+
+def _p(values: list[float], q: float) -> float:
+    return float(np.quantile(values, q))
+
+
+def ranking_latency(backend: str, requests: int) -> dict[str, list[float]]:
+    """Milliseconds per ranking and per ``/healthz``, alternating, after a warm-up."""
+    with tempfile.TemporaryDirectory() as tmp, fresh_database(backend, Path(tmp)) as url:
+        settings = Settings(database_url=url, worker_enabled=False, refit_min_interval_s=0)
+        sessions = make_sessionmaker(make_engine(settings))
+        with thread_server(settings) as base, httpx.Client(base_url=base, timeout=120) as c:
+            with phase("decision_latency", f"{RUNS} runs of {STEPS:,} steps, fitted", 1, 3):
+                for i in range(RUNS):
+                    run_id = uuid.uuid4()
+                    create_run(c, run_id, "sweep", name=f"run-{i}", total_steps=20_000)
+                    # Each run its own curve: the ranking has something to tell apart.
+                    curve = (60.0 * (1 + 0.01 * i), 300.0, 2.0 + 0.002 * i)
+                    c.post(f"/api/v1/runs/{run_id}/metrics", json=batch(
+                        0, STEPS, total_steps=20_000, seed=i, prefix=TELEMETRY_PREFIX,
+                        curve=curve, eval_every=50)).raise_for_status()
+                while refit_due_runs(sessions, settings):
+                    pass
+            times: dict[str, list[float]] = {"ranking": [], "healthz": []}
+            paths = {"ranking": "/api/v1/projects/sweep/ranking", "healthz": "/healthz"}
+            with phase("decision_latency", f"{requests} rankings and /healthz", 2, 3):
+                for path in paths.values():  # warm-up
+                    c.get(path).raise_for_status()
+                for _ in range(requests):
+                    for kind, path in paths.items():
+                        t0 = time.perf_counter()
+                        c.get(path).raise_for_status()
+                        times[kind].append((time.perf_counter() - t0) * 1e3)
+            ranked = c.get(paths["ranking"]).json()
+    known = sum(r.get("p_best") is not None for r in ranked.get("runs", []))
+    times["known"] = [float(known)]
+    return times
+
+
+def prune_latency(calls: int) -> dict[str, list[float]]:
+    """Milliseconds per ``prune()`` of a 1,000-point trial and per plain fit of its points."""
+    import optuna
+
+    from curvecast.service.integrations.optuna import CurvecastPruner
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    total = 20_000
+    steps = np.linspace(10, total // 2, PRUNE_POINTS).astype(int)
+    rng = np.random.default_rng(0)
+    config = {"warmup_steps": 200, "c_warmup": 400}
+    pruner = CurvecastPruner(total_steps=total, config=config)
+    study = optuna.create_study(direction="minimize", pruner=pruner)
+
+    def objective(trial: optuna.Trial, scale: float) -> float:
+        values = 60.0 * scale / np.sqrt(steps + 300.0) + 2.0 + rng.normal(0, 0.01, len(steps))
+        for step, value in zip(steps, values, strict=True):
+            trial.report(float(value), int(step))
+        return float(values[-1])
+
+    study.optimize(lambda t: objective(t, 1.0), n_trials=1)  # the best to beat
+    study.optimize(lambda t: objective(t, 1.05), n_trials=1)  # the trial judged
+    judged = study.trials[-1]
+    pairs = sorted(judged.intermediate_values.items())
+    xs = np.array([s for s, _ in pairs], dtype=float)
+    times: dict[str, list[float]] = {"prune": [], "fit": []}
+    ok = 0
+    with phase("decision_latency", f"{calls} prune() calls at {PRUNE_POINTS:,} points", 3, 3):
+        for _ in range(calls):
+            # Each call on values it has not seen (as after a new report): nothing cached helps.
+            ys = np.array([v for _, v in pairs]) + rng.normal(0, 1e-6, len(pairs))
+            trial = optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE, value=float(ys[-1]),
+                intermediate_values={int(s): float(v) for s, v in zip(xs, ys, strict=True)},
+                user_attrs=dict(judged.user_attrs))
+            t0 = time.perf_counter()
+            pruner.prune(study, trial)
+            t1 = time.perf_counter()
+            fit_curve(xs, ys, config=config)
+            t2 = time.perf_counter()
+            times["prune"].append((t1 - t0) * 1e3)
+            times["fit"].append((t2 - t1) * 1e3)
+            ok += pruner.decisions[trial.number].fit_status == "ok"
+    times["status"] = [float(ok == calls)]
+    return times
+
+
+def summarise(rank: dict[str, list[float]], prune: dict[str, list[float]],
+              backend: str) -> tuple[str, str]:
+    """The section's body and its one-line result."""
+    r95, h95 = _p(rank["ranking"], 0.95), _p(rank["healthz"], 0.95)
+    p95, f95 = _p(prune["prune"], 0.95), _p(prune["fit"], 0.95)
+    rows = [
+        [f"`GET .../ranking`, {RUNS} runs ({int(rank['known'][0])} with a P(best))",
+         f"{_p(rank['ranking'], 0.5):.1f}", f"**{r95:.1f}**",
+         f"{r95 / h95:.1f}x `/healthz` ({h95:.1f} ms)",
+         "met" if r95 <= RANKING_GOAL_MS else "NOT met"],
+        [f"`CurvecastPruner.prune()`, {PRUNE_POINTS:,} points",
+         f"{_p(prune['prune'], 0.5):.1f}", f"**{p95:.1f}**",
+         f"{p95 / f95:.2f}x the plain fit ({f95:.1f} ms)",
+         "met" if p95 <= PRUNE_GOAL_MS else "NOT met"],
+    ]
+    table = markdown_table(["what", "p50 ms", "p95 ms", "against the baseline (p95)",
+                            "goal (100 ms, 20 ms at p95)"], rows)
+    body = (f"The ranking: a project of {RUNS} runs on {backend}, each {STEPS:,} steps of the "
+            "loss, an eval loss and the hook's telemetry, fitted by the worker's refit task; "
+            f"{len(rank['ranking'])} requests through a real server on loopback, alternating "
+            "with `/healthz`. The pruner: a real in-memory Optuna study, one completed trial to "
+            f"beat and a trial of {PRUNE_POINTS:,} reported points ({len(prune['prune'])} "
+            "calls, each on values it has not seen, as after a new report), beside the plain "
+            "fit of the same points.\n\n" + table)
+    result = (f"ranking of {RUNS} runs {r95:.0f} ms p95 ({r95 / h95:.1f}x `/healthz`; goal "
+              f"≤ 100 ms: {'met' if r95 <= RANKING_GOAL_MS else 'NOT met'}); `prune()` at "
+              f"{PRUNE_POINTS:,} points {p95:.1f} ms p95 ({p95 / f95:.2f}x a plain fit; goal "
+              f"≤ 20 ms: {'met' if p95 <= PRUNE_GOAL_MS else 'NOT met'})")
+    return body, result
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parser(__doc__, quick="10 requests and calls")
+    cli.add_argument("--sqlite", action="store_true", help="SQLite instead of PostgreSQL")
+    cli.add_argument("--requests", type=int, default=200)
+    args: argparse.Namespace = cli.parse_args(argv)
+    if args.quick:
+        args.requests = 10
+    backend = "sqlite" if args.sqlite else "postgres"
+    rank = ranking_latency(backend, args.requests)
+    prune = prune_latency(args.requests)
+    if not prune["status"][0]:
+        print("warning: the judged trial's fit is not ok; prune() timed an early return")
+    body, result = summarise(rank, prune, backend)
+    return publish(args, "decision_latency" + ("_sqlite" if args.sqlite else ""),
+                   f"What a decision costs: the ranking and the pruner, {backend}", body,
+                   result)
