@@ -68,6 +68,10 @@ def revision_parser(doc: str | None, rounds: int) -> argparse.ArgumentParser:
     made.add_argument("--base", default="HEAD", help="the revision to compare with (HEAD)")
     made.add_argument("--rounds", type=int, default=rounds,
                       help=f"rounds, each followed by an A/A round ({rounds})")
+    made.add_argument("--write", action="store_true",
+                      help="also write the section into BENCHMARKS.md (by default it is "
+                           "printed: a comparison with one revision is evidence for that "
+                           "change, for its commit message)")
     return made
 
 
@@ -84,8 +88,9 @@ def base_revision(cli: argparse.ArgumentParser, args: argparse.Namespace) -> str
 
 def publish_paired(args: argparse.Namespace, name: str, title: str, method: str,
                    rounds: str, ratios: dict[str, list[float]], what: str) -> int:
-    """Close a revision-paired bench: print its rounds' table, and publish its method with the
-    median ratios (this checkout over the revision, and A/A) as the section.
+    """Close a revision-paired bench: print its rounds' table and its method with the median
+    ratios (this checkout over the revision, and A/A); written as a section only with
+    ``--write``.
 
     Args:
         rounds: the Markdown table of the rounds (printed, not written).
@@ -93,6 +98,8 @@ def publish_paired(args: argparse.Namespace, name: str, title: str, method: str,
         what: what the ratio is of, for the result line (``"`log()`'s CPU"``).
     """
     print(rounds)
+    if not getattr(args, "write", False):
+        args.no_write = True
     result = (f"{what} {statistics.median(ratios['revision']):.3f}× the revision's "
               f"(A/A {statistics.median(ratios['A/A']):.3f}×)")
     return publish(args, name, title, method + "\n\n" + paired_summary(ratios), result)

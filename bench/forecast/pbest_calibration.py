@@ -1,0 +1,140 @@
+"""Is P(best) calibrated? A reliability table on the corpus's sweeps, cut part way through.
+
+Each sweep of recorded runs (the groups ``bench.forecast.pruning`` replays: runs of one model
+size and length, different hyper-parameters) is cut at 25%, 50% and 75% of its runs' length.
+Each run's eval loss up to the cut is fitted as the service fits it (its own config: burn-in,
+schedule), and :func:`curvecast.service.forecast.chances.chances_best` gives every run its
+chance of ending best at the planned end. Many random subsets of each sweep (2 to 8 runs, as a
+compare page or a small sweep holds) make the comparisons; the truth is the run whose recorded
+final eval loss is the lowest in its subset. Runs whose fit cannot tell (not ``ok``) get no
+chance, as in the product; a subset with fewer than two known runs is skipped.
+
+Baseline, in the same run: the same subsets judged by the loss reached at the cut (the lowest
+is given 1, the others 0), what a person reading the curves at that moment would pick.
+Goal: in every bin of P(best), the fraction that were best within 10 points of the mean chance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench._cli import parser, publish
+from bench._report import markdown_table, phase
+from bench.forecast.pruning import SweepRun, sweeps
+from curvecast.contract import ForecastStatus
+from curvecast.service.forecast.chances import Outlook, RunInput, chances_best, outlook
+from curvecast.service.forecast.solver import fit_curve
+
+CUTS = (0.25, 0.5, 0.75)
+SUBSETS = 150
+QUICK_SUBSETS = 10
+SEED = 11
+#: Bins of P(best): [lo, hi).
+BINS = ((0.0, 0.05), (0.05, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.95), (0.95, 1.01))
+GOAL_POINTS = 10.0
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One run of one subset: its chance (by the forecast), the naive pick, the truth."""
+
+    chance: float
+    naive: float
+    best: bool
+
+
+def _outlook_at_cut(run: SweepRun, cut: float) -> tuple[Outlook, float]:
+    """The run's outlook at its planned end from its points up to ``cut``, and its last loss
+    there."""
+    upto = cut * run.total_steps
+    pairs = [(s, v) for s, v in zip(run.steps, run.values, strict=True) if s <= upto]
+    steps, values = [s for s, _ in pairs], [v for _, v in pairs]
+    fit = fit_curve(steps, values, config={**run.config, "total_steps": run.total_steps})
+    run_input = RunInput(run_id=uuid.uuid5(uuid.NAMESPACE_OID, run.name), name=run.name,
+                         status="running", fit=fit, total_steps=run.total_steps,
+                         last_step=steps[-1] if steps else None)
+    look = outlook(run_input, run.total_steps)
+    if fit.status != ForecastStatus.OK:
+        look = Outlook(run.total_steps, reason=str(fit.status))
+    return look, values[-1] if values else float("inf")
+
+
+def judge(groups: dict[str, list[SweepRun]], subsets: int) -> list[Judged]:
+    """Every run of every random subset at every cut, with a known chance."""
+    rng = random.Random(SEED)
+    out: list[Judged] = []
+    for name, runs in groups.items():
+        for cut in CUTS:
+            with phase("pbest_calibration", f"{name} at {cut:.0%}"):
+                looks = {r.name: _outlook_at_cut(r, cut) for r in runs}
+                for _ in range(subsets):
+                    pick = rng.sample(runs, rng.randint(2, min(8, len(runs))))
+                    known = [r for r in pick if looks[r.name][0].known]
+                    if len(known) < 2:
+                        continue
+                    ids = [(uuid.uuid5(uuid.NAMESPACE_OID, r.name), looks[r.name][0])
+                           for r in known]
+                    chances = chances_best(ids)
+                    truth = min(known, key=lambda r: r.final)
+                    leader = min(known, key=lambda r: looks[r.name][1])
+                    for r, p in zip(known, chances, strict=True):
+                        if p is not None:
+                            out.append(Judged(p, 1.0 if r is leader else 0.0, r is truth))
+    return out
+
+
+def reliability(judged: Sequence[Judged]) -> tuple[list[list[object]], float]:
+    """Rows of the reliability table and the largest gap (points) between a bin's mean chance
+    and its fraction best."""
+    rows: list[list[object]] = []
+    worst = 0.0
+    for lo, hi in BINS:
+        inside = [j for j in judged if lo <= j.chance < hi]
+        if not inside:
+            rows.append([f"{lo:.0%}–{min(hi, 1.0):.0%}", 0, "-", "-", "-"])
+            continue
+        mean = float(np.mean([j.chance for j in inside]))
+        frac = float(np.mean([j.best for j in inside]))
+        gap = abs(mean - frac) * 100
+        worst = max(worst, gap)
+        rows.append([f"{lo:.0%}–{min(hi, 1.0):.0%}", len(inside), f"{mean:.1%}", f"{frac:.1%}",
+                     f"{gap:.1f}"])
+    return rows, worst
+
+
+def _brier(values: Sequence[tuple[float, bool]]) -> float:
+    return float(np.mean([(p - float(b)) ** 2 for p, b in values]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parser(__doc__, quick=f"{QUICK_SUBSETS} subsets per sweep and cut")
+    args: argparse.Namespace = cli.parse_args(argv)
+    groups = sweeps()
+    subsets = QUICK_SUBSETS if args.quick else SUBSETS
+    judged = judge(groups, subsets)
+    rows, worst = reliability(judged)
+    brier = _brier([(j.chance, j.best) for j in judged])
+    naive = _brier([(j.naive, j.best) for j in judged])
+    verdict = "met" if worst <= GOAL_POINTS else "NOT met"
+    sizes = "; ".join(f"{k} ({len(v)} runs)" for k, v in groups.items())
+    body = (f"Sweeps: {sizes}; cut at {', '.join(f'{c:.0%}' for c in CUTS)} of the run; "
+            f"{subsets} random subsets of 2–8 runs per sweep and cut; {len(judged):,} chances "
+            "(runs whose fit was not `ok` at the cut get none). Truth: the lowest recorded "
+            "final eval loss of the subset.\n\n"
+            + markdown_table(["P(best)", "chances", "mean P(best)", "fraction best",
+                              "gap (points)"], rows)
+            + f"\n\nBrier score {brier:.3f} against {naive:.3f} for picking the run with the "
+            "lowest loss at the cut (the baseline, same subsets): "
+            f"{brier / naive:.2f}x. Goal: every bin within {GOAL_POINTS:g} points: {verdict} "
+            f"(largest gap {worst:.1f}).")
+    result = (f"P(best) within {worst:.1f} points of the fraction best in every bin (goal "
+              f"≤ {GOAL_POINTS:g}: {verdict}); Brier score {brier / naive:.2f}x picking the "
+              "leader at the cut")
+    return publish(args, "pbest_calibration", "P(best) calibration on the corpus's sweeps",
+                   body, result)
