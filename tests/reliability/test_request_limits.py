@@ -71,18 +71,31 @@ def _answer(sock: socket.socket, timeout: float = 30) -> bytes:
     return out
 
 
-def _one_response(sock: socket.socket) -> bytes:
-    """One whole response (head and ``Content-Length`` body) on a connection kept open."""
+def _responses(sock: socket.socket, n: int) -> list[bytes]:
+    """``n`` whole responses (head and ``Content-Length`` body) read from a connection kept
+    open; pipelined answers may arrive in one read, so the bytes after one response are the
+    start of the next. Fails if the server closes before all ``n`` came."""
     sock.settimeout(30)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        body += sock.recv(65536)
-    return head + b"\r\n\r\n" + body
+    data, out = b"", []
+
+    def more() -> None:
+        nonlocal data
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {len(out)} of {n} responses"
+        data += chunk
+
+    while len(out) < n:
+        while b"\r\n\r\n" not in data:
+            more()
+        head = data[:data.index(b"\r\n\r\n")]
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        end = len(head) + 4 + length
+        while len(data) < end:
+            more()
+        out.append(data[:end])
+        data = data[end:]
+    return out
 
 
 def _status(answer: bytes) -> int:
@@ -172,7 +185,7 @@ def test_bodies_and_pipelined_requests_do_not_count_as_heads(served: ServerProce
         requests += _head(served) + b"\r\n"
     with _connect(served) as sock:
         sock.sendall(requests)
-        answers = [_one_response(sock) for _ in range(4)]
+        answers = _responses(sock, 4)
     assert [_status(a) for a in answers] == [200, 200, 200, 200], [a[:100] for a in answers]
     assert httpx.get(served.url + run, headers=auth).json()["n_points"] == 40_000
 
@@ -220,7 +233,7 @@ def _trickle_and_idle(served: ServerProcess) -> None:
     # And so is a kept-alive one whose next head trickles in after a response.
     with _connect(served) as sock:
         sock.sendall(_head(served) + b"\r\n")
-        assert _one_response(sock).startswith(b"HTTP/1.1 200")
+        assert _responses(sock, 1)[0].startswith(b"HTTP/1.1 200")
         sock.sendall(_head(served))
         for _ in range(150):  # 30 s of trickling, unless the server closes first
             readable, _, _ = select.select([sock], [], [], 0.2)
