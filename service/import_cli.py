@@ -25,7 +25,6 @@ waiting: memory is bounded by the batch, not by the run.
 from __future__ import annotations
 
 import argparse
-import json
 import queue
 import sys
 import threading
@@ -33,7 +32,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from curvecast.contract import PROJECT_PATTERN, is_valid_key, key_for_name, loss_key
@@ -158,23 +156,13 @@ def _jobs(args: argparse.Namespace) -> list[_Job]:
 
 
 def _extra_config(text: str | None, kind: str) -> dict[str, Any]:
+    from curvecast.service.forecast.files import json_object_arg
     from curvecast.service.importers import ImportInputError
     from curvecast.service.importers.wandb_history import unwrap_config
 
     if text is None:
         return {}
-    if not text.lstrip().startswith("{"):
-        try:
-            text = Path(text).read_text(encoding="utf-8-sig")
-        except (OSError, UnicodeDecodeError):
-            raise ImportInputError(f"--config: cannot read {text!r} (a JSON object or a file "
-                                   "holding one)") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ImportInputError(f"--config: invalid JSON ({exc.msg})") from None
-    if not isinstance(raw, dict):
-        raise ImportInputError("--config: must be a JSON object")
+    raw = json_object_arg(text, "--config", ImportInputError)
     return unwrap_config(raw) if kind == "wandb" else raw
 
 

@@ -48,7 +48,6 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from curvecast.contract import LEVEL_EXTENDING_STATUSES, MAX_STEP, ForecastStatus, RunConfig, lr_key
@@ -58,6 +57,7 @@ from curvecast.service.forecast.files import (
     ForecastInputError,
     averaging_start,
     first_value_per_step,
+    json_object_arg,
     load_curves,
     load_series,
     pick_curve,
@@ -148,18 +148,7 @@ def _read_config(text: str | None) -> RunConfig:
     """
     if text is None:
         return RunConfig()
-    if not text.lstrip().startswith("{"):
-        try:
-            text = Path(text).read_text(encoding="utf-8-sig")
-        except (OSError, UnicodeDecodeError):
-            raise ForecastInputError(f"--config: cannot read {text!r} (a JSON object or a file "
-                                     "holding one)") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ForecastInputError(f"--config: invalid JSON ({exc.msg})") from None
-    if not isinstance(raw, dict):
-        raise ForecastInputError("--config: must be a JSON object")
+    raw = json_object_arg(text, "--config")
     inner = raw.get("config")
     if isinstance(inner, dict) and not _CONFIG_KEYS & raw.keys():
         # A run as the REST API returns it (GET /api/v1/runs/{id}, saved to a file), or our

@@ -30,7 +30,7 @@ from pathlib import Path
 from curvecast.contract import TELEMETRY_PREFIXES, RunConfig, fit_key
 
 __all__ = ["Curve", "ForecastInputError", "averaging_start", "first_value_per_step",
-           "load_curves", "load_series", "pick_curve"]
+           "json_object_arg", "load_curves", "load_series", "pick_curve"]
 
 #: The prefixes of ScheduleFree+'s statistics in an export (the contract's, current first; not
 #: the bare legacy one: a bare ``c`` or ``warmup`` could be any metric of the script's own).
@@ -43,6 +43,30 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 class ForecastInputError(ValueError):
     """A file or argument the forecast command cannot use; the message says why."""
+
+
+def json_object_arg(text: str, flag: str,
+                    error: type[ValueError] = ForecastInputError) -> dict[str, object]:
+    """A command-line argument holding a JSON object inline (it starts with ``{``) or naming
+    a file that holds one (``curvecast forecast --config``, ``curvecast import --config``).
+
+    Raises:
+        error: the file cannot be read, the text is not JSON, or not an object; the message
+            starts with ``flag``.
+    """
+    if not text.lstrip().startswith("{"):
+        try:
+            text = Path(text).read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError):
+            raise error(f"{flag}: cannot read {text!r} (a JSON object or a file holding "
+                        "one)") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{flag}: invalid JSON ({exc.msg})") from None
+    if not isinstance(raw, dict):
+        raise error(f"{flag}: must be a JSON object")
+    return raw
 
 
 def _number(text: object, where: str) -> float:
