@@ -27,7 +27,6 @@ import numpy as np
 from bench._cli import parser, publish
 from bench._report import markdown_table, phase
 from bench.forecast.pruning import SweepRun, sweeps
-from curvecast.contract import ForecastStatus
 from curvecast.service.forecast.chances import Outlook, RunInput, chances_best, outlook
 from curvecast.service.forecast.solver import fit_curve
 
@@ -59,10 +58,8 @@ def _outlook_at_cut(run: SweepRun, cut: float) -> tuple[Outlook, float]:
     run_input = RunInput(run_id=uuid.uuid5(uuid.NAMESPACE_OID, run.name), name=run.name,
                          status="running", fit=fit, total_steps=run.total_steps,
                          last_step=steps[-1] if steps else None)
-    look = outlook(run_input, run.total_steps)
-    if fit.status != ForecastStatus.OK:
-        look = Outlook(run.total_steps, reason=str(fit.status))
-    return look, values[-1] if values else float("inf")
+    # A fit that is not ``ok`` gives an unknown outlook (its reason), as in the product.
+    return outlook(run_input, run.total_steps), values[-1] if values else float("inf")
 
 
 def judge(groups: dict[str, list[SweepRun]], subsets: int) -> list[Judged]:
