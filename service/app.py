@@ -223,7 +223,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         prepare_database(settings)
         freeze_startup_heap()
-        # Read and gzip the static files (plotly.js: 4.8 MB) now, not in the first browser's
+        # Read and gzip the static files (plotly.js: 1.2 MB) now, not in the first browser's
         # request; in a thread, so readiness does not wait for it.
         threading.Thread(target=static.warm, name="static-warm", daemon=True).start()
         if worker is not None:

@@ -22,11 +22,10 @@ from curvecast.dashboards.data import (
 )
 from curvecast.dashboards.figures.spec import FigureSpec
 
-#: Traces of more points than this are drawn with WebGL (``scattergl``), shorter ones as SVG.
-#: Above the pages' bucket counts (1,200 at most): a first WebGL chart makes a fresh browser
-#: start a WebGL context, slow with software rendering and on the way to the first chart,
-#: while SVG draws a few thousand points as fast and sharper (BENCHMARKS.md, "dashboard").
-GL_MIN_POINTS = 2500
+#: The one trace type the pages draw: SVG ``scatter``. Pages ask for at most 1,200 buckets a
+#: trace, which SVG draws as fast as WebGL and sharper, and the pages load plotly.js's basic
+#: bundle (scatter, bar, pie), which has no WebGL traces (``service/web/static.py``).
+TRACE = "scatter"
 #: Alert markers per chart at most (the newest); the alert list on the page has all of them.
 MAX_ALERT_MARKS = 60
 #: Series of at most this many points are drawn with markers too (a line needs two points).
@@ -254,11 +253,6 @@ def log_range_of(linear: Sequence[float] | None, arrays: Sequence[FloatArray],
     return [math.log10(lo) - pad, math.log10(hi) + pad]
 
 
-def trace_type(n_points: int) -> str:
-    """WebGL for long traces, SVG for short ones (see :data:`GL_MIN_POINTS`)."""
-    return "scattergl" if n_points > GL_MIN_POINTS else "scatter"
-
-
 def add_series(
     fig: FigureBuilder,
     series: SeriesData,
@@ -276,7 +270,6 @@ def add_series(
     through each bucket's last point. Traces are added even when the series is empty, so live
     updates can append to them."""
     steps = series.steps
-    kind = trace_type(len(steps))
     group = series.key
     # A line through one point draws nothing: a chart of a series logged every few hundred
     # steps looked empty. Few points get their markers (the page drops them as it grows).
@@ -284,7 +277,7 @@ def add_series(
     markers = markers or sparse
     if band and series.downsampled and series.vmin is not None and series.vmax is not None:
         common: dict[str, Any] = {
-            "type": kind, "x": steps, "mode": "lines", "line": {"width": 0, "color": colour},
+            "type": TRACE, "x": steps, "mode": "lines", "line": {"width": 0, "color": colour},
             "showlegend": False, "hoverinfo": "skip", "legendgroup": group, "yaxis": yaxis,
             "connectgaps": False,
         }
@@ -297,7 +290,7 @@ def add_series(
     if dash:
         line["dash"] = dash
     trace: dict[str, Any] = {
-        "type": kind, "x": steps, "y": plottable(series.values), "name": name,
+        "type": TRACE, "x": steps, "y": plottable(series.values), "name": name,
         "mode": "lines+markers" if markers else "lines", "line": line, "legendgroup": group,
         "yaxis": yaxis,
         "meta": {"key": series.key, "role": "last", **({"sparse": True} if sparse else {})},

@@ -20,6 +20,7 @@ from curvecast.dashboards import fmt, palette
 from curvecast.dashboards.data import FloatArray, ForecastData, Prediction, SeriesData, plottable
 from curvecast.dashboards.figures.base import (
     CURVE_POINTS,
+    TRACE,
     FigureBuilder,
     band_traces,
     base_layout,
@@ -29,7 +30,6 @@ from curvecast.dashboards.figures.base import (
     log_menu,
     log_range_of,
     opening_peak,
-    trace_type,
 )
 from curvecast.dashboards.figures.spec import FigureSpec
 
@@ -288,17 +288,16 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
         colour = palette.run_colour(index)
         s = entry.series
         group = f"run{index}"
-        kind = trace_type(len(s))
         run_meta = {"run": index, "run_id": str(entry.run.get("id", ""))}
         if s.downsampled and s.vmin is not None and s.vmax is not None:
-            common = {"type": kind, "x": s.steps, "mode": "lines", "line": {"width": 0},
+            common = {"type": TRACE, "x": s.steps, "mode": "lines", "line": {"width": 0},
                       "showlegend": False, "hoverinfo": "skip", "legendgroup": group}
             fig.add_trace({**common, "y": plottable(s.vmin), "name": f"{entry.label} min",
                            "meta": {"key": s.key, "role": "min", **run_meta}})
             fig.add_trace({**common, "y": plottable(s.vmax), "name": f"{entry.label} range",
                            "fill": "tonexty", "fillcolor": palette.rgba(colour, 0.15),
                            "meta": {"key": s.key, "role": "max", **run_meta}})
-        fig.add_trace({"type": kind, "x": s.steps, "y": plottable(s.values), "mode": "lines",
+        fig.add_trace({"type": TRACE, "x": s.steps, "y": plottable(s.values), "mode": "lines",
                        "line": {"color": colour, "width": 1.6}, "name": entry.label,
                        "legendgroup": group, "hovertemplate": "%{y:.4g}",
                        "meta": {"key": s.key, "role": "last", **run_meta}})

@@ -1,5 +1,5 @@
 """A figure as a static SVG (pure): the run page's first chart, drawn by the server into the HTML
-so that it shows at first paint, before plotly.js (4.8 MB of JavaScript on a first visit) has
+so that it shows at first paint, before plotly.js (1.2 MB of JavaScript on a first visit) has
 loaded; the interactive chart replaces it in the same box.
 
 It draws what a figure of this package holds (a :class:`FigureSpec`): line traces and

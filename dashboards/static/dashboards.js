@@ -6,7 +6,7 @@
  * runs table body, which the server renders with autoescaping).
  *
  * One script per page sits beside this one (run.js, compare.js, runs.js); each takes what it
- * needs from window.cc. All are loaded with `defer` before plotly.min.js, in this order, so a
+ * needs from window.cc. All are loaded with `defer` before plotly.js, in this order, so a
  * page's first data request starts while plotly.js is still being parsed.
  */
 (function () {
@@ -117,15 +117,6 @@
     document.getElementById("live-text").textContent = text;
   }
 
-  var WEBGL = (function () {
-    try {
-      var canvas = document.createElement("canvas");
-      return !!(canvas.getContext("webgl") || canvas.getContext("experimental-webgl"));
-    } catch (e) {
-      return false;
-    }
-  })();
-
   var DTYPES = {
     f8: Float64Array, f4: Float32Array, i4: Int32Array, u4: Uint32Array,
     i2: Int16Array, u2: Uint16Array, i1: Int8Array, u1: Uint8Array,
@@ -147,8 +138,6 @@
     fig.data.forEach(function (t) {
       t.x = decodeArray(t.x);
       t.y = decodeArray(t.y);
-      // Without WebGL (some locked-down browsers) the same traces draw as SVG.
-      if (!WEBGL && t.type === "scattergl") t.type = "scatter";
     });
     return fig;
   }
@@ -235,7 +224,7 @@
   }
 
   function onReady(fn) {
-    // The pages' scripts are deferred and run before plotly.min.js (also deferred) has run,
+    // The pages' scripts are deferred and run before plotly.js (also deferred) has run,
     // while readyState is already "interactive": DOMContentLoaded fires after all of them.
     if (document.readyState === "complete") fn();
     else document.addEventListener("DOMContentLoaded", fn);

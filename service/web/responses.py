@@ -17,10 +17,10 @@ from curvecast.service.config import Settings
 from curvecast.service.errors import InvalidInput, NotFound, ServiceError, validation_message
 from curvecast.service.web.static import plotly_url
 
-# plotly.js compiles shader code with new Function (WebGL traces): 'unsafe-eval' is needed;
-# inline scripts stay forbidden, which is what stops injected markup from running.
+# No inline scripts and no eval (plotly.js's basic bundle has no WebGL traces, whose shaders
+# needed it): what stops injected markup from running.
 _CSP = (
-    "default-src 'self'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; worker-src 'self' "
     "blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
 )

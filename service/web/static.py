@@ -1,6 +1,6 @@
 """Static files, all from installed packages or this repository (never a CDN, so the service
-works offline): plotly.js from ``plotly``, Swagger UI's and ReDoc's files from
-``fastapi-offline``, and our own small CSS and JavaScript.
+works offline): plotly.js's basic bundle (vendored, ``dashboards/static/vendor``), Swagger UI's
+and ReDoc's files from ``fastapi-offline``, and our own small CSS and JavaScript.
 
 Each file is read and gzipped once per process (:func:`warm` runs at start-up, in a background
 thread, so the first browser never waits for the compression) and kept in memory; it is sent
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import fastapi_offline
-import plotly
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -31,6 +31,13 @@ _YEAR = "public, max-age=31536000, immutable"
 _JAVASCRIPT = "text/javascript; charset=utf-8"
 _CSS = "text/css; charset=utf-8"
 _OFFLINE_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
+#: plotly.js's official partial bundle with the scatter, bar and pie traces (the pages draw only
+#: scatter), a quarter of the full bundle's JavaScript: a fresh browser runs it sooner
+#: (BENCHMARKS.md, "Dashboards on a 10^6-step run"). Vendored from npm: see the README beside it.
+PLOTLY_JS = "plotly-basic.min.js"
+_PLOTLY_PATH = html.STATIC_DIR / "vendor" / PLOTLY_JS
+#: The bundle's own first lines name its version: ``plotly.js (basic - minified) v4.1.1``.
+_PLOTLY_VERSION = re.compile(rb"plotly\.js \(basic - minified\) v(\d[\w.+-]*)")
 #: Swagger UI's and ReDoc's files, as fastapi-offline ships them (copies of their npm builds).
 _DOCS_FILES = {
     "swagger-ui-bundle.js": _JAVASCRIPT,
@@ -92,9 +99,20 @@ def _asset(raw: bytes, media_type: str, version: str | None = None) -> Asset:
                  version=version or hashlib.sha256(raw).hexdigest()[:12])
 
 
+def plotly_js_version(head: bytes | None = None) -> str:
+    """The version of the vendored plotly.js bundle, read from its license header."""
+    if head is None:
+        with _PLOTLY_PATH.open("rb") as f:
+            head = f.read(512)
+    match = _PLOTLY_VERSION.search(head)
+    if match is None:
+        raise RuntimeError(f"{_PLOTLY_PATH} does not name its plotly.js version")
+    return match.group(1).decode()
+
+
 def _load() -> dict[str, Asset]:
-    plotly_js = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
-    assets = {"plotly.min.js": _asset(plotly_js.read_bytes(), _JAVASCRIPT, plotly.__version__)}
+    raw_plotly = _PLOTLY_PATH.read_bytes()
+    assets = {PLOTLY_JS: _asset(raw_plotly, _JAVASCRIPT, plotly_js_version(raw_plotly[:512]))}
     for name, media_type in html.STATIC_FILES.items():
         assets[name] = _asset((html.STATIC_DIR / name).read_bytes(), media_type,
                               html.static_version(name))
@@ -133,7 +151,7 @@ def asset_url(name: str) -> str:
 
 def plotly_url() -> str:
     """The versioned URL of plotly.js (the pages' templates load it from here)."""
-    return f"/static/plotly.min.js?v={plotly.__version__}"
+    return asset_url(PLOTLY_JS)
 
 
 def _accepts_gzip(header: str) -> bool:
@@ -170,13 +188,6 @@ def _serve(name: str, request: Request, cache_control: str | None) -> Response:
         headers["Content-Encoding"] = "gzip"
         return Response(packed, media_type=asset.media_type, headers=headers)
     return Response(asset.raw, media_type=asset.media_type, headers=headers)
-
-
-@router.get("/static/plotly.min.js")
-def plotly_js(request: Request) -> Response:
-    """plotly.js (4.8 MB raw, 1.5 MB gzipped), cached for a year: its URL names the package
-    version, which is the only thing that changes it."""
-    return _serve("plotly.min.js", request, _YEAR)
 
 
 @router.get("/static/{name}")

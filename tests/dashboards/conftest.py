@@ -158,9 +158,11 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         _unavailable(f"Chromium is not installed at {CHROMIUM}")
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as pw:
+        # bypass_csp: Playwright polls a string predicate (wait_for_function) with eval, which
+        # the pages' CSP forbids. test_offline loads every page under its CSP instead.
         context = pw.chromium.launch_persistent_context(
             str(profile), executable_path=CHROMIUM, headless=True, args=FLAGS,
-            viewport={"width": 1280, "height": 800},
+            viewport={"width": 1280, "height": 800}, bypass_csp=True,
         )
         context.set_default_timeout(30_000)
         yield context

@@ -650,7 +650,7 @@ def test_the_loss_chart_shows_before_plotly_and_gives_way_to_it(
     """With plotly.js never arriving, the run page still shows the loss chart the server drew
     (axes, ticks, the curves); with it, the interactive chart replaces it in the same box."""
     run_id, _ = streaming_run
-    tab.page.route("**/static/plotly.min.js*", lambda route: route.abort())
+    tab.page.route("**/static/plotly-basic.min.js*", lambda route: route.abort())
     tab.page.goto(f"{live}/runs/{run_id}")
     preview = tab.page.locator("#chart-loss svg.static-preview")
     box = preview.bounding_box()
@@ -660,7 +660,7 @@ def test_the_loss_chart_shows_before_plotly_and_gives_way_to_it(
     assert len(labels) >= 6 and any("static preview" in t for t in labels)
     assert not any(t.startswith("-") for t in labels), labels  # no negative loss axis
     shot(tab, artifacts_dir, "run-static-preview")
-    tab.page.unroute("**/static/plotly.min.js*")
+    tab.page.unroute("**/static/plotly-basic.min.js*")
     tab.errors.clear()  # the aborted script's error was the point of the first half
     tab.page.goto(f"{live}/runs/{run_id}")
     tab.wait_for_charts(("loss",))

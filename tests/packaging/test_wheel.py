@@ -83,6 +83,8 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
         "curvecast/client/sync.py",
         "curvecast/service/app.py",
         "curvecast/dashboards/static/dashboards.js",
+        "curvecast/dashboards/static/vendor/plotly-basic.min.js",
+        "curvecast/dashboards/static/vendor/LICENSE.plotly.js.txt",
         "curvecast/dashboards/templates/base.html",
         "curvecast/migrations/versions/0001_initial.py",
     ):

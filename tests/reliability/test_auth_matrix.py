@@ -38,7 +38,7 @@ from tests.support import ServerProcess, create_token, start_server_process
 #: confirming a token switch (both POSTs the edge refuses from another site).
 PUBLIC = {
     ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/openapi.json"), ("GET", "/docs"),
-    ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc"), ("GET", "/static/plotly.min.js"),
+    ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc"),
     ("GET", "/static/{name}"), ("POST", "/logout"), ("POST", "/login"),
 }
 #: (method, path prefix or exact path, scope). Reads of the REST API need ``read``; each write
