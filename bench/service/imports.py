@@ -10,7 +10,8 @@ scrape costs the service under ingest load.
 2. ``curvecast import tensorboard`` into a fresh PostgreSQL database, in a child process
    (interpreter start and imports excluded): wall-clock points/s, its CPU and PostgreSQL's
    (the whole cluster's, shared with whatever else runs) per point, and its peak memory above
-   what it held before reading.
+   what it held before reading. Then the same import with each of its speed tricks undone
+   (:data:`TRICKS`), for what each one earns.
 3. The baseline: the same points sent to ``curvecast serve`` (one process, worker off, fresh
    database) as the client hook sends them (50,000-point batches of base64 columns, one
    writer), the service's own ingest path. Ratio: import / ingest, wall-clock.
@@ -175,7 +176,15 @@ def child(argv: list[str]) -> None:
     import tensorboard.compat.proto.event_pb2  # noqa: F401
     import tqdm  # noqa: F401
 
-    from curvecast.service.import_cli import main as import_main
+    from curvecast.service import import_cli
+    from curvecast.service.store import metrics
+
+    # The two speed tricks, undone one at a time for their baselines (see TRICKS).
+    if "switch" in os.environ.get(UNDO, ""):
+        import_cli.IMPORT_SWITCH_INTERVAL_S = sys.getswitchinterval()
+    if "copy" in os.environ.get(UNDO, ""):
+        metrics.COPY_MIN_POINTS = 2**62
+    import_main = import_cli.main
 
     proc = psutil.Process()
     rss_before = proc.memory_info().rss
@@ -188,10 +197,20 @@ def child(argv: list[str]) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def measured_import(args: list[str], points: int) -> dict[str, Any]:
+#: The child's environment variable naming the speed tricks to undo ("copy", "switch").
+UNDO = "CURVECAST_BENCH_UNDO"
+#: Each trick of the import path, and the row of the import without it.
+TRICKS = {
+    "copy": "without COPY (INSERT ... ON CONFLICT, as for small batches)",
+    "switch": "with the interpreter's default 5 ms thread switch interval",
+}
+
+
+def measured_import(args: list[str], points: int, undo: str = "") -> dict[str, Any]:
     with Backends(args[args.index("--database-url") + 1]) as backends:
         done = subprocess.run([sys.executable, "-m", "bench", "run", "imports", "--child", *args],
-                              capture_output=True, text=True, check=True)
+                              capture_output=True, text=True, check=True,
+                              env={**os.environ, UNDO: undo})
     pg = backends.cpu_s
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
     out: dict[str, Any] = json.loads(line[len("RESULT "):])
@@ -290,6 +309,11 @@ def run(args: argparse.Namespace) -> tuple[str, str]:
             with fresh_database("postgres", tmp) as url:
                 small = measured_import(["tensorboard", str(tmp / "tb" / "small"),
                                          "--database-url", url], small_steps * 4)
+            undone = {}
+            for trick in TRICKS:
+                with fresh_database("postgres", tmp) as url:
+                    undone[trick] = measured_import(["tensorboard", str(tmp / "tb" / "big"),
+                                                     "--database-url", url], steps * 4, trick)
         with phase("imports", "the same points through the service's ingest", 3, 6):
             with fresh_database("postgres", tmp) as url:
                 base = service_ingest(url, tmp, steps)
@@ -302,12 +326,12 @@ def run(args: argparse.Namespace) -> tuple[str, str]:
             with fresh_database("postgres", tmp) as url:
                 wandb = measured_import(["wandb", str(tmp / "history.jsonl"),
                                          "--database-url", url], args.other_points)
-    return summarise(args, big, small, base, mlflow, wandb)
+    return summarise(args, big, small, base, mlflow, wandb, undone)
 
 
 def summarise(args: argparse.Namespace, big: dict[str, Any], small: dict[str, Any],
-              base: dict[str, Any], mlflow: dict[str, Any], wandb: dict[str, Any]
-              ) -> tuple[str, str]:
+              base: dict[str, Any], mlflow: dict[str, Any], wandb: dict[str, Any],
+              undone: dict[str, dict[str, Any]]) -> tuple[str, str]:
     def row(name: str, points: int, m: dict[str, Any], ratio: bool = True) -> list[object]:
         return [name, f"{points:,}", f"{m['points_per_s']:,.0f}",
                 f"{m['points_per_s'] / base['points_per_s']:.2f}x" if ratio else "1 (baseline)",
@@ -322,6 +346,8 @@ def summarise(args: argparse.Namespace, big: dict[str, Any], small: dict[str, An
         [row("service ingest: POST .../metrics, 50,000-point base64 batches (baseline)",
              steps * 4, base, ratio=False),
          row("curvecast import tensorboard", steps * 4, big),
+         *[row(f"curvecast import tensorboard, {TRICKS[t]}", steps * 4, m)
+           for t, m in undone.items()],
          row("curvecast import tensorboard, a run 4x smaller", steps, small),
          row("curvecast import mlflow (local mlruns)", args.other_points, mlflow),
          row("curvecast import wandb (JSON lines)", args.other_points, wandb)])
@@ -341,7 +367,12 @@ def summarise(args: argparse.Namespace, big: dict[str, Any], small: dict[str, An
         f"PostgreSQL's own work bounds both paths: {big['pg_us']:.2f} µs of its CPU per point "
         f"imported ({base['pg_us']:.2f} for the service's ingest), at most "
         f"{1e6 / big['pg_us']:,.0f} points/s for a core it had to itself; the importer adds "
-        f"{big['cpu_us']:.2f} µs per point of its own.\n\n"
+        f"{big['cpu_us']:.2f} µs per point of its own. Its two speed tricks, each undone in "
+        f"the same run: binary COPY for points past every stored step "
+        f"({big['points_per_s'] / undone['copy']['points_per_s']:.2f}x the points/s without "
+        f"it) and a 0.5 ms thread switch interval, so the writer thread gets the GIL back "
+        f"from the reader's parsing loop sooner "
+        f"({big['points_per_s'] / undone['switch']['points_per_s']:.2f}x).\n\n"
         f"`/metrics` of that one-process service after the load: "
         f"{base['scrape_cpu_ms']:.2f} ms of its CPU a scrape ({base['scrape_ms']:.1f} ms "
         "wall); its share of the service's CPU under load is measured by `bench/service/load.py` "

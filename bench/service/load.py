@@ -286,6 +286,19 @@ class Readers:
                 self._get(client, "metrics read (2,000 buckets)",
                           f"/api/v1/runs/{run}/metrics", keys="loss", max_points=2000)
 
+    def wait_until_logged(self, within_s: float = 60.0) -> None:
+        """Return once every run has stored a point: the readers ask about runs that have
+        logged, as scripts and viewers do (a run with no points answers its reads with 404)."""
+        deadline = time.monotonic() + within_s
+        waiting = list(self.run_ids)
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while waiting:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{len(waiting)} runs stored no point in {within_s:.0f} s")
+                waiting = [run for run in waiting
+                           if not client.get(f"/api/v1/runs/{run}").json().get("n_points")]
+                self.stop.wait(0.05)
+
     def start(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self._viewer, args=(i,)) for i in range(self.viewers)]
         threads += [threading.Thread(target=self._forecaster, args=(i,))
@@ -490,6 +503,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sampler.thread.start()
                 profiler = _start_profiler(server.proc.pid, args, Path(tmp)) if args.profile \
                     else None
+                readers.wait_until_logged()
                 reader_threads = readers.start()
                 scraper = Scraper(server.url, args.scrape_every)
                 scraper.thread.start()

@@ -17,6 +17,10 @@ PostgreSQL, three round trips:
    those), and adds the count to ``runs.n_points``.
 3. ``COMMIT``.
 
+A batch of :data:`COPY_MIN_POINTS` or more whose every point lies past its series' newest stored
+step (an import, a long run catching up) cannot hold a stored point: one more ``SELECT`` checks
+that, then a binary ``COPY`` writes the points and one statement each the rollups and the count.
+
 SQLite (in process, so the number of statements matters less than what each one does): the run
 and its series in one ``SELECT``; the points in ``INSERT`` statements of 200 rows inside a
 savepoint — if any point was already stored, the savepoint is rolled back and the batch is
@@ -50,6 +54,7 @@ from curvecast.service.store._pgcopy import (
     Float8Array,
     Int4Array,
     Int8Array,
+    encode_rows,
     register_array_dumpers,
 )
 from curvecast.service.store.rollups import (
@@ -264,6 +269,9 @@ def _ingest_postgres(
         sent = len(cols.step)
         if sent == 0:
             return 0, cols.n_sent
+        if sent >= COPY_MIN_POINTS and _all_past_stored(cur, cols):
+            _copy_points(cur, run_id, cols)
+            return sent, cols.n_sent
         wall = cols.wall if cols.wall is not None else np.full(sent, math.nan)
         cur.execute(
             _PG_POINTS,
@@ -283,6 +291,42 @@ def _ingest_postgres(
                            np.array(row[2] or [], dtype=np.int64))
         update_rollups(dbapi, cols.series_id[new], cols.step[new], cols.value[new], True)
     return accepted, cols.n_sent
+
+
+#: Batches of at least this many points, every one past its series' newest stored step (an
+#: import, a long run's catch-up), are written by binary ``COPY``: it costs PostgreSQL about
+#: half the CPU per point of ``INSERT ... ON CONFLICT`` (BENCHMARKS.md, "Import from
+#: TensorBoard, MLflow and W&B"). Smaller batches would not repay the extra round trips.
+COPY_MIN_POINTS = 5_000
+_PG_NEWEST = (
+    "SELECT s.id, (SELECT max(step) FROM metric_points m WHERE m.series_id = s.id)"
+    " FROM unnest(%(sids)b) AS s(id)"
+)
+_PG_COPY = "COPY metric_points (series_id, step, value, wall_time) FROM STDIN (FORMAT BINARY)"
+_PG_COUNT = "UPDATE runs SET n_points = n_points + %(n)s WHERE id = %(run)s"
+
+
+def _all_past_stored(cur: Any, cols: _Columns) -> bool:
+    """Whether every point of the batch lies past its series' newest stored step (so none can
+    be stored already), read under the run row's lock that ingest holds."""
+    # cols is in (series, step) order without repeats: each series' first point is its least.
+    first = np.ones(len(cols.step), dtype=bool)
+    first[1:] = cols.series_id[1:] != cols.series_id[:-1]
+    cur.execute(_PG_NEWEST, {"sids": Int4Array(cols.series_id[first])})
+    newest = {int(sid): step for sid, step in cur.fetchall()}
+    return all(newest[int(sid)] is None or int(step) > newest[int(sid)]
+               for sid, step in zip(cols.series_id[first].tolist(), cols.step[first].tolist(),
+                                    strict=True))
+
+
+def _copy_points(cur: Any, run_id: uuid.UUID, cols: _Columns) -> None:
+    """Write points none of which is stored yet: ``COPY`` (binary, numpy-encoded rows), then
+    their rollups and the run's point count."""
+    with cur.copy(_PG_COPY) as copy:
+        copy.write(encode_rows(cols.series_id, cols.step, cols.value, cols.wall))
+    cur.execute(PG_UPSERT.format(where=""),
+                pg_params(aggregate_levels(cols.series_id, cols.step, cols.value)))
+    cur.execute(_PG_COUNT, {"n": len(cols.step), "run": run_id})
 
 
 @cache

@@ -380,3 +380,31 @@ def test_a_run_deleted_and_created_again_stores_its_points_again(server: str, pr
     assert post(run_url, batch).json() == {"accepted": 2, "duplicates": 0}
     assert series(run_url)["loss"]["values"] == [5.0, 4.0]
     assert httpx.get(run_url).json()["n_points"] == 2
+
+
+def test_large_batches_past_the_stored_steps_and_overlapping_ones(run_url: str) -> None:
+    """A batch of thousands of points all past their series' newest stored step (PostgreSQL
+    writes it with COPY) stores every point with its NaN and missing wall times; the next,
+    overlapping by ten steps, keeps the stored values and counts the ten as duplicates."""
+    assert post(run_url, {"steps": list(range(10)), "values": {"loss": [9.0] * 10}}).json() == {
+        "accepted": 10, "duplicates": 0}
+    steps = list(range(10, 6010))
+    loss: list[object] = [3.0 + i / 1e4 for i in range(6000)]
+    loss[5] = "NaN"
+    walls: list[float | None] = [100.0 + i for i in range(6000)]
+    walls[7] = None
+    first = {"steps": steps, "wall_time": walls, "values": {"loss": loss, "acc": [0.5] * 6000}}
+    assert post(run_url, first).json() == {"accepted": 12_000, "duplicates": 0}
+    second = {"steps": list(range(6000, 12_000)),
+              "values": {"loss": [1.0] * 6000, "acc": [0.25] * 6000}}
+    assert post(run_url, second).json() == {"accepted": 11_980, "duplicates": 20}
+    got = series(run_url)
+    assert got["loss"]["steps"] == list(range(12_000))
+    assert got["loss"]["values"][10:6010] == loss  # the overlap kept the first values
+    assert got["loss"]["values"][6010:] == [1.0] * 5990
+    assert got["loss"]["wall_time"][10 + 7] is None and got["loss"]["wall_time"][10] == 100.0
+    assert got["acc"]["steps"] == list(range(10, 12_000))
+    assert httpx.get(run_url).json()["n_points"] == 10 + 12_000 + 11_980
+    # The rollups hold every point once: a downsampled read counts them.
+    down = series(run_url, max_points=50)["loss"]
+    assert down["downsampled"] is True and sum(down["count"]) == 12_000
