@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from curvecast.dashboards import fmt
-from tests.dashboards.conftest import app_server, live_settings, make_run, new_app
+from tests.dashboards.conftest import TOTAL, Tab, app_server, live_settings, make_run, new_app
 
 Clients = Callable[[str], httpx.Client]
 
@@ -49,3 +49,33 @@ def test_the_compare_page_shows_each_runs_chance_of_ending_best(
     alone = client.get("/compare", params={"runs": str(low), "horizon": horizon}).text
     assert shown(alone) == {str(low): "—"}
     assert "the only run that can be compared" in html.unescape(alone)
+
+
+@pytest.mark.browser
+def test_the_compare_page_in_a_browser_shows_p_best_at_its_default_horizon(
+        dash: str, project: str, client_for: Clients, tab: Tab) -> None:
+    """Opened with no horizon, the page compares at its default (the furthest step every run
+    can be compared at: here both runs' planned end) and shows beside each run the chance the
+    ranking API gives at that step; the compare chart is drawn out to it."""
+    client = client_for(dash)
+    low = make_run(client, project, name="low", steps=3000, curve=(60.0, 300.0, 1.8))
+    high = make_run(client, project, name="high", steps=3000, curve=(60.0, 300.0, 2.6))
+    tab.page.goto(f"{dash}/compare?runs={low},{high}")
+    tab.wait_for_charts(("compare", "ranking"))
+    horizon_box = tab.page.locator("input[name=horizon]")
+    assert horizon_box.input_value() == ""
+    assert horizon_box.get_attribute("placeholder") == f"default: {TOTAL}"
+    ranking = client.get(f"/api/v1/projects/{project}/ranking",
+                         params={"horizon": TOTAL}).json()
+    expected = {r["run_id"]: f"P(best) {fmt.chance(r['p_best'])}" for r in ranking["runs"]}
+    chips = tab.page.locator("[data-p-best]")
+    assert chips.count() == 2
+    seen = {chips.nth(i).get_attribute("data-p-best"): chips.nth(i).inner_text().strip()
+            for i in range(2)}
+    assert seen == expected
+    assert chips.first.is_visible() and seen[str(low)] not in ("P(best) —", "P(best) <0.1%")
+    assert f"at step {TOTAL}" in (chips.first.get_attribute("title") or "")
+    x_end = tab.page.evaluate("() => document.getElementById('chart-compare')"
+                              "._fullLayout.xaxis.range[1]")
+    assert x_end >= TOTAL * 0.95  # the chart reaches the step it compares at
+    tab.no_errors()
