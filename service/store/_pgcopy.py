@@ -1,6 +1,6 @@
 """PostgreSQL's binary formats, encoded with numpy (no per-row Python): whole columns as array
-parameters (:class:`PgArray`, what ingest sends), and rows for ``COPY`` (:func:`encode_rows`,
-the raw-COPY baseline of ``bench/service/ingest.py``).
+parameters (:class:`PgArray`, what ingest sends), and rows for ``COPY`` (:func:`encode_rows`:
+ingest's batches of new points, and the raw-COPY baseline of ``bench/service/ingest.py``).
 
 A COPY row is (series_id int4, step int8, value float8 | NULL, wall_time float8 | NULL). NaN
 values and missing wall times are NULLs, which have a different byte layout, so rows are grouped
