@@ -83,6 +83,9 @@ class Outcome:
     best_survived: bool
     best_kept: bool
     regret: float
+    #: CurvecastPruner only: the fit statuses (not ``ok``) of trials whose last decision was a
+    #: fit that could not tell, so the trial ran on.
+    unknown: tuple[str, ...] = ()
 
     @property
     def fraction(self) -> float:
@@ -105,10 +108,14 @@ def study(runs: list[SweepRun], pruner: optuna.pruners.BasePruner) -> Outcome:
         else:
             spent += t.last_step or 0
     best = min(runs, key=lambda r: r.final)
+    statuses = [str(getattr(d.fit_status, "value", d.fit_status))
+                for d in getattr(pruner, "decisions", {}).values()
+                if d.chance is None and d.fit_status is not None]
+    unknown = tuple(st for st in statuses if st != "ok")
     return Outcome(spent, sum(r.total_steps for r in runs),
                    any(r.name == best.name for r in finished),
                    any(r.final <= best.final * (1 + KEPT_WITHIN) for r in finished),
-                   100 * (made.best_value - best.final) / abs(best.final))
+                   100 * (made.best_value - best.final) / abs(best.final), unknown)
 
 
 def pruners(total_steps: int) -> dict[str, Callable[[], optuna.pruners.BasePruner]]:
@@ -181,17 +188,30 @@ def top2_gap(runs: Sequence[SweepRun]) -> float:
 
 
 def why_short(runs: Sequence[SweepRun], got: Sequence[Outcome]) -> str:
-    """In words, where the default curvecast pruner falls short on a sweep, and the sweep's
-    shape that explains it; "" when it keeps the best in 95% of the orders or more."""
+    """In words, where the default curvecast pruner falls short on a sweep (loses the best in
+    more than 5% of the orders, or saves under 10% of the compute), and the sweep's shape that
+    explains it; "" otherwise."""
     kept = sum(o.best_kept for o in got) / len(got)
-    if kept >= 0.95:
-        return ""
     finals = sorted(r.final for r in runs)
-    close = sum(f <= finals[0] * 1.01 for f in finals)
+    close = sum(f <= finals[0] * (1 + KEPT_WITHIN) for f in finals)
     gap = top2_gap(runs)
+    fraction = statistics.mean(o.fraction for o in got)
+    if kept >= 0.95 and fraction < 0.9:
+        return ""
+    if kept >= 0.95:
+        what = f"saves {1 - fraction:.0%} of the compute"
+        if close >= len(runs) / 2:
+            return (f"{what}: {close} of {len(runs)} runs end within 0.5% of the best "
+                    "(within noise): nothing to prune")
+        statuses = sorted({s for o in got for s in o.unknown})
+        if statuses:
+            unknown = statistics.mean(len(o.unknown) for o in got)
+            return (f"{what}: {unknown:.1f} trials per study run on because their fit cannot "
+                    f"tell ({', '.join(statuses)}), though they end well above the best")
+        return f"{what}: its losers stay within reach of the best until late"
     what = f"best kept {kept:.0%}"
     if close >= 3:
-        return f"{what}: {close} runs end within 1% of the best (within noise)"
+        return f"{what}: {close} runs end within 0.5% of the best (within noise)"
     if gap < 1.0:
         return f"{what}: the top two end {gap:.2f}% apart"
     return f"{what}: the best run's curve is not ahead before it ends (top-2 gap {gap:.1f}%)"
