@@ -1,7 +1,9 @@
-"""Is P(best) calibrated? A reliability table on the corpus's sweeps, cut part way through.
+"""Is P(best) calibrated? A reliability table on the recorded sweeps, cut part way through.
 
-Each sweep of recorded runs (the groups ``bench.forecast.pruning`` replays: runs of one model
-size and length, different hyper-parameters) is cut at 25%, 50% and 75% of its runs' length.
+Each sweep of recorded runs (the groups ``bench.forecast.pruning`` replays, formed as
+:mod:`bench.forecast._sweeps` says: the corpus's runs by model size and length, the two char-LM
+sweeps, the public constant-LR and schedule-free groups) is cut at 25%, 50% and 75% of its
+runs' length.
 Each run's eval loss up to the cut is fitted as the service fits it (its own config: burn-in,
 schedule), and :func:`curvecast.service.forecast.chances.chances_best` gives every run its
 chance of ending best at the planned end. Many random subsets of each sweep (2 to 8 runs, as a
@@ -26,7 +28,7 @@ import numpy as np
 
 from bench._cli import parser, publish
 from bench._report import markdown_table, phase
-from bench.forecast.pruning import SweepRun, sweeps
+from bench.forecast._sweeps import SweepRun, all_sweeps
 from curvecast.service.forecast.chances import Outlook, RunInput, chances_best, outlook
 from curvecast.service.forecast.solver import fit_curve
 
@@ -112,7 +114,7 @@ def _brier(values: Sequence[tuple[float, bool]]) -> float:
 def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__, quick=f"{QUICK_SUBSETS} subsets per sweep and cut")
     args: argparse.Namespace = cli.parse_args(argv)
-    groups = sweeps()
+    groups = all_sweeps()
     subsets = QUICK_SUBSETS if args.quick else SUBSETS
     judged = judge(groups, subsets)
     rows, worst = reliability(judged)
@@ -133,5 +135,5 @@ def main(argv: list[str] | None = None) -> int:
     result = (f"P(best) within {worst:.1f} points of the fraction best in every bin (goal "
               f"≤ {GOAL_POINTS:g}: {verdict}); Brier score {brier / naive:.2f}x picking the "
               "leader at the cut")
-    return publish(args, "pbest_calibration", "P(best) calibration on the corpus's sweeps",
+    return publish(args, "pbest_calibration", "P(best) calibration on the recorded sweeps",
                    body, result)

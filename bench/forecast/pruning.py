@@ -1,99 +1,68 @@
-"""Pruning a sweep: CurvecastPruner against Optuna's pruners, replaying our recorded runs.
+"""Pruning a sweep: CurvecastPruner against Optuna's pruners, replaying recorded sweeps.
 
-The sweeps: the ScheduleFree+ corpus's runs (``bench/data/sfplus_corpus``) grouped by model size
-and planned steps (the same model trained with different hyper-parameters and optimizers, as a
-sweep would), groups of five runs or more, runs whose loss diverged left out. Each group is
-replayed in ``ORDERS`` random trial orders; each order is a real Optuna study (in-memory
-storage) whose trials report the run's eval loss at every logged step and ask
-``should_prune()``, with each pruner:
+The sweeps (:mod:`bench.forecast._sweeps` says how each group was formed): the ScheduleFree+
+corpus's runs grouped by model size and steps, the two char-LM sweeps (``python -m bench run
+charlm_sweeps``), and the public constant-LR and schedule-free groups (MultiPowerLaw, Schaipp et
+al.'s 124M lr sweep, AlgoPerf's schedule-free AdamW per workload). Each sweep is replayed in
+``ORDERS`` random trial orders; each order is a real Optuna study (in-memory storage) whose
+trials report the run's loss at every logged step and ask ``should_prune()``, with each pruner:
 
 * ``curvecast``: :class:`~curvecast.service.integrations.optuna.CurvecastPruner` (its defaults:
   5% threshold, no pruning before 10% of the run), the run's config as the hook logs it
   (``lr_schedule`` named for the decaying AdamW runs, which the fit then calls ``off_model``);
-* ``curvecast 1%``, ``curvecast 20%``: thresholds beside the default, for the trade-off;
-* ``median``, ``successive halving``, ``hyperband``: Optuna's, at their defaults
-  (``HyperbandPruner(max_resource=total_steps)``);
-* ``none``: no pruning, the baseline.
+  ``curvecast 1%``, ``curvecast 20%``: thresholds beside the default, for the trade-off;
+* Optuna's: ``median`` at its defaults and with ``n_startup_trials=2``, ``percentile 25``
+  (``PercentilePruner(25)``), ``successive halving``, ``hyperband``
+  (``HyperbandPruner(max_resource=total_steps)``), ``patient median``
+  (``PatientPruner(MedianPruner(), patience=PATIENCE)``: the median's verdict only after
+  ``PATIENCE`` reports without improvement);
+* ``none``: ``NopPruner``, the baseline.
 
-Measured per study: the steps trained (a pruned trial's up to its last report), as a fraction of
-the baseline's; whether the group's best run (lowest final eval loss) finished; the regret (the
-study's best value less the group's best final loss). Reported: the mean step fraction, how
-often the best survived, the median and worst regret over every study.
+Measured per study: the steps trained (a pruned trial's up to its last report) as a fraction of
+the baseline's (the sweep's full compute); whether a run within 0.5% of the sweep's best final
+loss finished (the "best kept"; a run that close is as good a pick); the regret (the study's best
+value less the sweep's best final loss, in % of the latter). Reported, per pruner over all
+sweeps and per sweep: the mean compute fraction, its inverse (the speed-up against no pruning,
+beside LC-PFN's published 2-6x), how often the best was kept, the median and p90 regret. A
+sweep's "top-2 gap" (the second-best final loss over the best) says when its runs end within
+noise of each other.
 
-Usage: ``python -m bench run pruning [--quick] [--no-write]``
+Usage: ``python -m bench run pruning [--quick] [--orders N] [--no-write]``; the public curves
+are read from ``../shared/curves`` or ``$CURVECAST_CURVES_DIR``.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+import numpy as np
 import optuna
 
 from bench._cli import parser, publish
-from bench._corpus import CorpusRun, load, names
 from bench._report import markdown_table
+from bench.forecast._sweeps import SweepRun, all_sweeps
 from curvecast.service.integrations.optuna import CurvecastPruner
 
 ORDERS = 40
+MIN_ORDERS = 20
 QUICK_ORDERS = 2
-MIN_GROUP = 5
 SEED = 7
-KEY = "eval_loss"
-#: The schedule the hook would log for the corpus's decaying AdamW runs.
-SCHEDULES = {"adamw_linear": "linear", "adamw_cosine": "cosine"}
-
-
-@dataclass(frozen=True)
-class SweepRun:
-    """One recorded run as a trial replays it."""
-
-    name: str
-    steps: tuple[int, ...]
-    values: tuple[float, ...]
-    total_steps: int
-    config: dict[str, Any]
-
-    @property
-    def final(self) -> float:
-        return self.values[-1]
-
-
-def sweep_run(run: CorpusRun) -> SweepRun | None:
-    """The run as a trial, or None when its eval loss has non-finite values (diverged)."""
-    if KEY not in run.series:
-        return None
-    steps, values = run.series[KEY]
-    if not all(math.isfinite(v) for v in values):
-        return None
-    config = dict(run.config)
-    if (schedule := SCHEDULES.get(str(config.get("optimizer")))) is not None:
-        config["lr_schedule"] = schedule
-    return SweepRun(run.name, tuple(int(s) for s in steps), tuple(float(v) for v in values),
-                    run.total_steps, config)
-
-
-def sweeps(min_group: int = MIN_GROUP) -> dict[str, list[SweepRun]]:
-    """The corpus's runs by ``d_model x n_layers, steps``, groups of ``min_group`` or more."""
-    groups: dict[str, list[SweepRun]] = {}
-    for name in names():
-        run = load(name)
-        made = sweep_run(run)
-        if made is None:
-            continue
-        c = run.meta["config"]
-        groups.setdefault(f"{c['d_model']}x{c['n_layers']}, {made.total_steps:,} steps",
-                          []).append(made)
-    return {k: v for k, v in groups.items() if len(v) >= min_group}
+#: A finished run this close to the sweep's best final loss counts as the best kept.
+KEPT_WITHIN = 0.005
+PATIENCE = 3
+DEFAULT = "curvecast (5%, the default)"
+BASELINE = "none (NopPruner)"
+#: LC-PFN's published speed-up of its pruning against no pruning (Adriaensen et al., 2023).
+LCPFN = "2-6x"
 
 
 def replay(trial: optuna.Trial, run: SweepRun) -> float:
-    """The objective of a replayed run: report every logged eval loss, stop when pruned."""
+    """The objective of a replayed run: report every logged loss, stop when pruned."""
     trial.set_user_attr("total_steps", run.total_steps)
     trial.set_user_attr("curvecast_config", run.config)
     trial.set_user_attr("run", run.name)
@@ -106,12 +75,21 @@ def replay(trial: optuna.Trial, run: SweepRun) -> float:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One study: steps trained, whether the best run finished, the regret."""
+    """One study: steps trained, whether the best (or a run within 0.5% of it) finished, the
+    regret in % of the best final loss."""
 
     steps: int
     baseline_steps: int
     best_survived: bool
+    best_kept: bool
     regret: float
+    #: CurvecastPruner only: the fit statuses (not ``ok``) of trials whose last decision was a
+    #: fit that could not tell, so the trial ran on.
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def fraction(self) -> float:
+        return self.steps / self.baseline_steps
 
 
 def study(runs: list[SweepRun], pruner: optuna.pruners.BasePruner) -> Outcome:
@@ -121,75 +99,184 @@ def study(runs: list[SweepRun], pruner: optuna.pruners.BasePruner) -> Outcome:
     for run in runs:
         made.optimize(lambda t, r=run: replay(t, r), n_trials=1)
     spent = 0
+    finished: list[SweepRun] = []
     for t in made.trials:
         run = runs[t.number]
-        spent += run.total_steps if t.state == optuna.trial.TrialState.COMPLETE else (
-            t.last_step or 0)
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            spent += run.total_steps
+            finished.append(run)
+        else:
+            spent += t.last_step or 0
     best = min(runs, key=lambda r: r.final)
-    finished = {runs[t.number].name for t in made.trials
-                if t.state == optuna.trial.TrialState.COMPLETE}
-    return Outcome(spent, sum(r.total_steps for r in runs), best.name in finished,
-                   made.best_value - best.final)
+    statuses = [str(getattr(d.fit_status, "value", d.fit_status))
+                for d in getattr(pruner, "decisions", {}).values()
+                if d.chance is None and d.fit_status is not None]
+    unknown = tuple(st for st in statuses if st != "ok")
+    return Outcome(spent, sum(r.total_steps for r in runs),
+                   any(r.name == best.name for r in finished),
+                   any(r.final <= best.final * (1 + KEPT_WITHIN) for r in finished),
+                   100 * (made.best_value - best.final) / abs(best.final), unknown)
 
 
 def pruners(total_steps: int) -> dict[str, Callable[[], optuna.pruners.BasePruner]]:
     """The candidates, each a fresh pruner per study."""
+    p = optuna.pruners
     return {
-        "curvecast (5%, the default)": lambda: CurvecastPruner(),
+        DEFAULT: lambda: CurvecastPruner(),
         "curvecast 1%": lambda: CurvecastPruner(threshold=0.01),
         "curvecast 20%": lambda: CurvecastPruner(threshold=0.2),
-        "median": lambda: optuna.pruners.MedianPruner(),
-        "successive halving": lambda: optuna.pruners.SuccessiveHalvingPruner(),
-        "hyperband": lambda: optuna.pruners.HyperbandPruner(max_resource=total_steps),
-        "none (baseline)": lambda: optuna.pruners.NopPruner(),
+        "median": lambda: p.MedianPruner(),
+        "median, 2 startup trials": lambda: p.MedianPruner(n_startup_trials=2),
+        "percentile 25": lambda: p.PercentilePruner(25.0),
+        "successive halving": lambda: p.SuccessiveHalvingPruner(),
+        "hyperband": lambda: p.HyperbandPruner(max_resource=total_steps),
+        f"patient median ({PATIENCE})": lambda: p.PatientPruner(p.MedianPruner(),
+                                                                 patience=PATIENCE),
+        BASELINE: lambda: p.NopPruner(),
     }
 
 
-def run_all(orders: int) -> tuple[dict[str, list[Outcome]], dict[str, int]]:
-    """Every candidate on every group in ``orders`` random orders (the same orders for each)."""
-    outcomes: dict[str, list[Outcome]] = {}
-    sizes: dict[str, int] = {}
+Outcomes = dict[str, dict[str, list[Outcome]]]  # sweep -> pruner -> one per order
+
+
+def run_all(groups: dict[str, list[SweepRun]], orders: int) -> Outcomes:
+    """Every candidate on every sweep in ``orders`` random orders (the same orders for each)."""
+    out: Outcomes = {}
     rng = random.Random(SEED)
-    for label, group in sweeps().items():
-        sizes[label] = len(group)
+    for label, group in groups.items():
+        got = out.setdefault(label, {})
         for _ in range(orders):
             order = group[:]
             rng.shuffle(order)
             for name, make in pruners(order[0].total_steps).items():
-                outcomes.setdefault(name, []).append(study(order, make()))
+                got.setdefault(name, []).append(study(order, make()))
         print(f"{label}: {len(group)} runs, {orders} orders", file=sys.stderr, flush=True)
-    return outcomes, sizes
+    return out
 
 
-def table(outcomes: dict[str, list[Outcome]]) -> str:
+def _p90(values: Sequence[float]) -> float:
+    return float(np.percentile(values, 90))
+
+
+def summary_row(got: Sequence[Outcome]) -> list[object]:
+    """Compute, speed-up, best kept, best itself kept, median and p90 regret."""
+    fraction = statistics.mean(o.fraction for o in got)
+    regrets = [o.regret for o in got]
+    return [f"{fraction:.2f}", f"{1 / fraction:.2f}x",
+            f"{sum(o.best_kept for o in got) / len(got):.0%}",
+            f"{sum(o.best_survived for o in got) / len(got):.0%}",
+            f"{statistics.median(regrets):.2f}%", f"{_p90(regrets):.2f}%"]
+
+
+SUMMARY_HEAD = ["compute (x none)", "speed-up", "best kept (0.5%)", "the best itself finished",
+                "median regret", "p90 regret"]
+
+
+def overall(outcomes: Outcomes) -> dict[str, list[Outcome]]:
+    """Every study of every sweep, by pruner."""
+    pooled: dict[str, list[Outcome]] = {}
+    for by_pruner in outcomes.values():
+        for name, got in by_pruner.items():
+            pooled.setdefault(name, []).extend(got)
+    return pooled
+
+
+def top2_gap(runs: Sequence[SweepRun]) -> float:
+    """The second-best final loss over the best, in %."""
+    finals = sorted(r.final for r in runs)
+    return 100 * (finals[1] - finals[0]) / abs(finals[0])
+
+
+def why_short(runs: Sequence[SweepRun], got: Sequence[Outcome]) -> str:
+    """In words, where the default curvecast pruner falls short on a sweep (loses the best in
+    more than 5% of the orders, or saves under 10% of the compute), and the sweep's shape that
+    explains it; "" otherwise."""
+    kept = sum(o.best_kept for o in got) / len(got)
+    finals = sorted(r.final for r in runs)
+    close = sum(f <= finals[0] * (1 + KEPT_WITHIN) for f in finals)
+    gap = top2_gap(runs)
+    fraction = statistics.mean(o.fraction for o in got)
+    if kept >= 0.95 and fraction < 0.9:
+        return ""
+    if kept >= 0.95:
+        what = f"saves {1 - fraction:.0%} of the compute"
+        if close >= len(runs) / 2:
+            return (f"{what}: {close} of {len(runs)} runs end within 0.5% of the best "
+                    "(within noise): nothing to prune")
+        statuses = sorted({s for o in got for s in o.unknown})
+        if statuses:
+            unknown = statistics.mean(len(o.unknown) for o in got)
+            return (f"{what}: {unknown:.1f} trials per study run on because their fit cannot "
+                    f"tell ({', '.join(statuses)}), though they end well above the best")
+        return f"{what}: its losers stay within reach of the best until late"
+    what = f"best kept {kept:.0%}"
+    if close >= 3:
+        return f"{what}: {close} runs end within 0.5% of the best (within noise)"
+    if gap < 1.0:
+        return f"{what}: the top two end {gap:.2f}% apart"
+    return f"{what}: the best run's curve is not ahead before it ends (top-2 gap {gap:.1f}%)"
+
+
+def per_sweep(groups: dict[str, list[SweepRun]], outcomes: Outcomes,
+              shown: Sequence[str]) -> str:
+    """One row per sweep: its size, top-2 gap, and compute / best kept of ``shown`` pruners."""
     rows = []
-    for name, got in outcomes.items():
-        fraction = statistics.mean(o.steps / o.baseline_steps for o in got)
-        survived = sum(o.best_survived for o in got) / len(got)
-        regrets = [o.regret for o in got]
-        rows.append([name, f"{fraction:.2f}", f"{survived:.0%}",
-                     f"{statistics.median(regrets):.3f}", f"{max(regrets):.3f}"])
-    return markdown_table(["pruner", "steps (x none)", "best run finished", "median regret",
-                           "worst regret"], rows)
+    for label, by_pruner in outcomes.items():
+        runs = groups[label]
+        cells = [f"{statistics.mean(o.fraction for o in by_pruner[n]):.2f} / "
+                 f"{sum(o.best_kept for o in by_pruner[n]) / len(by_pruner[n]):.0%}"
+                 for n in shown]
+        rows.append([label, len(runs), f"{top2_gap(runs):.2f}%", *cells,
+                     why_short(runs, by_pruner[DEFAULT]) or "-"])
+    return markdown_table(["sweep", "runs", "top-2 gap", *shown, "where curvecast falls short"],
+                          rows)
+
+
+def full_per_sweep(outcomes: Outcomes) -> str:
+    """Every pruner on every sweep (printed, not written)."""
+    rows = [[label, name, *summary_row(got)]
+            for label, by_pruner in outcomes.items() for name, got in by_pruner.items()]
+    return markdown_table(["sweep", "pruner", *SUMMARY_HEAD], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__, quick=f"{QUICK_ORDERS} orders per group").parse_args(argv)
+    cli = parser(__doc__, quick=f"{QUICK_ORDERS} orders per sweep")
+    cli.add_argument("--orders", type=int, default=ORDERS,
+                     help=f"random trial orders per sweep ({ORDERS}; at least {MIN_ORDERS} to "
+                          "write BENCHMARKS.md)")
+    args = cli.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    orders = QUICK_ORDERS if args.quick else ORDERS
-    outcomes, sizes = run_all(orders)
-    groups = "; ".join(f"{k} ({n} runs)" for k, n in sizes.items())
-    body = (f"{table(outcomes)}\n\nThe corpus's sweeps ({groups}), each replayed in {orders} "
-            "random trial orders through real Optuna studies; a trial reports its eval loss "
-            "every 1% of the run. Steps: trained, against no pruning. Regret: the study's best "
-            "final eval loss less the sweep's best. The losing candidates stay in the table.")
-    ours = outcomes["curvecast (5%, the default)"]
-    base = statistics.mean(o.steps / o.baseline_steps for o in ours)
-    survived = sum(o.best_survived for o in ours) / len(ours)
-    result = (f"CurvecastPruner trains {base:.2f}x the steps of no pruning; the best run "
-              f"finished in {survived:.0%} of {len(ours)} studies")
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    orders = QUICK_ORDERS if args.quick else args.orders
+    if orders < MIN_ORDERS:
+        args.no_write = True
+    groups = all_sweeps()
+    outcomes = run_all(groups, orders)
+    pooled = overall(outcomes)
+    summary = markdown_table(["pruner", *SUMMARY_HEAD],
+                             [[name, *summary_row(got)] for name, got in pooled.items()])
+    shown = [DEFAULT, "curvecast 1%", "median", "percentile 25", "hyperband",
+             f"patient median ({PATIENCE})"]
+    sweeps_table = per_sweep(groups, outcomes, shown)
+    n_studies = len(pooled[DEFAULT])
+    body = (f"{summary}\n\nPer sweep (compute x none / best kept within 0.5%):\n\n{sweeps_table}"
+            f"\n\n{len(groups)} sweeps ({sum(len(v) for v in groups.values())} runs; "
+            "`bench/forecast/_sweeps.py` says how each was grouped), each replayed in "
+            f"{orders} random trial orders through real Optuna studies ({n_studies} studies per "
+            "pruner); a trial reports its loss at every logged point (every 1-2.5% of the run). "
+            "Compute: steps trained against no pruning, the mean over studies; speed-up is its "
+            f"inverse (LC-PFN publishes {LCPFN}). Best kept: a run within 0.5% of the sweep's "
+            "best final loss finished. Regret: the study's best final loss less the sweep's "
+            "best, in % of it. Top-2 gap: the sweep's second-best final loss over its best. "
+            "The losing candidates stay in the tables.")
+    ours = pooled[DEFAULT]
+    fraction = statistics.mean(o.fraction for o in ours)
+    kept = sum(o.best_kept for o in ours) / len(ours)
+    result = (f"CurvecastPruner trains {fraction:.2f}x the steps of no pruning "
+              f"({1 / fraction:.1f}x speed-up; LC-PFN {LCPFN}); a run within 0.5% of the best "
+              f"finished in {kept:.0%} of {len(ours)} studies over {len(groups)} sweeps")
     return publish(args, "pruning", "Pruning a sweep: CurvecastPruner against Optuna's pruners",
-                   body, result)
+                   body, result, details=full_per_sweep(outcomes))
 
 
 if __name__ == "__main__":

@@ -202,8 +202,16 @@ def _norms(tensors: Iterable[Any]) -> float:
     return math.sqrt(sum(float(t.detach().pow(2).sum()) for t in tensors))
 
 
-def train(spec: Spec) -> dict[str, Any]:
-    """Train one run and write its two files. Returns the run's summary (also in its JSON)."""
+def train(spec: Spec, out_dir: Path = DATA_DIR, eval_points: int = 100,
+          telemetry: bool = True) -> dict[str, Any]:
+    """Train one run and write its two files. Returns the run's summary (also in its JSON).
+
+    Args:
+        out_dir: where the two files go (the corpus's folder by default).
+        eval_points: how many eval-loss points over the run (and one at the last step).
+        telemetry: record the optimizer's series and the training loss every step; without it
+            only ``loss`` every 10 steps and ``eval_loss`` (small files, for sweeps).
+    """
     import torch
 
     from bench.optimizer._sf_adamw import ScheduleFreeAdamW
@@ -237,7 +245,7 @@ def train(spec: Spec) -> dict[str, Any]:
             params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=spec.weight_decay
         )
     factor = _schedule(spec)
-    eval_every = max(1, spec.steps // 100)
+    eval_every = max(1, spec.steps // eval_points)
     averaged = getattr(opt, "averaged", None)
 
     def eval_loss() -> float:
@@ -253,7 +261,9 @@ def train(spec: Spec) -> dict[str, Any]:
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if spec.is_sfplus:
+        if spec.is_sfplus and not telemetry:
+            opt.step(loss=loss)
+        elif spec.is_sfplus:
             opt.step(loss=loss)
             stats = opt.stats(norms=t % NORM_EVERY == 0)
             for key in EVERY_STEP:
@@ -261,6 +271,10 @@ def train(spec: Spec) -> dict[str, Any]:
             if t % NORM_EVERY == 0:
                 for key in EVERY_TENTH + ("x_l2", "y_l2", "z_l2", "grad_l2"):
                     rec.add(telemetry_key(key), t, stats[key])
+        elif not telemetry:
+            for group in opt.param_groups:
+                group["lr"] = spec.lr * factor(t)
+            opt.step()
         else:
             grads = [p.grad for p in params if p.grad is not None]
             rec.add(telemetry_key("grad_l1"), t, sum(float(g.abs().sum()) for g in grads))
@@ -278,7 +292,8 @@ def train(spec: Spec) -> dict[str, Any]:
                 if averaged is not None:
                     with averaged():
                         rec.add(telemetry_key("x_l2"), t, _norms(params))
-        rec.add("loss", t, float(loss.detach()))
+        if telemetry or t % NORM_EVERY == 0:
+            rec.add("loss", t, float(loss.detach()))
         if t % eval_every == 0 or t == spec.steps:
             rec.add("eval_loss", t, eval_loss())
         now = time.perf_counter()
@@ -309,9 +324,9 @@ def train(spec: Spec) -> dict[str, Any]:
         "train_seconds": round(seconds, 1),
         "torch": torch.__version__,
     }
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-    rec.write(DATA_DIR / f"{spec.name}.csv.gz")
-    (DATA_DIR / f"{spec.name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rec.write(out_dir / f"{spec.name}.csv.gz")
+    (out_dir / f"{spec.name}.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 

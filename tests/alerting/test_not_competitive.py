@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from bench._corpus import load
-from bench.forecast.pruning import SweepRun, sweep_run
+from bench.forecast._sweeps import SweepRun, sweep_run
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.models import Alert

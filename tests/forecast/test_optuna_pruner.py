@@ -22,15 +22,16 @@ else:
     optuna = pytest.importorskip("optuna")
 
 from bench._corpus import load  # noqa: E402
-from bench.forecast.pruning import SweepRun, replay, sweep_run, sweeps  # noqa: E402
+from bench.forecast._sweeps import SweepRun, corpus_sweeps, sweep_run  # noqa: E402
+from bench.forecast.pruning import replay  # noqa: E402
 from curvecast.service.integrations.optuna import CurvecastPruner, decide  # noqa: E402
 
-GROUP = "64x2, 3,000 steps"
+GROUP = "corpus 64x2, 3,000 steps"
 
 
 @pytest.fixture(scope="module")
 def group() -> list[SweepRun]:
-    return sweeps()[GROUP]
+    return corpus_sweeps()[GROUP]
 
 
 def corpus(name: str) -> SweepRun:
@@ -156,18 +157,20 @@ def test_a_maximizing_study_is_refused() -> None:
 
 
 def test_the_bench_replays_every_candidate_on_the_same_orders() -> None:
-    """One order per sweep through the bench's own loop: every candidate gets a study of each
-    sweep, the baseline trains everything, and the pruner keeps each sweep's best run."""
-    from bench.forecast.pruning import run_all, table
+    """One order per corpus sweep through the bench's own loop: every candidate gets a study of
+    each sweep, the baseline trains everything, and the pruner keeps each sweep's best run."""
+    from bench.forecast.pruning import BASELINE, DEFAULT, overall, per_sweep, run_all
 
-    outcomes, sizes = run_all(1)
-    assert set(sizes) == {GROUP, "128x2, 3,000 steps"}
-    assert {len(got) for got in outcomes.values()} == {len(sizes)}
-    assert all(o.steps == o.baseline_steps and o.regret == 0
-               for o in outcomes["none (baseline)"])
-    ours = outcomes["curvecast (5%, the default)"]
-    assert all(o.best_survived and o.steps < o.baseline_steps for o in ours)
-    assert "| hyperband |" in table(outcomes)
+    groups = corpus_sweeps()
+    outcomes = run_all(groups, 1)
+    assert set(outcomes) == {GROUP, "corpus 128x2, 3,000 steps"}
+    pooled = overall(outcomes)
+    assert {len(got) for got in pooled.values()} == {len(groups)}
+    assert all(o.steps == o.baseline_steps and o.regret == 0 for o in pooled[BASELINE])
+    ours = pooled[DEFAULT]
+    assert all(o.best_survived and o.best_kept and o.steps < o.baseline_steps for o in ours)
+    assert "| hyperband |" not in per_sweep(groups, outcomes, [DEFAULT])
+    assert "percentile 25" in pooled and "patient median (3)" in pooled
 
 
 # --- RDB storage: several workers on one study ------------------------------------------------
@@ -176,7 +179,8 @@ _SECOND_WORKER = """
 import sys
 import optuna
 from bench._corpus import load
-from bench.forecast.pruning import replay, sweep_run
+from bench.forecast._sweeps import sweep_run
+from bench.forecast.pruning import replay
 from curvecast.service.integrations.optuna import CurvecastPruner
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
