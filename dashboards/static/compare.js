@@ -165,8 +165,11 @@
     document.addEventListener("click", function (ev) {
       if (!document.getElementById("picker").contains(ev.target)) list.hidden = true;
     });
-    // Opened from a run's "Compare with…": one run is no comparison, offer the others now.
-    if ((CFG.run_ids || []).length === 1) show();
+    // Opened from a run's "Compare with…": one run is no comparison, offer the others now, if
+    // there are any (an open "No other runs yet." would only cover the page's verdict).
+    if ((CFG.run_ids || []).length === 1) {
+      loading.then(function () { if (picker.runs && picker.runs.length) renderPicker(); });
+    }
   }
 
   initPicker(); // deferred: the page is parsed; no need to wait for plotly.js

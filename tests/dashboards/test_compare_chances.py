@@ -7,11 +7,13 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from curvecast.dashboards import fmt
+from curvecast.service.migrate import upgrade
 from tests.dashboards.conftest import TOTAL, Tab, app_server, live_settings, make_run, new_app
 
 Clients = Callable[[str], httpx.Client]
@@ -79,3 +81,25 @@ def test_the_compare_page_in_a_browser_shows_p_best_at_its_default_horizon(
                               "._fullLayout.xaxis.range[1]")
     assert x_end >= TOTAL * 0.95  # the chart reaches the step it compares at
     tab.no_errors()
+
+
+@pytest.mark.browser
+def test_one_run_alone_opens_the_picker_only_when_it_has_runs_to_offer(
+        tmp_path: Path, tab: Tab) -> None:
+    """With no other run in the service, "No other runs yet." waits for the user to open the
+    picker instead of covering the page's verdict."""
+    url = f"sqlite:///{tmp_path / 'alone.db'}"
+    upgrade(url)
+    with app_server(new_app(live_settings(url))) as dash, httpx.Client(base_url=dash,
+                                                                        timeout=60) as client:
+        alone = make_run(client, "alone", name="alone", steps=1500)
+        tab.page.goto(f"{dash}/compare?runs={alone}")
+        tab.wait_for_charts(("compare",))
+        results = tab.page.locator("#picker-results")
+        assert results.is_hidden()
+        tab.page.focus("#picker-search")
+        results.get_by_text("No other runs yet.").wait_for()
+        other = make_run(client, "alone", name="other", steps=1500)
+        tab.page.goto(f"{dash}/compare?runs={alone}")
+        results.locator(f".picker-item[data-run-id='{other}']").wait_for()
+        tab.no_errors()
