@@ -50,6 +50,7 @@ def telemetry_figure(
     x_range: Sequence[float] | None = None,
     height: int = 340,
     ended: bool = False,
+    source: str | None = None,
 ) -> FigureSpec:
     """A step chart of a few telemetry series on one or two y-axes (generic builder).
 
@@ -65,6 +66,7 @@ def telemetry_figure(
         x_range: the visible step range after a zoom.
         height: pixels.
         ended: the run has ended: a chart without data says it never got any, not "yet".
+        source: where the series come from, for that note (default: ``watch()``'s telemetry).
     """
     keys = [line.series.key for line in lines if line.role is None]
     layout = base_layout(chart, title, height, keys, y_title=y_title)
@@ -92,7 +94,7 @@ def telemetry_figure(
         # showed four empty charts "waiting" for data that never come.
         names = ", ".join(keys)
         fig.note(fmt.esc(f"this run logged no {names}" if ended else f"no data yet for {names}")
-                 + "<br>" + fmt.esc(_SOURCE))
+                 + "<br>" + fmt.esc(source or _SOURCE))
     if x_range is not None:
         layout["xaxis"].update(range=list(x_range), autorange=False)
     menu = log_menu(layout, ["yaxis", "yaxis2"] if has_right else ["yaxis"])
@@ -104,6 +106,9 @@ def telemetry_figure(
 
 #: Where a run's optimizer telemetry comes from (the note of a chart without it).
 _SOURCE = "Monitor.watch(optimizer) logs these for ScheduleFreePlus"
+#: The norms' own: logged every ``norms_every`` steps, so a new run has none for a while.
+_NORMS_SOURCE = ("Monitor.watch(optimizer) logs these for ScheduleFreePlus every 100 steps "
+                 "(norms_every)")
 
 
 def _get(series: Mapping[str, SeriesLike], key: str) -> SeriesData:
@@ -162,7 +167,7 @@ def norms_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PR
     return telemetry_figure(
         "norms", "Weight norms: x (averaged), y, z",
         lines, y_title="L2 norm", y2_title="‖g‖₂/‖z‖₂" if has_ratio else None,
-        config=config, **kwargs,
+        config=config, source=_NORMS_SOURCE, **kwargs,
     )
 
 

@@ -884,3 +884,13 @@ def test_headline_and_chart_tell_the_statuses_truth() -> None:
     kpis = {k.id: k for k in views.run_kpis(page)}
     assert kpis["forecast"].detail.endswith("; useful from step 800")
     assert kpis["forecast"].tone == "warn" and "too early" in kpis["f_star"].detail
+
+
+def test_the_norms_chart_says_they_come_every_hundred_steps() -> None:
+    """A ScheduleFree+ run 80 steps in has its step-size telemetry but no norms yet: the
+    norms chart said only that watch() logs them, which a newcomer read as "not logged"."""
+    page = views.RunPage(run={"id": "r", "config": {}, "last_step": 80, "status": "running"},
+                         metrics=[raw("loss", [1, 80], [3.0, 2.0])], forecast=None)
+    fig = views.run_figures(page, ["norms"])["norms"].figure()
+    (note,) = [a.text for a in fig.layout.annotations if "no data yet" in (a.text or "")]
+    assert note.endswith("logs these for ScheduleFreePlus every 100 steps (norms_every)")
