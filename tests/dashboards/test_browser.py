@@ -402,6 +402,7 @@ def test_pages_with_auth_on(browser: Any, tab: Tab, sqlite_url: str) -> None:
         assert page.evaluate("() => document.cookie") == ""
         tab.ask("step", "10000", "interval")
         page.goto(f"{url}/compare?runs={run_id}")  # the picker lists runs through the proxy
+        page.focus("#picker-search")  # (with nothing to offer it does not open by itself)
         page.wait_for_function("""() => document.getElementById('picker-results')
             .textContent === 'No other runs yet.'""")
         page.goto(f"{url}/")
