@@ -349,7 +349,8 @@ def run_import(args: argparse.Namespace) -> int:
     # The writer thread wakes dozens of times per batch to feed PostgreSQL its COPY, and each
     # time waits for the GIL that the reader's parsing loop holds, up to the switch interval
     # (5 ms): a shorter one lets reading and writing overlap (BENCHMARKS.md, "Import from
-    # TensorBoard, MLflow and W&B").
+    # TensorBoard, MLflow and W&B"). Restored afterwards: a caller's process keeps its own.
+    switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(IMPORT_SWITCH_INTERVAL_S)
     started = time.perf_counter()
     total = 0
@@ -383,6 +384,7 @@ def run_import(args: argparse.Namespace) -> int:
               "again to continue", file=sys.stderr)
         return 130
     finally:
+        sys.setswitchinterval(switch_interval)
         bar.close()
         engine.dispose()
     elapsed = time.perf_counter() - started
