@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from functools import partial
 from typing import Any
 
 from bench._cli import parser
 from bench._paths import DATA
-from bench.optimizer.sfplus_corpus import Spec, train
+from bench.optimizer.sfplus_corpus import Spec, train, train_each
 
 DATA_DIR = DATA / "charlm_sweeps"
 EVAL_POINTS = 40
@@ -103,19 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     todo.sort(key=lambda s: -s.steps * s.batch_size * s.d_model)
     print(f"[charlm_sweeps] {len(todo)} run(s), {args.jobs} at a time -> {DATA_DIR}", flush=True)
     started = time.perf_counter()
-    work = partial(train, out_dir=DATA_DIR, eval_points=EVAL_POINTS, telemetry=False)
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(work, s): s for s in todo}
-        for i, fut in enumerate(as_completed(futures), 1):
-            s = futures[fut]
-            try:
-                out = fut.result()
-            except Exception as exc:  # noqa: BLE001 - report and go on with the other runs
-                print(f"[charlm_sweeps] {i}/{len(todo)} {s.name}: FAILED: {exc!r}", flush=True)
-                continue
-            print(f"[charlm_sweeps] {i}/{len(todo)} {s.name}: final eval loss "
-                  f"{out['final_eval_loss']:.4f} in {out['train_seconds']:.0f} s "
-                  f"({time.perf_counter() - started:.0f} s wall so far)", flush=True)
+    train_each(todo, partial(train, out_dir=DATA_DIR, eval_points=EVAL_POINTS, telemetry=False),
+               jobs=args.jobs, label="charlm_sweeps")
     print(f"[charlm_sweeps] done in {time.perf_counter() - started:.0f} s wall", file=sys.stderr,
           flush=True)
     return 0

@@ -42,7 +42,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -417,19 +417,25 @@ def main(argv: list[str] | None = None) -> int:
     else:
         todo = [s for s in specs if not _done(s)]
     print(f"[corpus] {len(todo)} run(s) to train, {args.jobs} at a time -> {DATA_DIR}", flush=True)
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(train, s): s for s in todo}
+    train_each(todo, train, jobs=args.jobs, label="corpus")
+    return 0
+
+
+def train_each(todo: Sequence[Spec], work: Callable[[Spec], dict[str, Any]], *, jobs: int,
+               label: str) -> None:
+    """Train ``todo`` with ``work``, ``jobs`` at a time, printing each run's end; a run that
+    fails is reported and the others go on."""
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(work, s): s for s in todo}
         for i, fut in enumerate(as_completed(futures), 1):
             s = futures[fut]
             try:
                 out = fut.result()
             except Exception as exc:  # noqa: BLE001 - report and go on with the other runs
-                print(f"[corpus] {i}/{len(todo)} {s.name}: FAILED: {exc!r}", flush=True)
+                print(f"[{label}] {i}/{len(todo)} {s.name}: FAILED: {exc!r}", flush=True)
                 continue
-            print(
-                f"[corpus] {i}/{len(todo)} {s.name}: final eval loss "
-                f"{out['final_eval_loss']:.4f} in {out['train_seconds']:.0f} s",
-                flush=True,
-            )
-    return 0
+            print(f"[{label}] {i}/{len(todo)} {s.name}: final eval loss "
+                  f"{out['final_eval_loss']:.4f} in {out['train_seconds']:.0f} s "
+                  f"({time.perf_counter() - started:.0f} s wall so far)", flush=True)
 
