@@ -186,7 +186,8 @@ def _quantiles(fit: Fit, step: int) -> tuple[float, ...] | None:
     return tuple(float(x) for x in np.maximum.accumulate(np.asarray(out)))
 
 
-def outlook(run: RunInput, step: int, confidence: float = 0.9) -> Outlook:
+def outlook(run: RunInput, step: int, confidence: float = 0.9, *,
+            level_extending: bool = False) -> Outlook:
     """What is known of ``run``'s loss at ``step`` (module docstring), with a ``reason`` when
     nothing usable is.
 
@@ -194,6 +195,13 @@ def outlook(run: RunInput, step: int, confidence: float = 0.9) -> Outlook:
     ``step`` has its loss there observed; a ``finished`` run that ended before it has its final
     loss; otherwise an ``ok`` fit gives the calibrated distribution, any other fit (or none)
     the reason it cannot.
+
+    ``level_extending``: also answer from a ``no_asymptote`` fit, with its band that extends
+    the current level by the decay such runs went on to show (:func:`~.calibration.
+    transient_band`, calibrated on held-out curves like the ``ok`` band). That band cannot say
+    where the loss levels off, so it cannot rank runs, but it can say that a run far above a
+    loss will not get below it: the pruner asks exactly that. ``too_early`` stays unknown (the
+    loss may still drop steeply as averaging takes over).
     """
     if run.status in STOPPED:
         if run.last_step is None or run.last_step < step:
@@ -218,7 +226,8 @@ def outlook(run: RunInput, step: int, confidence: float = 0.9) -> Outlook:
     fit = run.fit
     if fit is None:
         return Outlook(step, reason=_PENDING_REASON)
-    if fit.status != ForecastStatus.OK:
+    if fit.status != ForecastStatus.OK and not (
+            level_extending and fit.status == ForecastStatus.NO_ASYMPTOTE):
         reason = _STATUS_REASONS.get(fit.status, f"the fit's status is {fit.status}")
         if fit.status == ForecastStatus.TOO_EARLY and fit.useful_from_step is not None:
             reason += f" (a useful forecast from about step {fit.useful_from_step:,.0f})"

@@ -22,9 +22,13 @@ After every report the pruner fits ``a/sqrt(t+b)+c`` to the trial's intermediate
 service's own fit (:func:`~curvecast.service.forecast.solver.fit_curve`, offline: no server),
 and asks the decision core (:mod:`curvecast.service.forecast.chances`) for the chance that the
 trial's loss at its planned last step ends below the best completed trial's value (or a
-``target``). It prunes when that chance falls below ``threshold``. A forecast that does not know
-says so and the trial goes on: no completed trial yet, too few steps, a fit that is not ``ok``
-(``too_early``, ``no_asymptote``, ``off_model`` -- a decaying learning rate --, ``flat``, ...).
+``target``). It prunes when that chance falls below ``threshold``. The chance comes from an
+``ok`` fit's calibrated band or, when the fit finds no floor yet (``no_asymptote``: a loss that
+is noisy, climbs or still falls fast), from the calibrated band that extends the current level
+(:func:`~curvecast.service.forecast.chances.outlook`'s ``level_extending``): such a band cannot
+say where the loss ends, but it can say that a trial far above the best will not get below it.
+A forecast that does not know says so and the trial goes on: no completed trial yet, too few
+steps, a fit that is ``too_early``, ``off_model`` (a decaying learning rate), ``flat``, ...
 
 :func:`decide` is the whole decision, pure (no I/O, no Optuna): the pruner, the tests and the
 pruning bench call it. Needs ``pip install 'curvecast[optuna]'``.
@@ -110,8 +114,9 @@ def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
     odd data (a fit that fails is a fit that does not know).
 
     Prunes only when the trial is past ``n_warmup_steps`` and ``min_progress`` of
-    ``total_steps``, has not reached ``total_steps``, its fit is ``ok`` and the calibrated
-    chance that its loss at ``total_steps`` ends below ``best`` is under ``threshold``.
+    ``total_steps``, has not reached ``total_steps``, its fit is ``ok`` or ``no_asymptote``
+    (module docstring) and the calibrated chance that its loss at ``total_steps`` ends below
+    ``best`` is under ``threshold``.
     ``config`` is the run's config as the service reads it (``c_warmup``, ``warmup_steps``,
     ``lr_schedule``, ...): it sets the fit's burn-in and marks a decaying learning rate
     ``off_model``.
@@ -147,7 +152,13 @@ def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
     return PruneDecision(True, chance, last, total_steps, best, status,
                          f"a {chance:.1%} chance (< {threshold:.1%}) of ending below "
                          f"{best:.4g} by step {total_steps:,}: forecast {look.value:.4g} "
-                         f"({look.lo:.4g}-{look.hi:.4g})")
+                         f"({look.lo:.4g}-{look.hi:.4g}){_BAND_NOTE.get(status, '')}")
+
+
+#: What a decision from a fit other than ``ok`` adds to its reason.
+_BAND_NOTE: Final = {
+    "no_asymptote": ", its current level carried on (the fit finds no floor yet)",
+}
 
 
 def _frozen(config: Mapping[str, Any] | None) -> str:
@@ -164,7 +175,7 @@ def _outlook(pairs: tuple[tuple[int, float], ...], total_steps: int,
                     config={**json.loads(config), "total_steps": total_steps})
     run = RunInput(run_id=_TRIAL_ID, name="trial", status="running", fit=fit,
                    total_steps=total_steps, last_step=pairs[-1][0])
-    return outlook(run, total_steps), fit.status
+    return outlook(run, total_steps, level_extending=True), fit.status
 
 
 class CurvecastPruner(BasePruner):

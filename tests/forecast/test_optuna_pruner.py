@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,10 @@ else:
     optuna = pytest.importorskip("optuna")
 
 from bench._corpus import load  # noqa: E402
-from bench.forecast._sweeps import SweepRun, corpus_sweeps, sweep_run  # noqa: E402
+from bench.forecast._sweeps import SweepRun, charlm, corpus_sweeps, sweep_run  # noqa: E402
 from bench.forecast.pruning import replay  # noqa: E402
+from curvecast.service.forecast.chances import RunInput, outlook  # noqa: E402
+from curvecast.service.forecast.solver import fit_curve  # noqa: E402
 from curvecast.service.integrations.optuna import CurvecastPruner, decide  # noqa: E402
 
 GROUP = "corpus 64x2, 3,000 steps"
@@ -64,11 +67,11 @@ def test_the_best_run_of_a_sweep_is_never_pruned(group: list[SweepRun]) -> None:
         assert got[best.name] == "COMPLETE", (seed, pruner.decisions)
         assert study.best_value == pytest.approx(best.final)
         pruned_any = pruned_any or "PRUNED" in got.values()
-        # Every prune was a decision with a chance under the threshold, from an ok fit.
+        # Every prune was a decision with a chance under the threshold, from a calibrated band.
         for t in study.trials:
             if t.state.name == "PRUNED":
                 d = pruner.decisions[t.number]
-                assert d.prune and d.fit_status == "ok"
+                assert d.prune and d.fit_status in ("ok", "no_asymptote")
                 assert d.chance is not None and d.chance < 0.05
                 assert d.step == t.last_step < 3000 and d.steps_saved == 3000 - d.step
     assert pruned_any
@@ -129,9 +132,36 @@ def test_flat_and_too_early_fits_keep_the_trial() -> None:
         d = decide(run.steps[:k], run.values[:k], best=0.5, total_steps=3000,
                    config=run.config)
         statuses.add(d.fit_status)
-        if d.fit_status != "ok":
+        if d.fit_status not in ("ok", "no_asymptote"):
             assert not d.prune and d.chance is None and d.reason
-    assert statuses - {"ok", None}
+    assert statuses - {"ok", "no_asymptote", None}
+
+
+def test_a_run_whose_fit_finds_no_floor_is_judged_by_its_level_carried_on() -> None:
+    """no_asymptote: the band that extends the current level prunes a run far above the best,
+    and keeps the sweep's best, whose fit also finds no floor for a while."""
+    sweep = {r.name: r for r in charlm()["charlm b, 1,000 steps"]}
+    best, hopeless = sweep["b-sfp-d96-b64"], sweep["b-sfp-d96-lr2"]  # final 1.53 against 2.56
+    assert best.final == min(r.final for r in sweep.values())
+    seen = set()
+    for k in range(5, len(best.steps)):
+        d = decide(best.steps[:k], best.values[:k], best=best.final, total_steps=1000,
+                   config=best.config)
+        seen.add(d.fit_status)
+        assert not d.prune, d
+    assert "no_asymptote" in seen
+    cut = hopeless.steps.index(400) + 1
+    d = decide(hopeless.steps[:cut], hopeless.values[:cut], best=best.final, total_steps=1000,
+               config=hopeless.config)
+    assert d.fit_status == "no_asymptote" and d.prune and d.chance is not None
+    assert "level carried on" in d.reason and d.steps_saved == 600
+    # The service's ranking still gives such a run no chance: it cannot say where it ends.
+    run = RunInput(run_id=uuid.uuid4(), name="x", status="running", total_steps=1000,
+                   last_step=400, fit=fit_curve(list(hopeless.steps[:cut]),
+                                                list(hopeless.values[:cut]),
+                                                config={**hopeless.config, "total_steps": 1000}))
+    assert outlook(run, 1000).chance_below(best.final) is None
+    assert outlook(run, 1000, level_extending=True).chance_below(best.final) == d.chance
 
 
 def test_a_target_replaces_the_best_and_the_threshold_is_honoured() -> None:
@@ -159,7 +189,7 @@ def test_a_maximizing_study_is_refused() -> None:
 def test_the_bench_replays_every_candidate_on_the_same_orders() -> None:
     """One order per corpus sweep through the bench's own loop: every candidate gets a study of
     each sweep, the baseline trains everything, and the pruner keeps each sweep's best run."""
-    from bench.forecast.pruning import BASELINE, DEFAULT, overall, per_sweep, run_all
+    from bench.forecast.pruning import BASELINE, DEFAULT, ORACLE, overall, per_sweep, run_all
 
     groups = corpus_sweeps()
     outcomes = run_all(groups, 1)
@@ -171,6 +201,10 @@ def test_the_bench_replays_every_candidate_on_the_same_orders() -> None:
     assert all(o.best_survived and o.best_kept and o.steps < o.baseline_steps for o in ours)
     assert "| hyperband |" not in per_sweep(groups, outcomes, [DEFAULT])
     assert "percentile 25" in pooled and "patient median (3)" in pooled
+    # The oracle keeps the best and, pruning every loser at 10% of its run, trains no more.
+    floor = pooled[ORACLE]
+    assert all(o.best_survived and o.regret == 0 for o in floor)
+    assert all(f.steps <= o.steps for f, o in zip(floor, ours, strict=True))
 
 
 # --- RDB storage: several workers on one study ------------------------------------------------
