@@ -152,12 +152,15 @@ def replay(
     chunk: int = 25,
     refit_growth: float = 0.05,
     with_forecast: bool = True,
+    project_best: tuple[float, str] | None = None,
 ) -> list[ReplayEvent]:
     """Stream stored series through :func:`evaluate_round` ``chunk`` steps at a time.
 
     The forecast is refitted like the worker does (when the fitted series has grown by
     ``refit_growth``), so the off-curve rule sees what it would see live. The ``stalled`` rule
-    is not replayed (it is about wall-clock silence, not data).
+    is not replayed (it is about wall-clock silence, not data). ``project_best`` is the loss
+    (and the run's name) ``not_competitive`` must beat, as the worker reads it from the
+    project's finished runs; without it that rule, enabled or not, never judges.
 
     Returns:
         Every transition, in order.
@@ -194,7 +197,7 @@ def replay(
                 fit = fit_curve(fs.steps[:n], fs.values[:n], config=config)  # as the worker
                 fitted_n = n
         ctx = EvalContext(config=config, last_step=upto, after_step=after, fit=fit,
-                          fit_key=fit_key)
+                          fit_key=fit_key, project_best=project_best)
         state, transitions = evaluate_round(series, ctx, configs, state)
         for t in transitions:
             events.append(ReplayEvent(t.rule, t.event.kind, t.event.step, t.event.since_step,

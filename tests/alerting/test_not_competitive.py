@@ -15,6 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bench._corpus import load
 from bench.forecast._sweeps import SweepRun, sweep_run
+from curvecast.service.alerting.engine import replay
+from curvecast.service.alerting.rules.framework import Series
 from curvecast.service.config import Settings
 from curvecast.service.db import session_scope
 from curvecast.service.models import Alert
@@ -142,3 +144,17 @@ def test_off_model_runs_and_projects_that_did_not_opt_in_never_fire(
             _log(factory, run_id, run, upto)
         _rounds(factory)
     assert [_alerts(factory, run_id) for run_id, _ in watched] == [[], []]
+
+
+def test_a_replay_judges_with_the_project_best_it_is_given() -> None:
+    """The pure replay (stored series through the rules, as the worker saw them) runs
+    ``not_competitive`` only when told what the project's best is, and then fires as live."""
+    bad = corpus("s-wd0")  # final eval loss 2.96 against the project's best 1.40
+    series = {"loss": Series.of(bad.steps, bad.values)}
+    on = {RULE: ENABLED}
+    assert not [e for e in replay(series, bad.config, overrides=on) if e.rule == RULE]
+    events = [e for e in replay(series, bad.config, overrides=on,
+                                project_best=(1.40, "d-s-b128-3k")) if e.rule == RULE]
+    assert events and events[0].kind == "firing"
+    assert 300 <= events[0].step < 3000
+    assert "d-s-b128-3k" in events[0].summary
