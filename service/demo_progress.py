@@ -264,7 +264,8 @@ class Progress:
         width = 12  # the bar: the whole progress row fits about 100 columns
         done = min(width, int(width * step / max(1, self.steps)))
         left = self.pace.seconds_left(step, self.steps)
-        when = f"~{duration(left)} left" if left is not None else "estimating..."
+        when = ("done" if step >= self.steps else  # not "estimating..." at the end of a run
+                f"~{duration(left)} left" if left is not None else "estimating...")
         return (f"step {step:>5}/{self.steps} [{'#' * done}{'.' * (width - done)}] "
                 f"{duration(self.clock() - self.started)} elapsed, {when} "
                 f"| train loss reached {fmt_loss(loss)}")

@@ -74,6 +74,9 @@ def test_time_left_is_estimated_from_the_recent_pace(tmp_path: Path) -> None:
             row = at(float(second), 61 + 2 * (second - 66))
         left = re.search(r"~(\d+)m(\d+)s left", row)
         assert left and abs(60 * int(left[1]) + int(left[2]) - (2000 - 127) / 2) < 2, row
+        # At the last step the row says done: not "~0s left", nor, for a run too short to
+        # show a pace, "estimating...".
+        assert "1m41s elapsed, done |" in at(101.0, 2000)
 
 
 def test_the_pace_ignores_start_up_and_old_samples() -> None:
