@@ -381,6 +381,9 @@ class CompareRun:
     #: run logs it.
     key: str | None = None
     logs_key: bool = True
+    #: The loss the run reached (``LossReachedOut``: key, step, value), as on its run page's
+    #: card and in the runs list; None before it logged a loss.
+    loss_reached: Mapping[str, Any] | None = None
 
 
 def common_horizon(runs: Sequence[Mapping[str, Any]], requested: int | None = None) -> int | None:
@@ -450,7 +453,7 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
     """The compare page's figures answer: overlay, ranking and the verdict sentence."""
     entries = compare_entries(runs)
     ranking = figures.rank_forecasts(entries, horizon_step)
-    lasts = [_last_losses(series_by_key(item.metrics)) for item in runs]
+    evals = [_last_eval_loss(series_by_key(item.metrics)) for item in runs]
     figs = {
         "compare": figures.compare_figure(entries, horizon_step, x_range=x_range),
         "ranking": figures.ranking_figure(entries, ranking),
@@ -459,7 +462,8 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
     for index in ranking.order:
         entry = entries[index]
         ended = index in ranking.ended
-        train_last, eval_last = lasts[index]
+        eval_last = evals[index]
+        reached = runs[index].loss_reached
         # As the runs list's cell: the forecast, or the loss reached once the run got there.
         cell = ({"forecast": "—", "forecast_detail": f"logs no {entry.absent_key}"}
                 if entry.absent_key else
@@ -469,7 +473,7 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
             "name": entry.name,
             "status": str(entry.run.get("status") or ""),
             "last_step": fmt.step(entry.run.get("last_step")),
-            "last_train_loss": fmt.loss(train_last[1]) if train_last else "—",
+            "loss_reached": fmt.loss(_as_float(reached.get("value"))) if reached else "—",
             "last_eval_loss": fmt.loss(eval_last[1]) if eval_last else "—",
             "forecast": "—" if ended else cell["forecast"],
             "interval": _ended_cell(entry) if ended else cell["forecast_detail"],
@@ -491,15 +495,12 @@ def _ended_cell(entry: figures.CompareEntry) -> str:
             + f"ended at step {fmt.step(entry.run.get('last_step'))}")
 
 
-def _last_losses(series: Mapping[str, SeriesData]
-                 ) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-    """The last (step, value) of the training loss and of the evaluation loss, each None
-    when the run does not log it (the pages name which one they show)."""
-    train = series.get(TRAIN_LOSS_KEY)
+def _last_eval_loss(series: Mapping[str, SeriesData]) -> tuple[float, float] | None:
+    """The last (step, value) of the evaluation loss, None when the run does not log one (the
+    run page's card shows the same beside the loss reached)."""
     key = eval_key(k for k, s in series.items() if len(s))
     evaluation = series.get(key) if key else None
-    return (train.last if train is not None else None,
-            evaluation.last if evaluation is not None else None)
+    return evaluation.last if evaluation is not None else None
 
 
 # --- runs list ----------------------------------------------------------------------------------

@@ -36,7 +36,7 @@
           r.best ? el("span", { class: "badge status-finished", text: " best" }) : ""]),
         el("td", {}, [el("span", { class: "badge status-" + r.status, text: r.status })]),
         el("td", { class: "num", text: r.last_step }),
-        el("td", { class: "num", text: r.last_train_loss }),
+        el("td", { class: "num", text: r.loss_reached }),
         el("td", { class: "num", text: r.last_eval_loss }),
         el("td", { class: "num" }, [r.forecast, el("div", { class: "muted small", text: r.interval })]),
         el("td", { class: "num", text: r.f_star }),

@@ -259,6 +259,8 @@ def compare_runs(session: Session, principal: Principal, run_ids: Sequence[uuid.
             else None,
             key=key,
             logs_key=logs,
+            loss_reached=reached.model_dump(mode="json")
+            if (reached := loss_reached(session, run)) else None,
         ))
     return out, common
 

@@ -568,7 +568,8 @@ def test_compare_rows_name_train_and_eval_losses() -> None:
                                       raw("eval_loss", [5000, 10_000], [2.7, 2.55])],
                              forecast=dict(FORECAST, key="eval_loss"), band=BAND,
                              at_horizon={"step": 20_000, "value": 2.42, "lo": 2.38,
-                                         "hi": 2.47}),
+                                         "hi": 2.47},
+                             loss_reached={"key": "loss", "step": 10_000, "value": 2.61}),
             views.CompareRun(run={"id": "b", "name": "b", "status": "running",
                                   "last_step": 10_000},
                              metrics=[downsampled("loss")], forecast=None, band=[],
@@ -576,8 +577,8 @@ def test_compare_rows_name_train_and_eval_losses() -> None:
     body = json.loads(views.compare_payload(runs, 20_000))
     rows = {r["run_id"]: r for r in body["rows"]}
     assert rows["a"]["last_eval_loss"] == "2.55" and rows["b"]["last_eval_loss"] == "—"
-    last = downsampled("loss")["values"][-1]
-    assert rows["a"]["last_train_loss"] == rows["b"]["last_train_loss"] == fmt.loss(last)
+    # The training loss reached is the store's (the run page's card), not the chart's last point.
+    assert (rows["a"]["loss_reached"], rows["b"]["loss_reached"]) == (fmt.loss(2.61), "—")
     # Run a draws its eval loss (its forecast's key), b its training loss.
     assert body["charts"]["compare"]["layout"]["yaxis"]["title"]["text"] == (
         "loss (eval or training)")

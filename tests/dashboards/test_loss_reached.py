@@ -1,6 +1,6 @@
 """One "final training loss": the loss a run reached, by the forecast core's ``reached`` rule (the
 median of the points over the last 1% of the steps), named "train loss reached" and the same
-number on the run page's card (first draw and live poll), the runs list, REST's
+number on the run page's card (first draw and live poll), the runs list, the compare page, REST's
 ``prediction.reached`` and the demo's terminal. A finished run showed three: its last point on
 the card (1.233), a mean of 50 steps in the terminal (1.193), REST's reached (1.166)."""
 
@@ -56,6 +56,11 @@ def test_the_card_the_runs_list_rest_and_the_demo_show_one_loss_reached(tmp_path
         # The row's cells: Step, then Train loss reached.
         cell = re.findall(r'<td class="num" data-sort="([^"]*)">([^<]*)<', page)[1]
         assert float(cell[0]) == rest and cell[1] == fmt.loss(rest)
+        # The compare page's table: the same number under the same name.
+        compared = httpx.get(f"{url}/dashboards/api/compare", params={"runs": run_id}).json()
+        assert compared["rows"][0]["loss_reached"] == fmt.loss(rest)
+        assert "Train loss reached</th>" in httpx.get(f"{url}/compare",
+                                                     params={"runs": run_id}).text
         # The demo's terminal reads the points over REST and applies the same rule.
         points = httpx.get(f"{base}/metrics", params={"keys": "loss"}).json()["series"][0]
         assert loss_reached_of(points["steps"], points["values"]) == rest
