@@ -210,7 +210,7 @@ def eta_range(tgt: dict[str, Any], eta: dict[str, Any], last_step: int | None) -
         if last_step is None:
             return f", {early} at the earliest, maybe never"
         if early_s < 1:
-            return ", from now, maybe not before the run ends"
+            return ", anywhere from now to after the run ends"
         return f", {early} at the earliest, maybe not before the run ends"
     return f", between {early} and {duration(seconds + (hi - step) / rate)}"
 

@@ -172,7 +172,7 @@ def test_progress_line_names_the_target_state_not_a_question_mark() -> None:
     soon = TargetOut(loss=1.35, step=1930, lo=1700, hi=2400, reachable=True)
     assert target_text(1.35, answer(soon, EtaOut(steps_per_second=10.0, seconds=13.0, at=now)),
                        finished=False, last_step=2000) == (
-        "ETA to 1.35: about 13s, from now, maybe not before the run ends"
+        "ETA to 1.35: about 13s, anywhere from now to after the run ends"
     )
     # Past the planned end the service marks the target and gives no ETA.
     past = ahead.model_copy(update={"past_planned_end": True, "reason": "after the run's ..."})
