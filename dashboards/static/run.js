@@ -368,6 +368,12 @@
         } else if (last !== null && last !== undefined && step <= last) {
           nodes.push(" — this step is already behind the run: this is the fitted curve's value.");
         }
+        var planned = run.state && run.state.total_steps;
+        if (had === null && planned && step > planned) {
+          // As the loss box says of a target past the end: a number, but not one this run gets to.
+          nodes.push(" — past the run's planned last step (" + fmtStep(planned) +
+            "): where the loss would be had the run gone on.");
+        }
         if (f.off_model) nodes.push(" Warning: the recent loss departs from the fitted curve.");
         // The statuses whose answers extend the current loss (contract.LEVEL_EXTENDING_STATUSES,
         // from the page's config): the number is not the fitted curve's, and the message says why.

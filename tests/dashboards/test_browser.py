@@ -165,6 +165,7 @@ def test_forecast_box_answers_through_the_rest_api(
     answer = ask("step", "15000", "interval")
     assert answer.startswith("Loss at step 15,000: 2.") and "90% interval" in answer
     assert "had" not in answer  # ahead of the run: it has no loss there yet
+    assert "planned last step" not in answer  # and before its planned end
     # A status whose answer extends the current loss says why (the page's list of them is
     # the contract's, from its config).
     status = rest("", horizon=15000)["status"]
@@ -173,6 +174,10 @@ def test_forecast_box_answers_through_the_rest_api(
     assert (f"({status.replace('_', ' ')}: " in answer) == (status in LEVEL_EXTENDING_STATUSES)
     assert page.locator("#ask-rest").inner_text() == (
         f"GET /api/v1/runs/{run_id}/forecast?horizon=15000")
+    # Past the planned end: a number, and that the run does not get there (as the loss box).
+    assert ask("step", str(2 * TOTAL), "interval").endswith(
+        f"past the run's planned last step ({TOTAL:,}): where the loss would be had the run "
+        "gone on.")
     # A step the run is past: the loss it had there too, the value REST answers.
     behind = ask("step", "1500", "had")
     reached = rest("", horizon=1500)["prediction"]["reached"]
