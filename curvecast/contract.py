@@ -120,6 +120,9 @@ LOST_RUN_STATUS = "lost"
 #: The statuses of runs that are not training, as far as the service knows: the final ones and
 #: ``lost``. Pages, comparisons and ETAs treat such a run as stopped at its last step.
 ENDED_RUN_STATUSES = (*FINAL_RUN_STATUSES, LOST_RUN_STATUS)
+#: The statuses of runs that stopped without finishing: they will not train to their planned
+#: end, so no page or decision shows or compares a forecast of where they would have got.
+STOPPED_RUN_STATUSES = ("failed", "crashed", LOST_RUN_STATUS)
 #: Every status a run can have.
 RUN_STATUSES = ("running", *ENDED_RUN_STATUSES)
 

@@ -21,6 +21,7 @@ from curvecast.contract import (
     ENDED_RUN_STATUSES,
     EVAL_LOSS_KEYS,
     LOST_RUN_STATUS,
+    STOPPED_RUN_STATUSES,
     TRAIN_LOSS_KEY,
     TRAIN_LOSS_KEYS,
     ForecastStatus,
@@ -575,6 +576,12 @@ def runs_rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             # No planned end: the contract's horizon is the last step logged, where the cell
             # would show the loss just logged as "reached", a final that is not one.
             cell = {"forecast": "—", "forecast_detail": "no planned end (total_steps)",
+                    "forecast_sort": ""}
+        if run.get("status") in STOPPED_RUN_STATUSES and not (pred and pred.reached is not None):
+            # It stopped short of the forecast's step: no final to show, as the leaderboard and
+            # the compare page say (the forecast of a run that will not get there read as live).
+            cell = {"forecast": "—",
+                    "forecast_detail": f"{run['status']} at step {fmt.step(run.get('last_step'))}",
                     "forecast_sort": ""}
         rows.append({
             "id": str(run["id"]),

@@ -30,7 +30,7 @@ from typing import Final, Literal
 
 import numpy as np
 
-from curvecast.contract import ForecastStatus
+from curvecast.contract import STOPPED_RUN_STATUSES, ForecastStatus
 from curvecast.service.forecast import calibration as _cal
 from curvecast.service.forecast.curve import FloatArray
 from curvecast.service.forecast.fit import Fit
@@ -60,7 +60,7 @@ DRAWS: Final = 10_000
 SEED: Final = 20_260_000
 _CHUNK: Final = 2_000  # draws per pass: memory grows with runs x chunk, not runs x DRAWS
 #: The run statuses that never get a chance: the run stopped without finishing.
-STOPPED: Final = ("failed", "crashed", "lost")
+STOPPED: Final = STOPPED_RUN_STATUSES
 
 #: Why a fit of each status gives no chance (every status but ``ok``).
 _STATUS_REASONS: Final = {

@@ -832,6 +832,19 @@ def test_runs_rows() -> None:
                                          "last_step": 1234, "config": {}},
                                  "forecast": at_last}])
     assert ended["forecast"] == "2.5" and ended["forecast_detail"] == "reached @ 1.23k; fit 2.42"
+    # A run that stopped short of the forecast's step (failed, crashed, lost): no final, and
+    # why; one that failed after getting there keeps the loss it reached.
+    for status in ("failed", "crashed", "lost"):
+        (stopped,) = views.runs_rows([{"run": {"id": "s", "name": "s", "status": status,
+                                               "last_step": 284,
+                                               "config": {"total_steps": 20_000}},
+                                       "forecast": FORECAST}])
+        assert (stopped["forecast"], stopped["forecast_detail"]) == ("—", f"{status} at step 284")
+    (late,) = views.runs_rows([{"run": {"id": "f", "name": "f", "status": "failed",
+                                        "last_step": 20_000},
+                                "forecast": dict(FORECAST, prediction=dict(
+                                    FORECAST["prediction"], reached=2.451))}])
+    assert late["forecast"] == "2.451"
     (nan,) = views.runs_rows([{"run": {"id": "n", "name": "n", "last_step": 2_000},
                                "forecast": dict(FORECAST, status="diverged", a=None, b=None,
                                                 c=None, prediction=None)}])
