@@ -30,7 +30,7 @@ from typing import Final, Literal
 
 import numpy as np
 
-from curvecast.contract import STOPPED_RUN_STATUSES, ForecastStatus
+from curvecast.contract import LOST_RUN_STATUS, STOPPED_RUN_STATUSES, ForecastStatus
 from curvecast.service.forecast import calibration as _cal
 from curvecast.service.forecast.curve import FloatArray
 from curvecast.service.forecast.fit import Fit
@@ -204,10 +204,11 @@ def outlook(run: RunInput, step: int, confidence: float = 0.9, *,
     loss may still drop steeply as averaging takes over).
     """
     if run.status in STOPPED:
+        # "the run failed", "the run crashed", "the run was lost"
+        ended = "was lost" if run.status == LOST_RUN_STATUS else run.status
         if run.last_step is None or run.last_step < step:
-            return Outlook(step, reason=f"the run {run.status}: it will not train to step "
-                                        f"{step:,}")
-        return Outlook(step, reason=f"the run {run.status}: a run that stopped is not compared")
+            return Outlook(step, reason=f"the run {ended}: it will not train to step {step:,}")
+        return Outlook(step, reason=f"the run {ended}: a run that stopped is not compared")
     if run.missing:
         return Outlook(step, reason=run.missing)
     if run.last_step is not None and run.last_step >= step:

@@ -94,18 +94,20 @@ def test_runs_that_cannot_be_judged_say_why() -> None:
     runs = [
         ok,
         run(fitted(1.5), name="failed", status="failed"),
+        run(fitted(1.5), name="lost", status="lost"),
         run(None, name="pending"),
         run(early, name="early"),
         run(Fit(status="off_model", a=1.0, b=1.0, c=2.0), name="drifting"),
         run(Fit(status="flat", a=0.0, c=2.0), name="flat"),
     ]
     ranked = {r.run.name: r for r in rank(runs, TOTAL)}
-    assert ranked["failed"].reason.startswith("the run failed")
+    assert ranked["failed"].reason == "the run failed: it will not train to step 20,000"
+    assert ranked["lost"].reason == "the run was lost: it will not train to step 20,000"
     assert ranked["pending"].reason.startswith("no fit yet")
     assert "needs more steps" in ranked["early"].reason and "3,000" in ranked["early"].reason
     assert "fitted curve's shape" in ranked["drifting"].reason
     assert "flat" in ranked["flat"].reason
-    for name in ("failed", "pending", "early", "drifting", "flat"):
+    for name in ("failed", "lost", "pending", "early", "drifting", "flat"):
         assert ranked[name].p_best is None and not ranked[name].outlook.known
         assert outlook(next(r for r in runs if r.name == name), TOTAL).chance_below(2.0) is None
     # One run alone is never "best", though its forecast stands.
