@@ -103,7 +103,7 @@ def project_runs(session: Session, *, project: str, allowed_project: str | None,
     of its default series (or of ``key``).
 
     Raises:
-        NotFound: no such project, or not the caller's.
+        NotFound: no such project, or not the caller's; a ``key`` none of its runs logs.
     """
     _check_project(session, project, allowed_project)
     rows = session.execute(
@@ -122,6 +122,12 @@ def project_runs(session: Session, *, project: str, allowed_project: str | None,
         with_series = set(session.scalars(
             select(Series.run_id).where(Series.run_id.in_(ids), Series.key == key))) \
             if ids else set()
+        if ids and not with_series:
+            # As a run's forecast of a series it does not log: a 404 that says what there is.
+            logged = session.scalars(select(Series.key).where(Series.run_id.in_(ids))
+                                     .distinct().order_by(Series.key)).all()
+            raise NotFound(f"no run of project {project!r} logs a series {key!r}; the keys "
+                           f"they log: {', '.join(logged) or 'none yet'}")
     return [
         _as_input(session, run_id=row.id, name=row.name, status=row.status,
                   config=RunConfig.read(row.config), last_step=row.last_step,
