@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from curvecast.service.forecast.chances import (
     DRAWS,
+    STOPPED,
     Outlook,
     Ranked,
     RunInput,
@@ -55,9 +56,14 @@ def ranking_answer(project: str, runs: Sequence[RunInput], *, key: str | None = 
     if horizon is None:
         horizon, source = default_horizon(runs)
     if horizon is None:
-        message = ("no runs in this project yet" if not runs else
-                   "no run plans total_steps or has logged a step: there is no step to "
-                   "compare at; pass horizon")
+        if not runs:
+            message = "no runs in this project yet"
+        elif all(r.status in STOPPED for r in runs):
+            message = ("every run stopped (failed, crashed or lost): a run that stopped is not "
+                       "compared")
+        else:
+            message = ("no run plans total_steps or has logged a step: there is no step to "
+                       "compare at; pass horizon")
         listed = [RankedRunOut(run_id=r.run_id, name=r.name, status=r.status, key=r.key,
                                fit_status=r.fit.status if r.fit is not None else None,
                                comparable=False, reason=message)
