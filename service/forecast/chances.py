@@ -197,8 +197,8 @@ def outlook(run: RunInput, step: int, confidence: float = 0.9, *,
     the reason it cannot.
 
     ``level_extending``: also answer from a ``no_asymptote`` fit, with its band that extends
-    the current level by the decay such runs went on to show (:func:`~.calibration.
-    transient_band`, calibrated on held-out curves like the ``ok`` band). That band cannot say
+    the current level by the decay such runs went on to show
+    (:func:`~.calibration.transient_band`, calibrated like the ``ok`` band). That band cannot say
     where the loss levels off, so it cannot rank runs, but it can say that a run far above a
     loss will not get below it: the pruner asks exactly that. ``too_early`` stays unknown (the
     loss may still drop steeply as averaging takes over).
