@@ -149,9 +149,12 @@ def norms_figure(series: Mapping[str, SeriesLike], *, prefix: str = TELEMETRY_PR
     real runs (docs/alerts.md, "The AdamC steady state"); drawn here it read as a level the run
     never reaches.
     """
+    # Until averaging starts x = y = z exactly, and the three lines are drawn as one (a
+    # newcomer looked for the missing two): the legend says so.
     lines = [
-        Line(_get(series, prefix + "x_l2"), "‖x‖₂", palette.BLUE),
-        Line(_get(series, prefix + "y_l2"), "‖y‖₂", palette.ORANGE, dash="dot"),
+        Line(_get(series, prefix + "x_l2"), "‖x‖₂ (= ‖z‖₂ until averaging)", palette.BLUE),
+        Line(_get(series, prefix + "y_l2"), "‖y‖₂ (= ‖z‖₂ until averaging)", palette.ORANGE,
+             dash="dot"),
         Line(_get(series, prefix + "z_l2"), "‖z‖₂", palette.GREEN),
     ]
     grad, z = _get(series, prefix + "grad_l2"), _get(series, prefix + "z_l2")

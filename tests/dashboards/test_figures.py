@@ -258,6 +258,10 @@ def test_norms_show_the_gradient_to_weight_ratio_without_a_steady_state_line() -
         assert fig.layout.yaxis2.title.text == "‖g‖₂/‖z‖₂"
         assert not [s for s in fig.layout.shapes if s.type == "line" and s.yref == "y2"]
         assert not any("2λ" in (a.text or "") for a in fig.layout.annotations)
+        # x = y = z until averaging starts: one line drawn, and the legend says why.
+        names = [t.name for t in fig.data if t.showlegend is not False]
+        assert "‖x‖₂ (= ‖z‖₂ until averaging)" in names
+        assert "‖y‖₂ (= ‖z‖₂ until averaging)" in names
     # No gradient L2 norm logged: no ratio, no right axis.
     spec = figures.norms_figure({k: v for k, v in series.items() if "grad_l2" not in k},
                                 config=CONFIG)
