@@ -5,6 +5,7 @@ that focuses on the interesting part (pure, like every builder)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,9 @@ TRACE = "scatter"
 MAX_ALERT_MARKS = 60
 #: Series of at most this many points are drawn with markers too (a line needs two points).
 SPARSE_POINTS = 20
+#: The longest line of a chart's note, in characters: about 300 px at its 13 px, which fits a
+#: phone's chart (368 px wide) with its margins.
+NOTE_CHARS = 40
 #: Points of the fitted curve drawn per chart.
 CURVE_POINTS = 400
 #: Validate figures as they are built (tests switch this on; see FigureBuilder.spec).
@@ -158,9 +162,14 @@ class FigureBuilder:
                                      "font": {"size": 10, "color": line.get("color")}})
 
     def note(self, text: str) -> None:
-        """A grey note in the middle of the plot (e.g. no data yet)."""
+        """A grey note in the middle of the plot (e.g. no data yet), its lines (``<br>``)
+        wrapped at :data:`NOTE_CHARS` characters: Plotly does not wrap an annotation, and a
+        longer line ran past both edges of a half-width chart or a phone's."""
+        lines = [wrapped for line in text.split("<br>")
+                 for wrapped in textwrap.wrap(line, NOTE_CHARS, break_long_words=False,
+                                              break_on_hyphens=False) or [""]]
         self.annotations.append({"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
-                                 "showarrow": False, "text": text,
+                                 "showarrow": False, "text": "<br>".join(lines),
                                  "font": {"size": 13, "color": palette.GREY}})
 
     def spec(self) -> FigureSpec:
@@ -279,7 +288,9 @@ def add_series(
         common: dict[str, Any] = {
             "type": TRACE, "x": steps, "mode": "lines", "line": {"width": 0, "color": colour},
             "showlegend": False, "hoverinfo": "skip", "legendgroup": group, "yaxis": yaxis,
-            "connectgaps": False,
+            # The band bridges a non-finite bucket (the line above it shows the gap): broken
+            # there, Plotly's "tonexty" fill drew a sliver from the first step to the gap.
+            "connectgaps": True,
         }
         fig.add_trace({**common, "y": plottable(series.vmin), "name": f"{name} min",
                        "meta": {"key": series.key, "role": "min"}})

@@ -431,3 +431,68 @@ def test_projects_and_navigation_and_one_404_page(watched: Tab, live: str, runs:
     api = page.goto(f"{live}/api/v1/nope")
     assert api is not None and api.status == 404 and api.json()["error_code"] == "not_found"
     watched.errors.clear()
+
+
+# --- a NaN in a long loss, a run without the optimizer's telemetry --------------------------
+
+#: Per chart: the annotations (notes, labels) whose text runs past the chart's own box.
+_CUT_NOTES_JS = """() => [...document.querySelectorAll('.chart[data-rendered]')].flatMap(gd => {
+  const box = gd.getBoundingClientRect();
+  return [...gd.querySelectorAll('g.annotation-text-g')].filter(a => {
+    const r = a.getBoundingClientRect();
+    return r.width > 0 && (r.left < box.left - 1 || r.right > box.right + 1);
+  }).map(a => gd.id + ': ' + a.textContent); })"""
+
+#: Points on the straight line from the loss band's first bucket to the last one before its
+#: gap (a NaN), and how many of them the band's fill covers: Plotly filled a sliver along
+#: that chord, over the curve, when the band broke at the gap.
+_CHORD_JS = """() => { const gd = document.getElementById('chart-loss');
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+  const max = gd.data.find(t => t.meta && t.meta.key === 'loss' && t.meta.role === 'max');
+  const y = Array.from(max.y), gap = y.findIndex(v => !isFinite(v));
+  const x0 = max.x[0], y0 = y[0], x1 = max.x[gap - 1], y1 = y[gap - 1];
+  const fills = [...gd.querySelectorAll('.scatterlayer path.js-fill')];
+  let covered = 0;
+  for (let k = 1; k < 20; k++) {
+    const pt = new DOMPoint(xa.c2p(x0 + (x1 - x0) * k / 20), ya.c2p(y0 + (y1 - y0) * k / 20));
+    if (fills.some(p => p.isPointInFill(pt))) covered++;
+  }
+  return {gap: gap, fills: fills.length, covered: covered}; }"""
+
+
+def test_a_nan_and_missing_telemetry_draw_no_stray_band_and_no_cut_notes(
+    watched: Tab, live: str,
+) -> None:
+    """A 1,500-step loss (drawn downsampled, with its min-max band) with one NaN at step
+    400, and no optimizer telemetry: the band breaks at the NaN without a stray fill from
+    the first step to the gap, and the empty charts' notes ("no data yet for ...",
+    "Monitor.watch(optimizer) logs these ...") fit their charts at a laptop's and a phone's
+    width (they ran past both edges of the half-width norms chart and of every phone chart)."""
+    run_id = uuid.uuid4()
+    steps = list(range(1, 1501))
+    loss: list[float | str] = [8.0 / (t + 50) ** 0.5 + 1.0 + 0.01 * ((t * 7919) % 13 - 6) / 6
+                               for t in steps]
+    loss[399] = "NaN"
+    with httpx.Client(base_url=live, timeout=60) as client:
+        assert client.put(f"/api/v1/runs/{run_id}", json={
+            "project": "no-telemetry", "name": "nan at 400",
+            "config": {"total_steps": 2000}}).status_code == 201
+        for lo in range(0, 1500, 500):
+            client.post(f"/api/v1/runs/{run_id}/metrics", json={
+                "steps": steps[lo:lo + 500], "values": {"loss": loss[lo:lo + 500]},
+            }).raise_for_status()
+    page = watched.page
+    try:
+        for size in ({"width": 1100, "height": 800}, PHONE):
+            page.set_viewport_size(size)
+            page.goto(f"{live}/runs/{run_id}")
+            watched.wait_for_charts(RUN_CHARTS)
+            chord = page.evaluate(_CHORD_JS)
+            assert chord["gap"] > 0 and chord["fills"] >= 1, chord
+            assert chord["covered"] == 0, (size, chord)
+            assert page.locator("#chart-norms g.annotation-text-g",
+                                has_text="Monitor.watch").count() == 1
+            assert page.evaluate(_CUT_NOTES_JS) == [], size
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 800})
+    watched.no_errors()
