@@ -496,3 +496,40 @@ def test_a_nan_and_missing_telemetry_draw_no_stray_band_and_no_cut_notes(
     finally:
         page.set_viewport_size({"width": 1280, "height": 800})
     watched.no_errors()
+
+
+#: Per name cell of the page's tables: the line boxes of each of its links (a word broken
+#: into fragments takes one per fragment).
+_NAME_LINES_JS = """() => [...document.querySelectorAll('td.name a')].map(a =>
+  [a.textContent, a.getClientRects().length])"""
+
+
+def test_names_in_tables_keep_their_words_on_a_phone(
+    watched: Tab, live: str, alerts: FakeAlerts,
+) -> None:
+    """On a phone the runs, projects and alerts tables squeezed the name column to a few
+    letters ("char / rlm- / stdl / ib", project "de / mo"): a name of one word stays on one
+    line, and the table scrolls sideways inside its card if it must."""
+    project = f"phone{uuid.uuid4().hex[:6]}"
+    run_id = uuid.uuid4()
+    with httpx.Client(base_url=live, timeout=60) as client:
+        assert client.put(f"/api/v1/runs/{run_id}", json={
+            "project": project, "name": "transformer12",
+            "config": {"total_steps": 1000}}).status_code == 201
+        client.post(f"/api/v1/runs/{run_id}/metrics", json={
+            "steps": [1, 2, 3], "values": {"loss": [3.0, 2.9, 2.8]}}).raise_for_status()
+    alerts.add(run_id, project, rule="loss_plateau", step=3, summary="no decay for 300 steps")
+    page = watched.page
+    page.set_viewport_size(PHONE)
+    try:
+        for path in (f"/?project={project}", f"/projects/{project}", "/projects",
+                     f"/alerts?project={project}"):
+            page.goto(live + path)
+            names = dict(page.evaluate(_NAME_LINES_JS))
+            wanted = project if path == "/projects" else "transformer12"
+            assert names.get(wanted) == 1, (path, names)
+            layout = page.evaluate(_LAYOUT_JS)
+            assert layout["width"] <= layout["viewport"], (path, "scrolls sideways", layout)
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 800})
+    watched.no_errors()
