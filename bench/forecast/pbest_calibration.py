@@ -23,6 +23,7 @@ import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,9 +37,9 @@ CUTS = (0.25, 0.5, 0.75)
 SUBSETS = 150
 QUICK_SUBSETS = 10
 SEED = 11
-#: Bins of P(best): [lo, hi).
 #: The temperatures the candidate recalibration chooses from (:func:`held_out_temperature`).
 TEMPERATURES = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.7, 2.0)
+#: Bins of P(best): [lo, hi).
 BINS = ((0.0, 0.05), (0.05, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 0.95), (0.95, 1.01))
 GOAL_POINTS = 10.0
 
@@ -96,11 +97,19 @@ def judge(groups: dict[str, list[SweepRun]], subsets: int) -> list[Judged]:
     return out
 
 
-def reliability(judged: Sequence[Judged]) -> tuple[list[list[object]], float]:
-    """Rows of the reliability table and the largest gap (points) between a bin's mean chance
-    and its fraction best."""
+class Reliability(NamedTuple):
+    """The reliability table, its largest gap (points) between a bin's mean chance and its
+    fraction best, and the bin ``(lo, hi)`` where that gap is."""
+
+    rows: list[list[object]]
+    worst: float
+    worst_bin: tuple[float, float]
+
+
+def reliability(judged: Sequence[Judged]) -> Reliability:
+    """Bin the chances and compare each bin's mean chance with the fraction that were best."""
     rows: list[list[object]] = []
-    worst = 0.0
+    worst, worst_bin = 0.0, BINS[0]
     for lo, hi in BINS:
         inside = [j for j in judged if lo <= j.chance < hi]
         if not inside:
@@ -109,10 +118,11 @@ def reliability(judged: Sequence[Judged]) -> tuple[list[list[object]], float]:
         mean = float(np.mean([j.chance for j in inside]))
         frac = float(np.mean([j.best for j in inside]))
         gap = abs(mean - frac) * 100
-        worst = max(worst, gap)
+        if gap > worst:
+            worst, worst_bin = gap, (lo, hi)
         rows.append([f"{lo:.0%}–{min(hi, 1.0):.0%}", len(inside), f"{mean:.1%}", f"{frac:.1%}",
                      f"{gap:.1f}"])
-    return rows, worst
+    return Reliability(rows, worst, worst_bin)
 
 
 def _brier(values: Sequence[tuple[float, bool]]) -> float:
@@ -149,7 +159,7 @@ def held_out_temperature(judged: Sequence[Judged]) -> tuple[list[Judged], list[f
 def candidate(judged: Sequence[Judged], worst: float) -> str:
     """The recalibration that was tried and not shipped, beside the chances as forecast."""
     held, chosen = held_out_temperature(judged)
-    _, held_worst = reliability(held)
+    held_worst = reliability(held).worst
     sweeps = list(dict.fromkeys(j.sweep for j in judged))
 
     def brier_of(items: Sequence[Judged], sweep: str) -> float:
@@ -165,20 +175,11 @@ def candidate(judged: Sequence[Judged], worst: float) -> str:
                            "sweeps whose Brier score it lowers / raises"], rows)
 
 
-def worst_bin(judged: Sequence[Judged]) -> tuple[float, float]:
-    """The bin ``(lo, hi)`` whose mean chance is farthest from its fraction best."""
-    def gap(b: tuple[float, float]) -> float:
-        inside = [j for j in judged if b[0] <= j.chance < b[1]]
-        if not inside:
-            return -1.0
-        return abs(float(np.mean([j.chance for j in inside]) - np.mean([j.best for j in inside])))
-    return max(BINS, key=gap)
-
-
-def per_sweep(judged: Sequence[Judged], groups: dict[str, list[SweepRun]]) -> str:
+def per_sweep(judged: Sequence[Judged], groups: dict[str, list[SweepRun]],
+              worst_bin: tuple[float, float]) -> str:
     """Per sweep: how close its runs end, its Brier score against the baseline's, and its
     chances in the worst bin (mean P(best) against the fraction best): where a gap comes from."""
-    lo, hi = worst_bin(judged)
+    lo, hi = worst_bin
     rows = []
     for name, runs in groups.items():
         mine = [j for j in judged if j.sweep == name]
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = all_sweeps()
     subsets = QUICK_SUBSETS if args.quick else SUBSETS
     judged = judge(groups, subsets)
-    rows, worst = reliability(judged)
+    rows, worst, worst_bin = reliability(judged)
     brier = _brier([(j.chance, j.best) for j in judged])
     naive = _brier([(j.naive, j.best) for j in judged])
     verdict = "met" if worst <= GOAL_POINTS else "NOT met"
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             "lowest loss at the cut (the baseline, same subsets): "
             f"{brier / naive:.2f}x. Goal: every bin within {GOAL_POINTS:g} points: {verdict} "
             f"(largest gap {worst:.1f}).\n\nPer sweep, where the largest gap comes from:\n\n"
-            + per_sweep(judged, groups)
+            + per_sweep(judged, groups, worst_bin)
             + "\n\nThe random subsets reuse each sweep's fits at each cut, so a few sweeps "
             "weigh on a bin, and the gap moves by a few points with the subsets drawn.\n\n"
             "A candidate that was not shipped: temperature scaling of each comparison's "

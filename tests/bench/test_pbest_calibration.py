@@ -42,4 +42,16 @@ def test_the_held_out_temperature_softens_overconfident_chances() -> None:
               for j in comparisons(s, 1000 * i, 300, 0.9, 0.6, seed=i)]
     held, chosen = held_out_temperature(judged)
     assert all(t > 1.0 for t in chosen)
-    assert reliability(held)[1] < reliability(judged)[1]
+    assert reliability(held).worst < reliability(judged).worst
+
+
+def test_reliability_names_the_bin_with_the_largest_gap() -> None:
+    # Leaders at 90% that win 60% of the time: the 80–95% bin is 30 points off, the 5–20%
+    # bin (the others at 10%, best 40% of the time) also 30, so either may be named; a
+    # well-calibrated 50% bin is not.
+    judged = comparisons("a", 0, 400, 0.9, 0.6, seed=1) + comparisons("b", 400, 400, 0.5, 0.5,
+                                                                       seed=2)
+    table = reliability(judged)
+    assert table.worst == pytest.approx(30.0, abs=5.0)
+    assert table.worst_bin in {(0.8, 0.95), (0.05, 0.2)}
+    assert len(table.rows) == 7
