@@ -17,6 +17,11 @@ trials report the run's loss at every logged step and ask ``should_prune()``, wi
   (``PatientPruner(MedianPruner(), patience=PATIENCE)``: the median's verdict only after
   ``PATIENCE`` reports without improvement);
 * ``none``: ``NopPruner``, the baseline;
+* two candidates tried and not shipped: ``curvecast, 0.5% margin`` prunes a trial unlikely to
+  end at least 0.5% below the best (one that can at best tie is stopped); ``curvecast,
+  paired`` moves the value to beat by half the best completed trial's own forecast error at
+  the same fraction of its run (a control variate: the forecast errors of one sweep's runs
+  correlate);
 * ``oracle``: not a pruner anyone can run: it knows each trial's final loss and prunes, at the
   first report from 10% of the run on (the default ``min_progress``), every trial that will
   not end below the best completed one. Any pruner that waits that long trains at least as
@@ -37,6 +42,8 @@ are read from ``../shared/curves`` or ``$CURVECAST_CURVES_DIR``.
 
 from __future__ import annotations
 
+import functools
+import json
 import random
 import statistics
 import sys
@@ -50,7 +57,13 @@ import optuna
 from bench._cli import parser, publish
 from bench._report import markdown_table
 from bench.forecast._sweeps import SweepRun, all_sweeps
-from curvecast.service.integrations.optuna import DEFAULT_MIN_PROGRESS, CurvecastPruner
+from curvecast.service.forecast.solver import fit_curve
+from curvecast.service.integrations.optuna import (
+    DEFAULT_MIN_PROGRESS,
+    CurvecastPruner,
+    PruneDecision,
+    decide,
+)
 
 ORDERS = 40
 MIN_ORDERS = 20
@@ -60,6 +73,10 @@ SEED = 7
 KEPT_WITHIN = 0.005
 PATIENCE = 3
 DEFAULT = "curvecast (5%, the default)"
+MARGIN = "curvecast, 0.5% margin (not shipped)"
+PAIRED = "curvecast, paired (not shipped)"
+#: The share of the best trial's forecast error the paired candidate corrects for.
+PAIRED_BETA = 0.5
 BASELINE = "none (NopPruner)"
 ORACLE = "oracle (knows the final losses; the floor)"
 #: LC-PFN's published speed-up of its pruning against no pruning (Adriaensen et al., 2023).
@@ -141,6 +158,54 @@ class OraclePruner(optuna.pruners.BasePruner):
         return bool(done) and trial.user_attrs["final"] >= min(done)
 
 
+class MarginPruner(CurvecastPruner):
+    """A candidate: prunes a trial unlikely to end ``margin`` (relative) below the best."""
+
+    def __init__(self, margin: float = KEPT_WITHIN) -> None:
+        super().__init__()
+        self.margin = margin
+
+    def best(self, study: optuna.Study) -> float | None:
+        best = super().best(study)
+        return None if best is None else best - self.margin * abs(best)
+
+
+@functools.lru_cache(maxsize=65536)
+def _median_forecast(pairs: tuple[tuple[int, float], ...], total_steps: int,
+                     config: str) -> float | None:
+    """The median forecast at ``total_steps`` of an ``ok`` fit of ``pairs``, else None."""
+    fit = fit_curve([s for s, _ in pairs], [v for _, v in pairs],
+                    config={**json.loads(config), "total_steps": total_steps})
+    return float(fit.predict(total_steps, 0.9).value) if fit.status == "ok" else None
+
+
+class PairedPruner(CurvecastPruner):
+    """A candidate: the value to beat divided by ``(final / forecast) ** beta`` of the best
+    completed trial, its forecast made from its reports up to the same fraction of its run as
+    the trial's: where that forecast was optimistic, the trial's likely is too."""
+
+    def __init__(self, beta: float = PAIRED_BETA) -> None:
+        super().__init__()
+        self.beta = beta
+
+    def decide(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> PruneDecision:
+        attrs, reported = trial.user_attrs, trial.intermediate_values
+        best = self.best(study)
+        if best is not None and trial.last_step is not None:
+            top = min((t for t in study.get_trials(deepcopy=False,
+                                                   states=(optuna.trial.TrialState.COMPLETE,))
+                       if t.value is not None), key=lambda t: t.value or 0.0)
+            total = top.user_attrs["total_steps"]
+            upto = trial.last_step / attrs["total_steps"] * total
+            pairs = tuple(sorted((s, v) for s, v in top.intermediate_values.items() if s <= upto))
+            median = _median_forecast(pairs, total, json.dumps(top.user_attrs["curvecast_config"],
+                                                               sort_keys=True))
+            if median is not None and median > 0 and best > 0:
+                best /= (best / median) ** self.beta
+        return decide(list(reported), list(reported.values()), best=best,
+                      total_steps=attrs["total_steps"], config=attrs["curvecast_config"])
+
+
 def pruners(total_steps: int) -> dict[str, Callable[[], optuna.pruners.BasePruner]]:
     """The candidates, each a fresh pruner per study."""
     p = optuna.pruners
@@ -148,6 +213,8 @@ def pruners(total_steps: int) -> dict[str, Callable[[], optuna.pruners.BasePrune
         DEFAULT: lambda: CurvecastPruner(),
         "curvecast 1%": lambda: CurvecastPruner(threshold=0.01),
         "curvecast 20%": lambda: CurvecastPruner(threshold=0.2),
+        MARGIN: MarginPruner,
+        PAIRED: PairedPruner,
         "median": lambda: p.MedianPruner(),
         "median, 2 startup trials": lambda: p.MedianPruner(n_startup_trials=2),
         "percentile 25": lambda: p.PercentilePruner(25.0),
@@ -263,6 +330,22 @@ def full_per_sweep(outcomes: Outcomes) -> str:
     return markdown_table(["sweep", "pruner", *SUMMARY_HEAD], rows)
 
 
+def candidates_note(pooled: dict[str, list[Outcome]]) -> str:
+    """What the two candidates not shipped bought, against the default, in words."""
+    def compute(name: str) -> float:
+        return statistics.mean(o.fraction for o in pooled[name])
+
+    def finished(name: str) -> str:
+        return f"{sum(o.best_survived for o in pooled[name]) / len(pooled[name]):.0%}"
+
+    return (f"The two candidates not shipped train {compute(MARGIN):.2f}x and "
+            f"{compute(PAIRED):.2f}x against the default's {compute(DEFAULT):.2f}x, and finish "
+            f"the best run itself less often ({finished(MARGIN)}, {finished(PAIRED)} against "
+            f"{finished(DEFAULT)}): the distance to the floor is the forecast's width at 10-40% "
+            "of a run (`too_early` until the averaging transient ends, bands too wide to tell "
+            "runs apart), not the value it is compared with.")
+
+
 def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__, quick=f"{QUICK_ORDERS} orders per sweep")
     cli.add_argument("--orders", type=int, default=ORDERS,
@@ -296,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             "finish, and it prunes every other one at 10% of its run. The losing candidates "
             "stay in the tables. The forecast's calibration tables were measured on curves "
             "that include the public sweeps' and the corpus's runs (in-sample for them; the "
-            "char-LM sweeps are out of sample).")
+            "char-LM sweeps are out of sample). " + candidates_note(pooled))
     ours = pooled[DEFAULT]
     fraction = statistics.mean(o.fraction for o in ours)
     kept = sum(o.best_kept for o in ours) / len(ours)

@@ -189,7 +189,16 @@ def test_a_maximizing_study_is_refused() -> None:
 def test_the_bench_replays_every_candidate_on_the_same_orders() -> None:
     """One order per corpus sweep through the bench's own loop: every candidate gets a study of
     each sweep, the baseline trains everything, and the pruner keeps each sweep's best run."""
-    from bench.forecast.pruning import BASELINE, DEFAULT, ORACLE, overall, per_sweep, run_all
+    from bench.forecast.pruning import (
+        BASELINE,
+        DEFAULT,
+        MARGIN,
+        ORACLE,
+        PAIRED,
+        overall,
+        per_sweep,
+        run_all,
+    )
 
     groups = corpus_sweeps()
     outcomes = run_all(groups, 1)
@@ -201,10 +210,21 @@ def test_the_bench_replays_every_candidate_on_the_same_orders() -> None:
     assert all(o.best_survived and o.best_kept and o.steps < o.baseline_steps for o in ours)
     assert "| hyperband |" not in per_sweep(groups, outcomes, [DEFAULT])
     assert "percentile 25" in pooled and "patient median (3)" in pooled
+    # The candidates not shipped run on the same orders and keep these sweeps' best too.
+    assert all(o.best_kept for o in pooled[MARGIN] + pooled[PAIRED])
     # The oracle keeps the best and, pruning every loser at 10% of its run, trains no more.
     floor = pooled[ORACLE]
     assert all(o.best_survived and o.regret == 0 for o in floor)
     assert all(f.steps <= o.steps for f, o in zip(floor, ours, strict=True))
+
+
+def test_the_margin_candidate_asks_to_beat_the_best_by_half_a_percent() -> None:
+    from bench.forecast.pruning import MarginPruner
+
+    study = optuna.create_study(direction="minimize")
+    study.add_trial(optuna.trial.create_trial(value=2.0, params={}, distributions={}))
+    assert MarginPruner().best(study) == pytest.approx(1.99)
+    assert MarginPruner().best(optuna.create_study(direction="minimize")) is None
 
 
 # --- RDB storage: several workers on one study ------------------------------------------------
