@@ -6,10 +6,11 @@ sweeps, the public constant-LR and schedule-free groups) is cut at 25%, 50% and 
 runs' length.
 Each run's eval loss up to the cut is fitted as the service fits it (its own config: burn-in,
 schedule), and :func:`curvecast.service.forecast.chances.chances_best` gives every run its
-chance of ending best at the planned end. Many random subsets of each sweep (2 to 8 runs, as a
-compare page or a small sweep holds) make the comparisons; the truth is the run whose recorded
-final eval loss is the lowest in its subset. Runs whose fit cannot tell (not ``ok``) get no
-chance, as in the product; a subset with fewer than two known runs is skipped.
+chance of ending best at the planned end (each band widened to its peers' median width, as the
+product does; the bands as they are beside it). Many random subsets of each sweep (2 to 8
+runs, as a compare page or a small sweep holds) make the comparisons; the truth is the run
+whose recorded final eval loss is the lowest in its subset. Runs whose fit cannot tell (not
+``ok``) get no chance, as in the product; a subset with fewer than two known runs is skipped.
 
 Baseline, in the same run: the same subsets judged by the loss reached at the cut (the lowest
 is given 1, the others 0), what a person reading the curves at that moment would pick.
@@ -34,8 +35,11 @@ from curvecast.service.forecast.chances import Outlook, RunInput, chances_best, 
 from curvecast.service.forecast.solver import fit_curve
 
 CUTS = (0.25, 0.5, 0.75)
-SUBSETS = 150
+SUBSETS = 750
 QUICK_SUBSETS = 10
+#: The subsets are also read as this many independent draws (every fifth subset), for the
+#: spread of the largest gap: a few sweeps weigh on a bin, so it moves with the draw.
+DRAWS_OF_SUBSETS = 5
 SEED = 11
 #: The temperatures the candidate recalibration chooses from (:func:`held_out_temperature`).
 TEMPERATURES = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.7, 2.0)
@@ -54,6 +58,9 @@ class Judged:
     sweep: str = ""
     #: Which comparison (random subset at a cut) it belongs to: its chances sum to 1.
     subset: int = 0
+    #: Its chance from each run's own band, without
+    #: :func:`~curvecast.service.forecast.chances.pooled_widths`.
+    unpooled: float = float("nan")
 
 
 def _outlook_at_cut(run: SweepRun, cut: float) -> tuple[Outlook, float]:
@@ -87,13 +94,14 @@ def judge(groups: dict[str, list[SweepRun]], subsets: int) -> list[Judged]:
                     ids = [(uuid.uuid5(uuid.NAMESPACE_OID, r.name), looks[r.name][0])
                            for r in known]
                     chances = chances_best(ids)
+                    own = chances_best(ids, pool_widths=False)
                     made += 1
                     truth = min(known, key=lambda r: r.final)
                     leader = min(known, key=lambda r: looks[r.name][1])
-                    for r, p in zip(known, chances, strict=True):
-                        if p is not None:
+                    for r, p, q in zip(known, chances, own, strict=True):
+                        if p is not None and q is not None:
                             out.append(Judged(p, 1.0 if r is leader else 0.0, r is truth,
-                                              name, made))
+                                              name, made, q))
     return out
 
 
@@ -156,23 +164,38 @@ def held_out_temperature(judged: Sequence[Judged]) -> tuple[list[Judged], list[f
     return out, chosen
 
 
-def candidate(judged: Sequence[Judged], worst: float) -> str:
-    """The recalibration that was tried and not shipped, beside the chances as forecast."""
+def gap_spread(judged: Sequence[Judged]) -> str:
+    """The largest gap in each of the :data:`DRAWS_OF_SUBSETS` draws of subsets: "lo–hi"."""
+    gaps = [reliability([j for j in judged if j.subset % DRAWS_OF_SUBSETS == k]).worst
+            for k in range(DRAWS_OF_SUBSETS)]
+    return f"{min(gaps):.1f}–{max(gaps):.1f}"
+
+
+def candidates(judged: Sequence[Judged]) -> str:
+    """The shipped chances beside the bands before pooling and the recalibration that was
+    tried and not shipped: the largest gap, its spread over draws of subsets, the Brier
+    score, and on how many sweeps each lowers or raises the Brier score against the shipped."""
+    own = [replace(j, chance=j.unpooled) for j in judged]
     held, chosen = held_out_temperature(judged)
-    held_worst = reliability(held).worst
     sweeps = list(dict.fromkeys(j.sweep for j in judged))
 
-    def brier_of(items: Sequence[Judged], sweep: str) -> float:
-        return _brier([(j.chance, j.best) for j in items if j.sweep == sweep])
+    def brier_of(items: Sequence[Judged], sweep: str | None = None) -> float:
+        return _brier([(j.chance, j.best) for j in items if sweep in (None, j.sweep)])
 
-    better = sum(brier_of(held, s) < brier_of(judged, s) for s in sweeps)
-    rows = [["as forecast (shipped)", f"{worst:.1f}",
-             f"{_brier([(j.chance, j.best) for j in judged]):.4f}", "-"],
-            [f"tempered, T chosen on the other sweeps ({min(chosen):g}–{max(chosen):g})",
-             f"{held_worst:.1f}", f"{_brier([(j.chance, j.best) for j in held]):.4f}",
-             f"{better} / {len(sweeps) - better}"]]
-    return markdown_table(["P(best)", "largest gap (points)", "Brier score",
-                           "sweeps whose Brier score it lowers / raises"], rows)
+    def row(label: str, items: Sequence[Judged], against: bool = True) -> list[object]:
+        lower = sum(brier_of(items, s) < brier_of(judged, s) for s in sweeps)
+        higher = sum(brier_of(items, s) > brier_of(judged, s) for s in sweeps)
+        return [label, f"{reliability(items).worst:.1f}", gap_spread(items),
+                f"{brier_of(items):.4f}", f"{lower} / {higher}" if against else "-"]
+
+    rows = [row("pooled band widths (shipped)", judged, against=False),
+            row("each run's own band (before pooling)", own),
+            row(f"shipped, tempered: T chosen on the other sweeps ({min(chosen):g}–"
+                f"{max(chosen):g}; not shipped)", held)]
+    return markdown_table(["P(best)", "largest gap (points)",
+                           f"over {DRAWS_OF_SUBSETS} draws of subsets", "Brier score",
+                           "sweeps where its Brier score is below / above the shipped's"],
+                          rows)
 
 
 def per_sweep(judged: Sequence[Judged], groups: dict[str, list[SweepRun]],
@@ -223,13 +246,17 @@ def main(argv: list[str] | None = None) -> int:
             f"(largest gap {worst:.1f}).\n\nPer sweep, where the largest gap comes from:\n\n"
             + per_sweep(judged, groups, worst_bin)
             + "\n\nThe random subsets reuse each sweep's fits at each cut, so a few sweeps "
-            "weigh on a bin, and the gap moves by a few points with the subsets drawn.\n\n"
-            "A candidate that was not shipped: temperature scaling of each comparison's "
-            "chances (raised to 1/T and renormalised), T chosen for each sweep by the Brier "
-            "score on the other sweeps, so every sweep is scored out of sample:\n\n"
-            + candidate(judged, worst)
-            + "\n\nIt closes the gap by softening every sweep's chances to suit the few "
-            "near-tie sweeps, and loses sharpness on the others.")
+            f"weigh on a bin: read as {DRAWS_OF_SUBSETS} draws of {subsets // DRAWS_OF_SUBSETS}"
+            f" subsets, the largest gap is {gap_spread(judged)}.\n\n"
+            "The chances as shipped, beside each run's own band (drawn as it is, before "
+            "pooling widths) and a recalibration that was tried and not shipped: temperature "
+            "scaling of each comparison's chances (raised to 1/T and renormalised), T chosen "
+            "for each sweep by the Brier score on the other sweeps, so every sweep is scored "
+            "out of sample:\n\n"
+            + candidates(judged)
+            + "\n\nPooling widths has no parameter fitted to these sweeps. Tempering closes "
+            "more of the gap by softening every sweep's chances to suit the few near-tie "
+            "sweeps, and loses sharpness on the others.")
     result = (f"P(best) within {worst:.1f} points of the fraction best in every bin (goal "
               f"≤ {GOAL_POINTS:g}: {verdict}); Brier score {brier / naive:.2f}x picking the "
               "leader at the cut")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 import numpy as np
@@ -46,6 +46,7 @@ __all__ = [
     "chances_best",
     "default_horizon",
     "outlook",
+    "pooled_widths",
     "rank",
 ]
 
@@ -59,6 +60,9 @@ DRAWS: Final = 10_000
 #: The seed of those draws: the same runs and fits give the same chances, every time.
 SEED: Final = 20_260_000
 _CHUNK: Final = 2_000  # draws per pass: memory grows with runs x chunk, not runs x DRAWS
+#: A peer of a forecast in :func:`pooled_widths` was made from at least this much less of the
+#: way to the step (a fraction of it): runs logged at slightly different steps are one stage.
+PEER_PROGRESS_SLACK: Final = 0.05
 #: The run statuses that never get a chance: the run stopped without finishing.
 STOPPED: Final = STOPPED_RUN_STATUSES
 
@@ -128,8 +132,10 @@ class Outlook:
 
     ``value``/``lo``/``hi``: the forecast and its central ``confidence`` interval (all three the
     loss itself when ``observed``; None when unknown). ``quantiles``: the predictive quantile
-    function at :data:`PROBS` (None when unknown or observed). ``note``: what to know about a
-    known answer (the run ended before ``step``; ``step`` is past its planned end).
+    function at :data:`PROBS` (None when unknown or observed). ``progress``: how far toward
+    ``step`` the forecast was made from (the fit's last step over ``step``; None when not a
+    forecast). ``note``: what to know about a known answer (the run ended before ``step``;
+    ``step`` is past its planned end).
     """
 
     step: int
@@ -140,6 +146,7 @@ class Outlook:
     quantiles: tuple[float, ...] | None = None
     reason: str = ""
     note: str = ""
+    progress: float | None = None
 
     @property
     def known(self) -> bool:
@@ -243,8 +250,10 @@ def outlook(run: RunInput, step: int, confidence: float = 0.9, *,
     if run.total_steps is not None and step > run.total_steps:
         note = (f"step {step:,} is past the run's planned end ({run.total_steps:,}): the "
                 "forecast is of the run had it gone on")
+    made_at = fit.fitted_upto_step if fit.fitted_upto_step is not None else run.last_step
     return Outlook(step, value=float(p.value), lo=float(p.lo), hi=float(p.hi),
-                   quantiles=quantiles, note=note)
+                   quantiles=quantiles, note=note,
+                   progress=None if made_at is None else float(made_at) / step)
 
 
 def _stream(seed: int, run_id: uuid.UUID) -> np.random.Generator:
@@ -253,21 +262,71 @@ def _stream(seed: int, run_id: uuid.UUID) -> np.random.Generator:
     return np.random.default_rng([seed, *run_id.bytes])
 
 
+def pooled_widths(outlooks: Sequence[Outlook]) -> list[Outlook]:
+    """``outlooks`` with each forecast's band, relative to its median, widened around that
+    median to the median band of its peers when narrower: the forecasts among them made from at
+    least as far along (``progress`` no more than :data:`PEER_PROGRESS_SLACK` below its own).
+
+    Runs of one task cut at one point of their runs have bands of different widths, and the
+    narrowest are not better known: their fits saw a calm stretch. Drawn independently, a run
+    with a narrow band almost never wins against a wide one, so the chances of near-tied runs
+    came out too sure (the reliability table in BENCHMARKS.md, "P(best) calibration on the
+    recorded sweeps"). A run less far along has a wide band for that reason alone, so it widens
+    no band of a run further along. Observed losses and unknown outlooks are left as they are.
+    """
+    forecast = [o for o in outlooks if o.quantiles is not None and not o.observed]
+    width = {id(o): _relative_width(o) for o in forecast}
+    out = []
+    for o in outlooks:
+        own = width.get(id(o))
+        if own is None or not math.isfinite(own):
+            out.append(o)
+            continue
+        here = o.progress or 0.0
+        peers = [w for p in forecast if (p.progress or 0.0) >= here - PEER_PROGRESS_SLACK
+                 and math.isfinite(w := width[id(p)])]
+        pooled = float(np.median(peers))
+        if pooled <= own:
+            out.append(o)
+            continue
+        assert o.quantiles is not None
+        q = np.asarray(o.quantiles)
+        mid = float(np.interp(0.5, PROBS, q))
+        wide = mid + (pooled / max(own, 1e-12)) * (q - mid)
+        if q[0] >= 0.0:  # a loss that cannot go below 0 is not drawn below it
+            wide = np.maximum(wide, 0.0)
+        out.append(replace(o, quantiles=tuple(float(x) for x in wide)))
+    return out
+
+
+def _relative_width(o: Outlook) -> float:
+    """The width of ``o``'s predictive distribution between its outermost tabulated
+    probabilities, over its median's size (NaN where the median is 0)."""
+    assert o.quantiles is not None
+    mid = abs(float(np.interp(0.5, PROBS, np.asarray(o.quantiles))))
+    return (o.quantiles[-1] - o.quantiles[0]) / mid if mid > 0 else math.nan
+
+
 def chances_best(runs: Sequence[tuple[uuid.UUID, Outlook]], *, draws: int = DRAWS,
-                 seed: int = SEED) -> list[float | None]:
+                 seed: int = SEED, pool_widths: bool = True) -> list[float | None]:
     """P(each run has the lowest loss at the common step), one per entry of ``runs``.
 
     Monte Carlo: ``draws`` joint draws, each run's loss drawn from its own outlook
     **independently of the others** (runs share no noise in this model, though runs of one
-    project often do; the chances are then less extreme than a paired comparison would give);
-    a tie splits the draw equally. Deterministic: each run's draws come from a numpy generator
-    seeded by ``seed`` and its id. Runs whose outlook is unknown get None; so does every run
-    when fewer than two are known (one run alone is never "best"). The known chances sum to 1.
+    project often do; the chances are then less extreme than a paired comparison would give),
+    each forecast's band first widened to its peers' median width (:func:`pooled_widths`;
+    ``pool_widths=False`` draws from the bands as they are); a tie splits the draw equally.
+    Deterministic: each run's draws come from a numpy generator seeded by ``seed`` and its id.
+    Runs whose outlook is unknown get None; so does every run when fewer than two are known
+    (one run alone is never "best"). The known chances sum to 1.
     """
     known = [i for i, (_, o) in enumerate(runs) if o.known]
     out: list[float | None] = [None] * len(runs)
     if len(known) < 2:
         return out
+    if pool_widths:
+        runs = list(zip([r for r, _ in runs], pooled_widths([o for _, o in runs]),
+                        strict=True))
     streams = [_stream(seed, runs[i][0]) for i in known]
     credit = np.zeros(len(known))
     done = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -13,10 +14,13 @@ from curvecast.service.forecast import Fit, model
 from curvecast.service.forecast.chances import (
     MAX_CHANCE,
     MIN_CHANCE,
+    PROBS,
+    Outlook,
     RunInput,
     chances_best,
     default_horizon,
     outlook,
+    pooled_widths,
     rank,
 )
 from curvecast.service.forecast.solver import fit_curve
@@ -159,3 +163,37 @@ def test_the_default_horizon_is_the_largest_planned_end() -> None:
 def test_past_the_planned_end_is_noted() -> None:
     look = outlook(run(fitted(2.0), total_steps=10_000), TOTAL)
     assert look.known and "past the run's planned end (10,000)" in look.note
+
+
+def normal(mid: float, sd: float, progress: float) -> Outlook:
+    """A forecast at ``TOTAL`` of a normal distribution, made ``progress`` of the way there."""
+    q = tuple(mid + sd * NormalDist().inv_cdf(float(p)) for p in PROBS)
+    return Outlook(TOTAL, value=mid, lo=mid - 1.645 * sd, hi=mid + 1.645 * sd, quantiles=q,
+                   progress=progress)
+
+
+def test_a_band_narrower_than_its_peers_is_widened_to_their_median() -> None:
+    narrow, wide, wider = normal(2.0, 0.01, 0.5), normal(2.02, 0.04, 0.5), normal(2.1, 0.08, 0.5)
+    got = pooled_widths([narrow, wide, wider])
+    assert got[1] == wide and got[2] == wider  # at or above the median: as they were
+    q, q0 = np.asarray(got[0].quantiles), np.asarray(narrow.quantiles)
+    mid = np.interp(0.5, PROBS, q)
+    assert mid == pytest.approx(2.0)  # the median stays
+    # Its relative width is now the median peer's: the middle run's, 0.04 wide around 2.02.
+    z_width = (q0[-1] - q0[0]) / 0.01  # the normal's outermost quantiles apart, in sds
+    assert (q[-1] - q[0]) / mid == pytest.approx(z_width * 0.04 / 2.02, rel=1e-6)
+    # The narrow leader's chance of ending best falls; each run's own bands make it surer.
+    ids = [uuid.uuid4() for _ in range(3)]
+    pooled = chances_best(list(zip(ids, [narrow, wide, wider], strict=True)))
+    own = chances_best(list(zip(ids, [narrow, wide, wider], strict=True)), pool_widths=False)
+    assert pooled[0] is not None and own[0] is not None and pooled[0] < own[0]
+
+
+def test_a_forecast_further_along_keeps_its_band_and_observed_losses_are_left() -> None:
+    late, early = normal(2.0, 0.01, 0.9), normal(2.05, 0.2, 0.3)
+    done = Outlook(TOTAL, value=2.01, lo=2.01, hi=2.01, observed=True)
+    got = pooled_widths([late, early, done])
+    assert got == [late, early, done]  # the early run's wide band is no peer of the late one
+    # Two runs at about the same point of their runs are peers (logged a few steps apart).
+    near = pooled_widths([normal(2.0, 0.01, 0.88), normal(2.0, 0.03, 0.9)])
+    assert near[0] != normal(2.0, 0.01, 0.88)
