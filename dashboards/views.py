@@ -459,6 +459,10 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
         "compare": figures.compare_figure(entries, horizon_step, x_range=x_range),
         "ranking": figures.ranking_figure(entries, ranking),
     }
+    # The badge marks every run whose loss at the horizon shows as the best's: runs that tie
+    # to the digits the table shows are not told apart by it (the verdict says which is lower).
+    best_shown = (fmt.loss(entries[ranking.best].rank_value) if ranking.best is not None
+                  else None)
     rows = []
     for index in ranking.order:
         entry = entries[index]
@@ -480,7 +484,9 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
             "interval": _ended_cell(entry) if ended else cell["forecast_detail"],
             "f_star": fmt.loss(entry.forecast.f_star.value)
             if entry.forecast and entry.forecast.f_star else "—",
-            "best": index == ranking.best,
+            "best": index == ranking.best or (
+                best_shown is not None and not ended and entry.at_horizon is not None
+                and not entry.absent_key and fmt.loss(entry.rank_value) == best_shown),
             "colour": palette.run_colour(index),
         })
     verdict = {"message": ranking.message, "clear": ranking.clear,

@@ -652,6 +652,13 @@ def test_runs_that_got_to_the_horizon_are_ranked_by_the_loss_they_reached() -> N
     assert list(dots.error_x.array) == [0, 0]  # data, not a forecast: no error bar
     assert "reached or forecast" in body["charts"]["ranking"]["layout"]["title"]["text"]
 
+    # Losses that show alike in the table (4 significant digits) both get the "best" badge.
+    tied = json.loads(views.compare_payload([run("a", 10_000, 2.3, 2.40),
+                                             run("b", 12_000, 2.30001, 2.34),
+                                             run("c", 12_000, 2.301, 2.35)], 10_000))
+    assert {r["run_id"]: r["best"] for r in tied["rows"]} == {"a": True, "b": True, "c": False}
+    assert tied["verdict"]["best"] == "a"
+
     # Far apart, the fits' intervals do not overlap: a clear winner.
     apart = json.loads(views.compare_payload([run("a", 10_000, 2.3, 2.31),
                                               run("b", 12_000, 2.5, 2.51)], 10_000))
