@@ -7,7 +7,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from curvecast.contract import (
     ENDED_RUN_STATUSES,
@@ -350,6 +350,16 @@ def compare_figure(entries: Sequence[CompareEntry], horizon: int | None,
     return fig.spec()
 
 
+#: The ranking's loss ticks with as many decimals as the tick spacing needs, the same on every
+#: tick at a zoom level: "0.999, 1.000, 1.001", where four significant digits gave "0.9990,
+#: 1.000". One stop per decade of the spacing (``dtick``), from 1 down to 1e-8.
+_FIXED_DECIMALS: Final = [
+    {"dtickrange": [None if d == 9 else 10.0 ** -d, None if d == 0 else 10.0 ** -(d - 1)],
+     "value": f".{d}f"}
+    for d in range(10)
+]
+
+
 def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureSpec:
     """Each run's loss at the common horizon, best at the top: its forecast with the interval
     (a diamond), or, once the run got there, the loss it reached (a dot, the fit in its
@@ -365,7 +375,8 @@ def ranking_figure(entries: Sequence[CompareEntry], ranking: Ranking) -> FigureS
                          x_title="loss" if any_reached else "forecast loss")
     # The run names are the y axis's labels: the left margin grows to fit them (shortened).
     layout["yaxis"].update(autorange="reversed", type="category", automargin=True)
-    layout["xaxis"].update(tickformat=".4g", hoverformat=".4g", rangemode="normal")
+    layout["xaxis"].update(tickformatstops=_FIXED_DECIMALS, hoverformat=".4g",
+                           rangemode="normal")
     layout["hovermode"] = "closest"
     layout["margin"] = {**layout["margin"], "l": 40, "t": 56}
     fig = FigureBuilder(layout)

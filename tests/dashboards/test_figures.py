@@ -369,6 +369,24 @@ def test_ranking_names_the_best_run_and_whether_it_is_clear() -> None:
     assert list(fig.data[0].y) == ["★ b", "a"]
 
 
+def test_ranking_ticks_show_one_number_of_decimals_per_zoom_level() -> None:
+    """The ranking's loss ticks take their decimals from the tick spacing (Plotly picks the
+    first stop whose ``dtickrange`` holds it): four significant digits showed "0.9990" beside
+    "1.000" on a chart that crossed 1."""
+    entries = [entry("a", 0.9995, 0.9965, 1.0025)]
+    stops = figures.ranking_figure(entries, figures.rank_forecasts(entries, 20_000)).figure(
+    ).layout.xaxis.tickformatstops
+
+    def used(dtick: float) -> str:
+        return next(s.value for s in stops
+                    if (s.dtickrange[0] is None or s.dtickrange[0] <= dtick)
+                    and (s.dtickrange[1] is None or dtick <= s.dtickrange[1]))
+
+    assert [used(d) for d in (2.0, 1.0, 0.5, 0.01, 0.005, 0.001, 5e-5, 1e-9)] == [
+        ".0f", ".0f", ".1f", ".2f", ".3f", ".3f", ".5f", ".9f"]
+    assert format(0.999, used(0.001)) == "0.999" and format(1.0, used(0.001)) == "1.000"
+
+
 def test_compare_figure_overlays_runs_with_forecasts_to_the_horizon() -> None:
     entries = [entry("<b>bold</b>", 2.5, 2.45, 2.55, 0), entry("b", 2.3, 2.25, 2.35, 1)]
     fig = figures.compare_figure(entries, 20_000).figure()
