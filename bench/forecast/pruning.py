@@ -120,7 +120,7 @@ def study(runs: list[SweepRun], pruner: optuna.pruners.BasePruner) -> Outcome:
     made = optuna.create_study(direction="minimize", pruner=pruner,
                                sampler=optuna.samplers.RandomSampler(seed=0))
     for run in runs:
-        made.optimize(lambda t, r=run: replay(t, r), n_trials=1)
+        made.optimize(functools.partial(replay, run=run), n_trials=1)
     spent = 0
     finished: list[SweepRun] = []
     for t in made.trials:
