@@ -274,24 +274,24 @@ def pooled_widths(outlooks: Sequence[Outlook]) -> list[Outlook]:
     recorded sweeps"). A run less far along has a wide band for that reason alone, so it widens
     no band of a run further along. Observed losses and unknown outlooks are left as they are.
     """
-    forecast = [o for o in outlooks if o.quantiles is not None and not o.observed]
-    width = {id(o): _relative_width(o) for o in forecast}
+    # Each forecast's progress, median and relative width; a forecast whose median is 0 has no
+    # relative width and is left as it is.
+    shape = {id(o): (o.progress or 0.0, mid, width) for o in outlooks
+             if o.quantiles is not None and not o.observed
+             and math.isfinite(width := _relative_width(o, mid := _median(o)))}
     out = []
     for o in outlooks:
-        own = width.get(id(o))
-        if own is None or not math.isfinite(own):
+        if id(o) not in shape:
             out.append(o)
             continue
-        here = o.progress or 0.0
-        peers = [w for p in forecast if (p.progress or 0.0) >= here - PEER_PROGRESS_SLACK
-                 and math.isfinite(w := width[id(p)])]
-        pooled = float(np.median(peers))
+        here, mid, own = shape[id(o)]
+        pooled = float(np.median([w for progress, _, w in shape.values()
+                                  if progress >= here - PEER_PROGRESS_SLACK]))
         if pooled <= own:
             out.append(o)
             continue
         assert o.quantiles is not None
         q = np.asarray(o.quantiles)
-        mid = float(np.interp(0.5, PROBS, q))
         wide = mid + (pooled / max(own, 1e-12)) * (q - mid)
         if q[0] >= 0.0:  # a loss that cannot go below 0 is not drawn below it
             wide = np.maximum(wide, 0.0)
@@ -299,12 +299,17 @@ def pooled_widths(outlooks: Sequence[Outlook]) -> list[Outlook]:
     return out
 
 
-def _relative_width(o: Outlook) -> float:
-    """The width of ``o``'s predictive distribution between its outermost tabulated
-    probabilities, over its median's size (NaN where the median is 0)."""
+def _median(o: Outlook) -> float:
+    """The median of ``o``'s predictive distribution (its quantile function at 0.5)."""
     assert o.quantiles is not None
-    mid = abs(float(np.interp(0.5, PROBS, np.asarray(o.quantiles))))
-    return (o.quantiles[-1] - o.quantiles[0]) / mid if mid > 0 else math.nan
+    return float(np.interp(0.5, PROBS, np.asarray(o.quantiles)))
+
+
+def _relative_width(o: Outlook, mid: float) -> float:
+    """The width of ``o``'s predictive distribution between its outermost tabulated
+    probabilities, over the size of its median ``mid`` (NaN where it is 0)."""
+    assert o.quantiles is not None
+    return (o.quantiles[-1] - o.quantiles[0]) / abs(mid) if mid != 0 else math.nan
 
 
 def chances_best(runs: Sequence[tuple[uuid.UUID, Outlook]], *, draws: int = DRAWS,
