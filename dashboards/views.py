@@ -459,10 +459,12 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
         "compare": figures.compare_figure(entries, horizon_step, x_range=x_range),
         "ranking": figures.ranking_figure(entries, ranking),
     }
-    # The badge marks every run whose loss at the horizon shows as the best's: runs that tie
-    # to the digits the table shows are not told apart by it (the verdict says which is lower).
-    best_shown = (fmt.loss(entries[ranking.best].rank_value) if ranking.best is not None
-                  else None)
+    # The badge marks every ranked run whose loss at the horizon shows as the best's: runs that
+    # tie to the digits the table shows are not told apart by it (the verdict says which is
+    # lower).
+    badged = set() if ranking.best is None else {
+        i for i in ranking.order if i not in ranking.ended and entries[i].at_horizon is not None
+        and fmt.loss(entries[i].rank_value) == fmt.loss(entries[ranking.best].rank_value)}
     rows = []
     for index in ranking.order:
         entry = entries[index]
@@ -484,9 +486,7 @@ def compare_payload(runs: Sequence[CompareRun], horizon_step: int | None,
             "interval": _ended_cell(entry) if ended else cell["forecast_detail"],
             "f_star": fmt.loss(entry.forecast.f_star.value)
             if entry.forecast and entry.forecast.f_star else "—",
-            "best": index == ranking.best or (
-                best_shown is not None and not ended and entry.at_horizon is not None
-                and not entry.absent_key and fmt.loss(entry.rank_value) == best_shown),
+            "best": index in badged,
             "colour": palette.run_colour(index),
         })
     verdict = {"message": ranking.message, "clear": ranking.clear,
