@@ -43,7 +43,6 @@ are read from ``../shared/curves`` or ``$CURVECAST_CURVES_DIR``.
 from __future__ import annotations
 
 import functools
-import json
 import random
 import statistics
 import sys
@@ -57,11 +56,12 @@ import optuna
 from bench._cli import parser, publish
 from bench._report import markdown_table
 from bench.forecast._sweeps import SweepRun, all_sweeps
-from curvecast.service.forecast.solver import fit_curve
 from curvecast.service.integrations.optuna import (
     DEFAULT_MIN_PROGRESS,
     CurvecastPruner,
     PruneDecision,
+    _frozen,
+    _outlook,
     decide,
 )
 
@@ -170,15 +170,6 @@ class MarginPruner(CurvecastPruner):
         return None if best is None else best - self.margin * abs(best)
 
 
-@functools.lru_cache(maxsize=65536)
-def _median_forecast(pairs: tuple[tuple[int, float], ...], total_steps: int,
-                     config: str) -> float | None:
-    """The median forecast at ``total_steps`` of an ``ok`` fit of ``pairs``, else None."""
-    fit = fit_curve([s for s, _ in pairs], [v for _, v in pairs],
-                    config={**json.loads(config), "total_steps": total_steps})
-    return float(fit.predict(total_steps, 0.9).value) if fit.status == "ok" else None
-
-
 class PairedPruner(CurvecastPruner):
     """A candidate: the value to beat divided by ``(final / forecast) ** beta`` of the best
     completed trial, its forecast made from its reports up to the same fraction of its run as
@@ -198,10 +189,11 @@ class PairedPruner(CurvecastPruner):
             total = top.user_attrs["total_steps"]
             upto = trial.last_step / attrs["total_steps"] * total
             pairs = tuple(sorted((s, v) for s, v in top.intermediate_values.items() if s <= upto))
-            median = _median_forecast(pairs, total, json.dumps(top.user_attrs["curvecast_config"],
-                                                               sort_keys=True))
-            if median is not None and median > 0 and best > 0:
-                best /= (best / median) ** self.beta
+            if pairs:  # the pruner's own cached fit and outlook of those reports
+                look, status = _outlook(pairs, total,
+                                        _frozen(top.user_attrs["curvecast_config"]))
+                if status == "ok" and look.value is not None and look.value > 0 and best > 0:
+                    best /= (best / look.value) ** self.beta
         return decide(list(reported), list(reported.values()), best=best,
                       total_steps=attrs["total_steps"], config=attrs["curvecast_config"])
 
