@@ -182,9 +182,12 @@ def candidates(judged: Sequence[Judged]) -> str:
     def brier_of(items: Sequence[Judged], sweep: str | None = None) -> float:
         return _brier([(j.chance, j.best) for j in items if sweep in (None, j.sweep)])
 
+    shipped = {s: brier_of(judged, s) for s in sweeps}
+
     def row(label: str, items: Sequence[Judged], against: bool = True) -> list[object]:
-        lower = sum(brier_of(items, s) < brier_of(judged, s) for s in sweeps)
-        higher = sum(brier_of(items, s) > brier_of(judged, s) for s in sweeps)
+        mine = {s: brier_of(items, s) for s in sweeps}
+        lower = sum(mine[s] < shipped[s] for s in sweeps)
+        higher = sum(mine[s] > shipped[s] for s in sweeps)
         return [label, f"{reliability(items).worst:.1f}", gap_spread(items),
                 f"{brier_of(items):.4f}", f"{lower} / {higher}" if against else "-"]
 
