@@ -39,6 +39,7 @@ __all__ = [
     "DRAWS",
     "MAX_CHANCE",
     "MIN_CHANCE",
+    "PEER_WIDTH_QUANTILE",
     "SEED",
     "Outlook",
     "Ranked",
@@ -63,6 +64,10 @@ _CHUNK: Final = 2_000  # draws per pass: memory grows with runs x chunk, not run
 #: A peer of a forecast in :func:`pooled_widths` was made from at least this much less of the
 #: way to the step (a fraction of it): runs logged at slightly different steps are one stage.
 PEER_PROGRESS_SLACK: Final = 0.05
+#: :func:`pooled_widths` widens a band to this quantile of its peers' widths: a high one, chosen
+#: by cross-validation over the recorded sweeps (docs/decisions.md); not the maximum, so that
+#: one odd run of a 100-run leaderboard does not set every band.
+PEER_WIDTH_QUANTILE: Final = 0.9
 #: The run statuses that never get a chance: the run stopped without finishing.
 STOPPED: Final = STOPPED_RUN_STATUSES
 
@@ -262,18 +267,24 @@ def _stream(seed: int, run_id: uuid.UUID) -> np.random.Generator:
     return np.random.default_rng([seed, *run_id.bytes])
 
 
-def pooled_widths(outlooks: Sequence[Outlook]) -> list[Outlook]:
+def pooled_widths(outlooks: Sequence[Outlook],
+                  quantile: float = PEER_WIDTH_QUANTILE) -> list[Outlook]:
     """``outlooks`` with each forecast's band, relative to its median, widened around that
-    median to the median band of its peers when narrower: the forecasts among them made from at
-    least as far along (``progress`` no more than :data:`PEER_PROGRESS_SLACK` below its own).
+    median to the ``quantile`` of its peers' bands when narrower: the peers are the forecasts
+    among them made from at least as far along (``progress`` no more than
+    :data:`PEER_PROGRESS_SLACK` below its own), itself included.
 
     Runs of one task cut at one point of their runs have bands of different widths, and the
-    narrowest are not better known: their fits saw a calm stretch. Drawn independently, a run
-    with a narrow band almost never wins against a wide one, so the chances of near-tied runs
-    came out too sure (the reliability table in BENCHMARKS.md, "P(best) calibration on the
-    recorded sweeps"). A run less far along has a wide band for that reason alone, so it widens
-    no band of a run further along. Observed losses and unknown outlooks are left as they are.
+    narrower are not better known: their fits saw a calmer stretch, while the final losses of
+    such runs differ by more than any one fit's noise says (seeds, data order). Drawn
+    independently, a run with a narrow band almost never lost to a wide one, so the chances of
+    near-tied runs came out too sure (the reliability table in BENCHMARKS.md, "P(best)
+    calibration on the recorded sweeps", where the quantile was chosen by cross-validation
+    over sweeps). A run less far along has a wide band for that reason alone, so it widens no
+    band of a run further along. Observed losses and unknown outlooks are left as they are.
     """
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be within [0, 1], got {quantile}")
     # Each forecast's progress, median and relative width; a forecast whose median is 0 has no
     # relative width and is left as it is.
     shape = {id(o): (o.progress or 0.0, mid, width) for o in outlooks
@@ -285,8 +296,8 @@ def pooled_widths(outlooks: Sequence[Outlook]) -> list[Outlook]:
             out.append(o)
             continue
         here, mid, own = shape[id(o)]
-        pooled = float(np.median([w for progress, _, w in shape.values()
-                                  if progress >= here - PEER_PROGRESS_SLACK]))
+        pooled = float(np.quantile([w for progress, _, w in shape.values()
+                                    if progress >= here - PEER_PROGRESS_SLACK], quantile))
         if pooled <= own:
             out.append(o)
             continue
@@ -313,14 +324,16 @@ def _relative_width(o: Outlook, mid: float) -> float:
 
 
 def chances_best(runs: Sequence[tuple[uuid.UUID, Outlook]], *, draws: int = DRAWS,
-                 seed: int = SEED, pool_widths: bool = True) -> list[float | None]:
+                 seed: int = SEED, width_quantile: float | None = PEER_WIDTH_QUANTILE
+                 ) -> list[float | None]:
     """P(each run has the lowest loss at the common step), one per entry of ``runs``.
 
     Monte Carlo: ``draws`` joint draws, each run's loss drawn from its own outlook
     **independently of the others** (runs share no noise in this model, though runs of one
     project often do; the chances are then less extreme than a paired comparison would give),
-    each forecast's band first widened to its peers' median width (:func:`pooled_widths`;
-    ``pool_widths=False`` draws from the bands as they are); a tie splits the draw equally.
+    each forecast's band first widened to the ``width_quantile`` of its peers' widths
+    (:func:`pooled_widths`; None draws from the bands as they are); a tie splits the draw
+    equally.
     Deterministic: each run's draws come from a numpy generator seeded by ``seed`` and its id.
     Runs whose outlook is unknown get None; so does every run when fewer than two are known
     (one run alone is never "best"). The known chances sum to 1.
@@ -329,9 +342,9 @@ def chances_best(runs: Sequence[tuple[uuid.UUID, Outlook]], *, draws: int = DRAW
     out: list[float | None] = [None] * len(runs)
     if len(known) < 2:
         return out
-    if pool_widths:
-        runs = list(zip([r for r, _ in runs], pooled_widths([o for _, o in runs]),
-                        strict=True))
+    if width_quantile is not None:
+        runs = list(zip([r for r, _ in runs],
+                        pooled_widths([o for _, o in runs], width_quantile), strict=True))
     streams = [_stream(seed, runs[i][0]) for i in known]
     credit = np.zeros(len(known))
     done = 0

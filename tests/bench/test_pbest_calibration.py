@@ -1,6 +1,5 @@
-"""The P(best) calibration bench's candidate recalibration: tempering keeps each comparison's
-chances a distribution in the same order, and the temperature chosen out of sample softens
-chances that were overconfident."""
+"""The P(best) calibration bench's scoring: the reliability table names its worst bin, and the
+quantile chosen out of sample is the one that scores best on the other sweeps."""
 
 from __future__ import annotations
 
@@ -8,41 +7,37 @@ import random
 
 import pytest
 
-from bench.forecast.pbest_calibration import Judged, held_out_temperature, reliability, tempered
+from bench.forecast.pbest_calibration import QUANTILES, Judged, held_out_choice, reliability
 
 
 def comparisons(sweep: str, first: int, n: int, p_leader: float, wins: float,
-                seed: int) -> list[Judged]:
+                seed: int, soft: float | None = None) -> list[Judged]:
     """``n`` two-run comparisons where the leader gets ``p_leader`` and wins a ``wins``
-    fraction of the time."""
+    fraction of the time; at every quantile but ``None`` (own bands) the leader gets ``soft``
+    (default ``p_leader``)."""
     rng = random.Random(seed)
+    pooled = p_leader if soft is None else soft
+
+    def variants(p_own: float, p_pooled: float) -> tuple[float, ...]:
+        return tuple(p_own if q is None else p_pooled for q in QUANTILES)
+
     out = []
     for k in range(first, first + n):
         won = rng.random() < wins
-        out += [Judged(p_leader, 1.0, won, sweep, k), Judged(1 - p_leader, 0.0, not won, sweep, k)]
+        out += [Judged(pooled, 1.0, won, sweep, k, variants(p_leader, pooled)),
+                Judged(1 - pooled, 0.0, not won, sweep, k, variants(1 - p_leader, 1 - pooled))]
     return out
 
 
-def test_tempering_keeps_each_comparison_a_distribution_in_order() -> None:
-    judged = [Judged(0.7, 1.0, True, "s", 1), Judged(0.2, 0.0, False, "s", 1),
-              Judged(0.1, 0.0, False, "s", 1), Judged(0.9, 1.0, False, "s", 2),
-              Judged(0.1, 0.0, True, "s", 2)]
-    assert [j.chance for j in tempered(judged, 1.0)] == pytest.approx([j.chance for j in judged])
-    soft = tempered(judged, 2.0)
-    for subset in (1, 2):
-        got = [j.chance for j in soft if j.subset == subset]
-        assert sum(got) == pytest.approx(1.0)
-        assert got == sorted(got, reverse=True)
-    assert soft[0].chance < 0.7 and soft[3].chance < 0.9  # less extreme
-
-
-def test_the_held_out_temperature_softens_overconfident_chances() -> None:
-    # Three sweeps whose leaders get 90% but win 60% of the time.
+def test_the_quantile_chosen_out_of_sample_is_the_one_that_scores_best_elsewhere() -> None:
+    # Three sweeps whose leaders get 90% from their own bands but win 60% of the time; pooled,
+    # they get 65%: pooling scores better, so every sweep gets a pooled quantile.
     judged = [j for i, s in enumerate("abc")
-              for j in comparisons(s, 1000 * i, 300, 0.9, 0.6, seed=i)]
-    held, chosen = held_out_temperature(judged)
-    assert all(t > 1.0 for t in chosen)
-    assert reliability(held).worst < reliability(judged).worst
+              for j in comparisons(s, 1000 * i, 300, 0.9, 0.6, seed=i, soft=0.65)]
+    held, chosen = held_out_choice(judged)
+    assert None not in chosen and len(chosen) == 3
+    assert reliability(held).worst < reliability([j.at(None) for j in judged]).worst
+    assert {j.chance for j in held} == {0.65, 0.35}
 
 
 def test_reliability_names_the_bin_with_the_largest_gap() -> None:

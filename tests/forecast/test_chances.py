@@ -14,6 +14,7 @@ from curvecast.service.forecast import Fit, model
 from curvecast.service.forecast.chances import (
     MAX_CHANCE,
     MIN_CHANCE,
+    PEER_WIDTH_QUANTILE,
     PROBS,
     Outlook,
     RunInput,
@@ -172,21 +173,31 @@ def normal(mid: float, sd: float, progress: float) -> Outlook:
                    progress=progress)
 
 
-def test_a_band_narrower_than_its_peers_is_widened_to_their_median() -> None:
+def test_a_band_narrower_than_its_peers_is_widened_to_their_high_quantile() -> None:
     narrow, wide, wider = normal(2.0, 0.01, 0.5), normal(2.02, 0.04, 0.5), normal(2.1, 0.08, 0.5)
+    z_width = 2 * NormalDist().inv_cdf(float(PROBS[-1]))  # outermost quantiles apart, in sds
+    widths = [z_width * sd / mid for sd, mid in ((0.01, 2.0), (0.04, 2.02), (0.08, 2.1))]
+    target = float(np.quantile(widths, PEER_WIDTH_QUANTILE))
     got = pooled_widths([narrow, wide, wider])
-    assert got[1] == wide and got[2] == wider  # at or above the median: as they were
-    q, q0 = np.asarray(got[0].quantiles), np.asarray(narrow.quantiles)
-    mid = np.interp(0.5, PROBS, q)
-    assert mid == pytest.approx(2.0)  # the median stays
-    # Its relative width is now the median peer's: the middle run's, 0.04 wide around 2.02.
-    z_width = (q0[-1] - q0[0]) / 0.01  # the normal's outermost quantiles apart, in sds
-    assert (q[-1] - q[0]) / mid == pytest.approx(z_width * 0.04 / 2.02, rel=1e-6)
+    assert got[2] == wider  # the widest band is left as it was
+    for before, after in zip([narrow, wide], got[:2], strict=True):
+        q = np.asarray(after.quantiles)
+        mid = np.interp(0.5, PROBS, q)
+        assert mid == pytest.approx(np.interp(0.5, PROBS, before.quantiles))  # the median stays
+        assert (q[-1] - q[0]) / mid == pytest.approx(target, rel=1e-6)
+    # At the median of the peers, the middle run is left as it was and the narrow one widens
+    # to the middle run's relative width.
+    by_median = pooled_widths([narrow, wide, wider], 0.5)
+    assert by_median[1] == wide
+    q = np.asarray(by_median[0].quantiles)
+    assert (q[-1] - q[0]) / 2.0 == pytest.approx(widths[1], rel=1e-6)
     # The narrow leader's chance of ending best falls; each run's own bands make it surer.
     ids = [uuid.uuid4() for _ in range(3)]
     pooled = chances_best(list(zip(ids, [narrow, wide, wider], strict=True)))
-    own = chances_best(list(zip(ids, [narrow, wide, wider], strict=True)), pool_widths=False)
+    own = chances_best(list(zip(ids, [narrow, wide, wider], strict=True)), width_quantile=None)
     assert pooled[0] is not None and own[0] is not None and pooled[0] < own[0]
+    with pytest.raises(ValueError, match="within"):
+        pooled_widths([narrow, wide], 1.5)
 
 
 def test_a_forecast_further_along_keeps_its_band_and_observed_losses_are_left() -> None:
