@@ -125,6 +125,14 @@ def multipliers_many(ratios: NDArray[np.float64], confidence: float
     return (np.interp(lr, _LOG_RATIOS, _column(lo)), np.interp(lr, _LOG_RATIOS, _column(hi)))
 
 
+def quantile_grid(ratios: NDArray[np.float64], probs: NDArray[np.float64]
+                  ) -> NDArray[np.float64]:
+    """:func:`quantile` at each of ``probs`` (rows) and ``ratios`` (columns), in one pass."""
+    r = np.where(np.isfinite(ratios) & (ratios > 1.0), ratios, 1.0)
+    lr = np.log(r)
+    return np.array([np.interp(lr, _LOG_RATIOS, _column(float(p))) for p in probs])
+
+
 # --- the transient: too_early and no_asymptote ---------------------------------------------------
 #: A float, or an array of them (:func:`widen_by_noise` takes either).
 _Values = TypeVar("_Values", float, NDArray[np.float64])

@@ -181,21 +181,13 @@ class Outlook:
 
 
 def _quantiles(fit: Fit, step: int) -> tuple[float, ...] | None:
-    """The calibrated quantile function of ``fit``'s loss at ``step`` at :data:`PROBS`, made
-    non-decreasing (the held band's ends are held per confidence); None where ``predict`` has
-    no number."""
-    out = []
-    for p in PROBS:
-        if p < 0.5:
-            q = fit.predict(step, 1.0 - 2.0 * p).lo
-        elif p > 0.5:
-            q = fit.predict(step, 2.0 * p - 1.0).hi
-        else:  # the median: the limit of a central interval of vanishing coverage
-            q = fit.predict(step, 1e-9).lo
-        if not math.isfinite(q):
-            return None
-        out.append(q)
-    return tuple(float(x) for x in np.maximum.accumulate(np.asarray(out)))
+    """The calibrated quantile function of ``fit``'s loss at ``step`` at :data:`PROBS`
+    (:meth:`Fit.predict_quantiles`), made non-decreasing (the held band's ends are held per
+    confidence); None where ``predict`` has no number."""
+    out = fit.predict_quantiles(step, PROBS)
+    if not np.isfinite(out).all():
+        return None
+    return tuple(float(x) for x in np.maximum.accumulate(out))
 
 
 def outlook(run: RunInput, step: int, confidence: float = 0.9, *,

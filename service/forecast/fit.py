@@ -319,7 +319,17 @@ class Fit:
                 _cal.TRANSIENT.exponents(self.status, self.decay_rate, conf),
                 self.residual_scale, conf)
             todo &= ~future
-        tm = t[todo]
+        v, scale, ratio = self._curve_parts(t[todo])
+        value[todo], lo[todo], hi[todo] = self._curve_band(v, scale, ratio, conf)
+        if self.loss_floor is not None:
+            for arr in (value, lo, hi):
+                np.maximum(arr, self.loss_floor, out=arr, where=np.isfinite(arr))
+        return value, lo, hi
+
+    def _curve_parts(self, tm: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """What the fitted curve's band at each of ``tm`` needs whatever its confidence: the
+        curve, the interval scale and the extrapolation ratio (module docstring)."""
+        assert self.a is not None and self.c is not None
         v = self._values(tm)
         se2 = np.zeros(tm.size)
         if self.cov is not None and self.b is not None and self.fitted_from_step is not None:
@@ -334,15 +344,52 @@ class Fit:
         t0, tk = self.fitted_from_step, self.fitted_upto_step
         ratio = (np.maximum((tm - t0) / (tk - t0), 1.0) if t0 is not None and tk is not None
                  and tk > t0 else np.ones(tm.size))
+        return v, scale, ratio
+
+    @staticmethod
+    def _curve_band(v: FloatArray, scale: FloatArray, ratio: FloatArray, conf: float
+                    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """The fitted curve's ``confidence`` band from :meth:`_curve_parts` (before the loss
+        floor; NaN where the curve is)."""
         zlo, zhi = _cal.multipliers_many(ratio, conf)
         finite = np.isfinite(v)
-        value[todo] = np.where(finite, v, np.nan)
-        lo[todo] = np.where(finite, v + zlo * scale, np.nan)
-        hi[todo] = np.where(finite, v + zhi * scale, np.nan)
+        return (np.where(finite, v, np.nan), np.where(finite, v + zlo * scale, np.nan),
+                np.where(finite, v + zhi * scale, np.nan))
+
+    def predict_quantiles(self, step: float, probs: ArrayLike) -> FloatArray:
+        """The calibrated quantile at ``step`` for each of ``probs``, in one pass: for p below
+        1/2 the low end of :meth:`predict`'s central ``1 - 2p`` interval, above it the high
+        end of the ``2p - 1`` one (each end held as :meth:`predict` holds it; a test keeps the
+        two equal). NaN where :meth:`predict` is.
+
+        A forecast's predictive distribution is 16 quantiles at one step, and P(best) asks for
+        one per run of a project: the curve, its scale and the steps the held ends are read at
+        (:func:`_table_steps`, up to ``step``) are computed once for all of them. A band that
+        extends the level is :meth:`predict`'s, one quantile at a time.
+        """
+        t = as_float(step)
+        ps = np.asarray(probs, dtype=np.float64).ravel()
+        if (not self.has_forecast or not self._holds_band or not math.isfinite(t)
+                or self.before_fitted_range(t) or self.a is None or self.c is None):
+            return np.asarray([self._quantile_by_predict(t, float(p)) for p in ps])
+        assert self.fitted_upto_step is not None
+        table = _table_steps(self)
+        # The band at the table's steps up to ``t`` (each end's lowest there is the held end,
+        # as :meth:`_hold_ends` reads it off the table), and at ``t`` last.
+        at = np.append(table[table <= t], t) if t > self.fitted_upto_step else np.array([t])
+        v, scale, ratio = self._curve_parts(at)
+        q = v + _cal.quantile_grid(ratio, ps) * scale  # (probs, steps)
+        q[:, ~np.isfinite(v)] = np.nan
         if self.loss_floor is not None:
-            for arr in (value, lo, hi):
-                np.maximum(arr, self.loss_floor, out=arr, where=np.isfinite(arr))
-        return value, lo, hi
+            np.maximum(q, self.loss_floor, out=q, where=np.isfinite(q))
+        out: FloatArray = q[:, -1]
+        if at.size > 1 and math.isfinite(v[-1]):
+            out = np.fmin(out, np.fmin.reduce(q[:, :-1], axis=1))
+        return out
+
+    def _quantile_by_predict(self, t: float, p: float) -> float:
+        band = self.predict(t, max(abs(1.0 - 2.0 * p), 1e-9))
+        return band.lo if p <= 0.5 else band.hi
 
     def _values(self, t: FloatArray) -> FloatArray:
         """The fitted curve at each of ``t`` (NaN where ``t + b <= 0``); a flat fit is ``c``."""
@@ -473,12 +520,9 @@ class Fit:
 _TABLE_POINTS: Final = 240  # steps of the crossing table (geometric from the last fitted step)
 
 
-@functools.lru_cache(maxsize=1024)
-def _crossing_table(fit: Fit, confidence: float) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """``(steps, lo, hi)``: the band from the last fitted step to far beyond, computed once per
-    fit and confidence (a target query is then a lookup, not ~300 band evaluations). For the
-    fitted curve's band each end is held at its lowest since the last fitted step
-    (:meth:`Fit.predict_many`)."""
+def _table_steps(fit: Fit) -> FloatArray:
+    """The steps of :func:`_crossing_table`: the last fitted step, then geometric to far
+    beyond it."""
     t_last = fit.fitted_upto_step or 0.0
     span = max(t_last - (fit.fitted_from_step or 0.0), 1.0)
     steps = t_last + np.concatenate(
@@ -489,6 +533,16 @@ def _crossing_table(fit: Fit, confidence: float) -> tuple[FloatArray, FloatArray
         # miss a low between two of the table's steps.
         t0 = t_last - span
         steps = np.union1d(steps, t0 + np.asarray(_cal.RATIOS) * span)
+    return steps
+
+
+@functools.lru_cache(maxsize=1024)
+def _crossing_table(fit: Fit, confidence: float) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """``(steps, lo, hi)``: the band from the last fitted step to far beyond, computed once per
+    fit and confidence (a target query is then a lookup, not ~300 band evaluations). For the
+    fitted curve's band each end is held at its lowest since the last fitted step
+    (:meth:`Fit.predict_many`)."""
+    steps = _table_steps(fit)
     _, lo, hi = fit._raw_band_many(steps, confidence)
     if fit._holds_band:  # each end held at its lowest so far (Fit.predict_many)
         lo, hi = np.fmin.accumulate(lo), np.fmin.accumulate(hi)

@@ -94,3 +94,21 @@ def test_inside_the_data_the_band_is_unchanged(fit: Fit) -> None:
     steps = np.linspace(160.0, 400.0, 25)
     assert np.array_equal(np.vstack(fit.predict_many(steps, 0.9)),
                           np.vstack(fit._raw_band_many(steps, 0.9)))
+
+
+@pytest.mark.parametrize("step", [160.0, 300.0, 400.0, 401.0, 2_400.0, 5_000.0, 1e6, 1e9])
+def test_predict_quantiles_are_the_ends_predict_gives(fit: Fit, step: float) -> None:
+    probs = [0.005, 0.05, 0.25, 0.5, 0.75, 0.95, 0.995]
+    want = [fit.predict(step, max(abs(1 - 2 * p), 1e-9)) for p in probs]
+    ends = [w.lo if p <= 0.5 else w.hi for p, w in zip(probs, want, strict=True)]
+    # rel: predict's median is the limit of a vanishing interval, here of one 1e-9 wide.
+    assert fit.predict_quantiles(step, probs) == pytest.approx(ends, rel=1e-9)
+
+
+def test_predict_quantiles_of_a_band_that_extends_the_level_and_outside_the_range() -> None:
+    level = Fit.from_dict({**DEMO_EVAL_FIT, "status": "no_asymptote"})
+    band = level.predict(5_000.0, 0.9)
+    assert level.predict_quantiles(5_000.0, [0.05, 0.95]) == pytest.approx([band.lo, band.hi],
+                                                                           rel=1e-12)
+    fit = Fit.from_dict(DEMO_EVAL_FIT)
+    assert np.isnan(fit.predict_quantiles(100.0, [0.05, 0.95])).all()  # before the fitted range
