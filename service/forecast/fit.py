@@ -383,8 +383,9 @@ class Fit:
         if self.loss_floor is not None:
             np.maximum(q, self.loss_floor, out=q, where=np.isfinite(q))
         out: FloatArray = q[:, -1]
-        if at.size > 1 and math.isfinite(v[-1]):
-            out = np.fmin(out, np.fmin.reduce(q[:, :-1], axis=1))
+        if at.size > 1:  # past the last fitted step: hold each finite end (as _hold_ends)
+            out = np.where(np.isfinite(out), np.fmin(out, np.fmin.reduce(q[:, :-1], axis=1)),
+                           out)
         return out
 
     def _quantile_by_predict(self, t: float, p: float) -> float:
