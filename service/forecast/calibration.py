@@ -119,10 +119,8 @@ def multipliers(ratio: float, confidence: float) -> tuple[float, float]:
 def multipliers_many(ratios: NDArray[np.float64], confidence: float
                      ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """:func:`multipliers` for an array of ratios, in one pass."""
-    lo, hi = _tails(confidence)
-    r = np.where(np.isfinite(ratios) & (ratios > 1.0), ratios, 1.0)
-    lr = np.log(r)
-    return (np.interp(lr, _LOG_RATIOS, _column(lo)), np.interp(lr, _LOG_RATIOS, _column(hi)))
+    zlo, zhi = quantile_grid(ratios, np.asarray(_tails(confidence)))
+    return zlo, zhi
 
 
 def quantile_grid(ratios: NDArray[np.float64], probs: NDArray[np.float64]

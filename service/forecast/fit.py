@@ -320,7 +320,11 @@ class Fit:
                 self.residual_scale, conf)
             todo &= ~future
         v, scale, ratio = self._curve_parts(t[todo])
-        value[todo], lo[todo], hi[todo] = self._curve_band(v, scale, ratio, conf)
+        zlo, zhi = _cal.multipliers_many(ratio, conf)
+        finite = np.isfinite(v)
+        value[todo] = np.where(finite, v, np.nan)
+        lo[todo] = np.where(finite, v + zlo * scale, np.nan)
+        hi[todo] = np.where(finite, v + zhi * scale, np.nan)
         if self.loss_floor is not None:
             for arr in (value, lo, hi):
                 np.maximum(arr, self.loss_floor, out=arr, where=np.isfinite(arr))
@@ -345,16 +349,6 @@ class Fit:
         ratio = (np.maximum((tm - t0) / (tk - t0), 1.0) if t0 is not None and tk is not None
                  and tk > t0 else np.ones(tm.size))
         return v, scale, ratio
-
-    @staticmethod
-    def _curve_band(v: FloatArray, scale: FloatArray, ratio: FloatArray, conf: float
-                    ) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """The fitted curve's ``confidence`` band from :meth:`_curve_parts` (before the loss
-        floor; NaN where the curve is)."""
-        zlo, zhi = _cal.multipliers_many(ratio, conf)
-        finite = np.isfinite(v)
-        return (np.where(finite, v, np.nan), np.where(finite, v + zlo * scale, np.nan),
-                np.where(finite, v + zhi * scale, np.nan))
 
     def predict_quantiles(self, step: float, probs: ArrayLike) -> FloatArray:
         """The calibrated quantile at ``step`` for each of ``probs``, in one pass: for p below
