@@ -157,11 +157,20 @@ def _brier(values: Sequence[tuple[float, bool]]) -> float:
 def held_out_choice(judged: Sequence[Judged]) -> tuple[list[Judged], list[float | None]]:
     """Each sweep's chances pooled at the quantile (of :data:`QUANTILES`) with the lowest Brier
     score on the other sweeps: the choice of quantile, cross-validated by sweep."""
+    # Each sweep's squared errors at every quantile, summed once: a sweep's choice adds up the
+    # other sweeps' sums.
+    sweeps = list(dict.fromkeys(j.sweep for j in judged))
+    errors = {s: np.zeros(len(QUANTILES)) for s in sweeps}
+    counts = dict.fromkeys(sweeps, 0)
+    for j in judged:
+        errors[j.sweep] += (np.asarray(j.variants) - float(j.best)) ** 2
+        counts[j.sweep] += 1
     out: list[Judged] = []
     chosen = []
-    for sweep in dict.fromkeys(j.sweep for j in judged):
-        others = [j for j in judged if j.sweep != sweep]
-        best = min(QUANTILES, key=lambda q: _brier([(j.at(q).chance, j.best) for j in others]))
+    for sweep in sweeps:
+        others = [s for s in sweeps if s != sweep]
+        brier = sum(errors[s] for s in others) / sum(counts[s] for s in others)
+        best = QUANTILES[int(np.argmin(brier))]
         chosen.append(best)
         out.extend(j.at(best) for j in judged if j.sweep == sweep)
     return out, chosen
