@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from curvecast.service import __version__, prometheus, web
-from curvecast.service.api import alerts, decisions, forecast, health, metrics, runs
+from curvecast.service.api import alerts, decisions, forecast, health, metrics, projects, runs
 from curvecast.service.config import Settings
 from curvecast.service.db import make_engine, make_sessionmaker
 from curvecast.service.edge import EdgeGuard
@@ -250,7 +250,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessionmaker = sessions
     app.state.notify_ingest = (lambda _run_id: worker.notify()) if worker else _no_worker
     install_handlers(app, settings.retry_after_s, page_not_found=page_not_found)
-    for module in (health, runs, metrics, forecast, decisions, alerts):
+    for module in (health, runs, metrics, forecast, decisions, alerts, projects):
         # API routes document the standard error answers (health probes have their own).
         app.include_router(module.router, responses=None if module is health else ERROR_RESPONSES)
     app.include_router(web.router)

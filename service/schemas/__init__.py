@@ -303,6 +303,25 @@ class RunOut(BaseModel):
     )
 
 
+class ProjectOut(BaseModel):
+    """A project as the API returns it: its runs counted by status, its last change and its
+    firing alerts."""
+
+    name: str
+    runs: int = Field(description="How many runs the project has.")
+    runs_by_status: dict[str, int] = Field(
+        description="Runs per status; only the statuses that have runs.")
+    last_update: datetime | None = Field(
+        description="When a run of the project last changed (null: no runs).")
+    firing_alerts: int
+
+
+class ProjectList(BaseModel):
+    """Every project the caller may see, by name."""
+
+    projects: list[ProjectOut]
+
+
 class RunPage(BaseModel):
     """One page of runs; pass ``next_page_token`` back as ``page_token`` for the next one."""
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from curvecast.service.errors import NotFound
 from curvecast.service.models import Project
+from curvecast.service.schemas import ProjectOut
 from curvecast.service.store._common import insert_ignore, utcnow
+from curvecast.service.store.dashboard import project_summaries
 
 
 def ensure_project(session: Session, *, name: str) -> int:
@@ -28,3 +31,15 @@ def project_id(session: Session, *, name: str) -> int | None:
 def list_projects(session: Session) -> list[str]:
     """All project names, sorted."""
     return list(session.scalars(select(Project.name).order_by(Project.name)))
+
+
+def project_overviews(session: Session, *, allowed_project: str | None,
+                      name: str | None = None) -> list[ProjectOut]:
+    """Every project the caller may see (a project token: its own), or only ``name`` (NotFound
+    when it does not exist or is not the caller's), with its runs counted by status."""
+    if name is not None and (allowed_project not in (None, name)
+                             or project_id(session, name=name) is None):
+        raise NotFound(f"project {name!r} not found")
+    return [ProjectOut(name=p.name, runs=p.runs, runs_by_status=p.runs_by_status,
+                       last_update=p.last_update, firing_alerts=p.firing_alerts)
+            for p in project_summaries(session, allowed_project=allowed_project, name=name)]

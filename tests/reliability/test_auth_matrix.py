@@ -70,8 +70,8 @@ PAGES = {
 PAGE_ACTIONS = {("POST", "/alerts/{alert_id}/ack"): "ingest",
                 ("POST", "/alerts/{alert_id}/silence"): "ingest"}
 #: Listings answer 200 to another project's token, with only that project's objects.
-LISTINGS = {("GET", "/api/v1/runs"), ("GET", "/api/v1/alerts"), ("GET", "/"),
-            ("GET", "/dashboards/api/runs-table"), ("GET", "/alerts"),
+LISTINGS = {("GET", "/api/v1/runs"), ("GET", "/api/v1/alerts"), ("GET", "/api/v1/projects"),
+            ("GET", "/"), ("GET", "/dashboards/api/runs-table"), ("GET", "/alerts"),
             ("GET", "/dashboards/api/alerts-table"), ("GET", "/projects"),
             ("GET", "/metrics")}  # no project, run or key in any label
 #: Creating a run in someone else's project is forbidden (the id itself is the caller's).
