@@ -54,7 +54,7 @@ import numpy as np
 import optuna
 
 from bench._cli import parser, publish
-from bench._report import markdown_table
+from bench._report import anchor, markdown_table
 from bench.forecast._sweeps import SweepRun, all_sweeps
 from curvecast.service.integrations.optuna import (
     DEFAULT_MIN_PROGRESS,
@@ -324,6 +324,8 @@ def full_per_sweep(outcomes: Outcomes) -> str:
 
 def candidates_note(pooled: dict[str, list[Outcome]]) -> str:
     """What the two candidates not shipped bought, against the default, in words."""
+    from bench.forecast import pruning_frontier as frontier  # it imports this module
+
     def compute(name: str) -> float:
         return statistics.mean(o.fraction for o in pooled[name])
 
@@ -335,7 +337,8 @@ def candidates_note(pooled: dict[str, list[Outcome]]) -> str:
             f"the best run itself less often ({finished(MARGIN)}, {finished(PAIRED)} against "
             f"{finished(DEFAULT)}): the distance to the floor is the forecast's width at 10-40% "
             "of a run (`too_early` until the averaging transient ends, bands too wide to tell "
-            "runs apart), not the value it is compared with.")
+            "runs apart), not the value it is compared with. Whether any threshold, or a rule "
+            f"fitted to these sweeps, gets closer: [{frontier.TITLE}](#{anchor(frontier.TITLE)}).")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,86 @@
+"""The pruning-frontier bench: its replay without Optuna is the pruning bench's study with
+Optuna (same steps trained, same trials finished), and its frontier picks the least compute
+that still keeps the best often enough."""
+
+from __future__ import annotations
+
+import importlib
+import random
+
+import numpy as np
+import pytest
+
+from tests.conftest import IN_CI
+
+if IN_CI:  # the dev extra installs optuna: missing there is a failure
+    optuna = importlib.import_module("optuna")
+else:
+    optuna = pytest.importorskip("optuna")
+
+from bench.forecast import pruning  # noqa: E402
+from bench.forecast._sweeps import corpus_sweeps  # noqa: E402
+from bench.forecast.pruning_frontier import (  # noqa: E402
+    Row,
+    Rows,
+    curvecast_chance,
+    fit_stack,
+    frontier,
+    oracle_chance,
+    replay,
+)
+from curvecast.service.integrations.optuna import CurvecastPruner  # noqa: E402
+
+
+def test_the_replay_trains_what_an_optuna_study_with_the_pruner_trains() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    runs = corpus_sweeps()["corpus 64x2, 3,000 steps"][:8]
+    pruned_any = False
+    for seed in range(2):
+        order = runs[:]
+        random.Random(seed).shuffle(order)
+        for chance, make in ((curvecast_chance, CurvecastPruner),
+                             (oracle_chance, pruning.OraclePruner)):
+            fast = replay(runs, order, chance, "corpus", threshold=0.05)
+            real = pruning.study(order, make())
+            assert (fast.steps, fast.best_kept, fast.best_survived) == (
+                real.steps, real.best_kept, real.best_survived), (seed, make)
+            assert fast.regret == pytest.approx(real.regret)
+            pruned_any = pruned_any or fast.fraction < 1.0
+    assert pruned_any  # the comparison covered pruned trials, not only finished ones
+
+
+def _outcomes(fraction: float, kept: float, n: int = 20) -> list[pruning.Outcome]:
+    keep = round(kept * n)
+    return [pruning.Outcome(round(100 * fraction), 100, i < keep, i < keep, 0.0)
+            for i in range(n)]
+
+
+def test_the_frontier_is_the_least_compute_that_keeps_the_best_in_95_percent() -> None:
+    rows = [Row("rule", 0.01, {"a": _outcomes(0.8, 1.0), "b": _outcomes(0.8, 1.0)}),
+            Row("rule", 0.05, {"a": _outcomes(0.6, 1.0), "b": _outcomes(0.6, 0.9)}),  # 95%
+            Row("rule", 0.2, {"a": _outcomes(0.4, 0.9), "b": _outcomes(0.4, 0.9)}),  # 90%
+            Row("never", 0.5, {"a": _outcomes(0.3, 0.5)})]
+    best = frontier(rows)
+    assert best["never"] is None
+    chosen = best["rule"]
+    assert chosen is not None and chosen.threshold == 0.05
+    assert chosen.compute == pytest.approx(0.6) and chosen.kept == pytest.approx(0.95)
+    label, kept = chosen.worst_sweep()
+    assert label == "b" and kept == pytest.approx(0.9)
+
+
+def test_the_stack_learns_which_way_a_signal_points_with_each_sweep_weighed_the_same() -> None:
+    # Two sweeps: in one a high second signal means "ends best" (400 rows), in the other, a
+    # tenth of the size, it means nothing. The fit follows the signal, and the small sweep
+    # still moves it (weighed as much as the large one).
+    rng = np.random.default_rng(0)
+
+    def rows(n: int, informative: bool) -> Rows:
+        x = np.column_stack([np.ones(n), rng.normal(size=n)])
+        y = (x[:, 1] > 0) if informative else rng.random(n) < 0.5
+        return Rows(x, y.astype(float))
+
+    big, small = rows(400, True), rows(40, False)
+    alone = fit_stack([big])
+    both = fit_stack([big, small])
+    assert alone[1] > 1.0 and 0.0 < both[1] < alone[1]
