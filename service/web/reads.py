@@ -359,15 +359,10 @@ def alerts_rows(session: Session, principal: Principal, project: str | None,
 def project_rows(session: Session, principal: Principal, name: str | None = None
                  ) -> list[dict[str, Any]]:
     """The projects page's rows (every project the caller may see, or only ``name``: NotFound
-    when it does not exist or is not the caller's)."""
-    if name is not None and (project_store.project_id(session, name=name) is None or
-                             principal.project not in (None, name)):
-        raise NotFound(f"project {name!r} not found")
-    summaries = dashboard_store.project_summaries(session, allowed_project=principal.project,
-                                                  name=name)
-    return lists.project_rows(
-        [{"name": p.name, "runs_by_status": p.runs_by_status, "last_update": p.last_update,
-          "firing_alerts": p.firing_alerts} for p in summaries], utcnow())
+    when it does not exist or is not the caller's), from ``GET /api/v1/projects``'s answer."""
+    overviews = project_store.project_overviews(session, allowed_project=principal.project,
+                                                name=name)
+    return lists.project_rows([p.model_dump() for p in overviews], utcnow())
 
 
 def project_ranking(session: Session, principal: Principal, project: str) -> RankingOut:
