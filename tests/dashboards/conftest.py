@@ -223,3 +223,12 @@ def tab(browser: Any) -> Iterator[Tab]:
     page.on("dialog", on_dialog)
     yield tab
     page.close()
+
+
+@pytest.fixture
+def validate_figures() -> Iterator[None]:
+    """Validate every figure in full (the service skips plotly's validation for speed)."""
+    from curvecast.dashboards.figures import base as figure_base
+    figure_base.VALIDATE = True
+    yield
+    figure_base.VALIDATE = False
