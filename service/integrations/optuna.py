@@ -79,7 +79,7 @@ class PruneDecision:
             the forecast does not know (``reason`` says why).
         step: its latest reported step (None: nothing reported).
         horizon: its planned last step.
-        best: the value to beat.
+        best: the value to beat (the best, or the target, less the ``margin``).
         fit_status: the status of the fit of its intermediate values (None: no fit made).
         reason: in words, why it is pruned or kept.
     """
@@ -109,7 +109,7 @@ def _keep(reason: str, *, step: int | None = None, horizon: int | None = None,
 def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
            total_steps: int | None, threshold: float = DEFAULT_THRESHOLD,
            n_warmup_steps: int = 0, min_progress: float = DEFAULT_MIN_PROGRESS,
-           config: Mapping[str, Any] | None = None) -> PruneDecision:
+           config: Mapping[str, Any] | None = None, margin: float = 0.0) -> PruneDecision:
     """Whether to stop a trial whose loss was ``values`` at ``steps``: pure, never raises on
     odd data (a fit that fails is a fit that does not know).
 
@@ -119,15 +119,21 @@ def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
     ``best`` is under ``threshold``.
     ``config`` is the run's config as the service reads it (``c_warmup``, ``warmup_steps``,
     ``lr_schedule``, ...): it sets the fit's burn-in and marks a decaying learning rate
-    ``off_model``.
+    ``off_model``. ``margin``: the trial must end at least this fraction below ``best`` (a
+    trial that can at best tie is stopped).
     """
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be in (0, 1), not {threshold}")
+    _check_margin(margin)
     pairs = tuple(sorted((int(s), float(v)) for s, v in zip(steps, values, strict=True)))
     last = pairs[-1][0] if pairs else None
     if best is None or not math.isfinite(best):
         return _keep("no completed trial to beat and no target", step=last,
                      horizon=total_steps)
+    beat = f"{best:.4g}"
+    if margin:  # the trial must end this fraction below the best (or the target)
+        lowered = best - margin * abs(best)
+        beat, best = f"{lowered:.4g} ({margin:.1%} below {best:.4g})", lowered
     if last is None:
         return _keep("nothing reported yet", horizon=total_steps, best=best)
     if total_steps is None:
@@ -147,11 +153,11 @@ def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
         return PruneDecision(False, None, last, total_steps, best, status, look.reason)
     if chance >= threshold:
         return PruneDecision(False, chance, last, total_steps, best, status,
-                             f"a {chance:.1%} chance of ending below {best:.4g} by step "
+                             f"a {chance:.1%} chance of ending below {beat} by step "
                              f"{total_steps:,}")
     return PruneDecision(True, chance, last, total_steps, best, status,
                          f"a {chance:.1%} chance (< {threshold:.1%}) of ending below "
-                         f"{best:.4g} by step {total_steps:,}: forecast {look.value:.4g} "
+                         f"{beat} by step {total_steps:,}: forecast {look.value:.4g} "
                          f"({look.lo:.4g}-{look.hi:.4g}){_BAND_NOTE.get(status, '')}")
 
 
@@ -159,6 +165,11 @@ def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
 _BAND_NOTE: Final = {
     "no_asymptote": ", its current level carried on (the fit finds no floor yet)",
 }
+
+
+def _check_margin(margin: float) -> None:
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"margin must be a fraction in [0, 1), not {margin}")
 
 
 def _frozen(config: Mapping[str, Any] | None) -> str:
@@ -191,6 +202,10 @@ class CurvecastPruner(BasePruner):
         config: the run config the fit reads (a trial's user attribute ``curvecast_config``
             is merged over it): ``c_warmup``/``warmup_steps`` set the burn-in, a decaying
             ``lr_schedule`` makes every forecast ``off_model`` (never pruned).
+        margin: prune a trial unlikely to end at least this fraction below the best (default
+            0: below it at all). ``0.005`` stops the trials that can at best tie, where the
+            runs end close together (seed repeats): it saves compute and may stop a trial that
+            would have ended slightly better (docs/decisions.md).
 
     The study must minimize (the model is of a falling loss). :attr:`decisions` keeps the
     latest :class:`PruneDecision` of each trial (by trial number), to read why.
@@ -198,9 +213,11 @@ class CurvecastPruner(BasePruner):
 
     def __init__(self, *, total_steps: int | None = None, threshold: float = DEFAULT_THRESHOLD,
                  n_warmup_steps: int = 0, min_progress: float = DEFAULT_MIN_PROGRESS,
-                 target: float | None = None, config: Mapping[str, Any] | None = None) -> None:
+                 target: float | None = None, config: Mapping[str, Any] | None = None,
+                 margin: float = 0.0) -> None:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), not {threshold}")
+        _check_margin(margin)
         if n_warmup_steps < 0:
             raise ValueError(f"n_warmup_steps must be >= 0, not {n_warmup_steps}")
         if total_steps is not None and total_steps <= 0:
@@ -211,6 +228,7 @@ class CurvecastPruner(BasePruner):
         self.min_progress = min_progress
         self.target = target
         self.config = dict(config or {})
+        self.margin = margin
         self.decisions: dict[int, PruneDecision] = {}
 
     def best(self, study: optuna.Study) -> float | None:
@@ -234,7 +252,7 @@ class CurvecastPruner(BasePruner):
                       total_steps=int(total) if total is not None else None,
                       threshold=self.threshold, n_warmup_steps=self.n_warmup_steps,
                       min_progress=self.min_progress,
-                      config=config)
+                      config=config, margin=self.margin)
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         decision = self.decide(study, trial)

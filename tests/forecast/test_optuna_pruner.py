@@ -210,7 +210,7 @@ def test_the_bench_replays_every_candidate_on_the_same_orders() -> None:
     assert all(o.best_survived and o.best_kept and o.steps < o.baseline_steps for o in ours)
     assert "| hyperband |" not in per_sweep(groups, outcomes, [DEFAULT])
     assert "percentile 25" in pooled and "patient median (3)" in pooled
-    # The candidates not shipped run on the same orders and keep these sweeps' best too.
+    # The opt-in margin and the paired candidate run on the same orders and keep the best too.
     assert all(o.best_kept for o in pooled[MARGIN] + pooled[PAIRED])
     # The oracle keeps the best and, pruning every loser at 10% of its run, trains no more.
     floor = pooled[ORACLE]
@@ -218,13 +218,30 @@ def test_the_bench_replays_every_candidate_on_the_same_orders() -> None:
     assert all(f.steps <= o.steps for f, o in zip(floor, ours, strict=True))
 
 
-def test_the_margin_candidate_asks_to_beat_the_best_by_half_a_percent() -> None:
-    from bench.forecast.pruning import MarginPruner
+def test_a_margin_stops_a_trial_that_can_at_best_tie() -> None:
+    # The same run again, 80% of the way: it will end where it did, so beating its own final
+    # loss is a coin toss, beating it by 5% is not on the cards.
+    run = corpus("d-s-b128-3k")
+    cut = next(i for i, s in enumerate(run.steps) if s >= 0.8 * run.total_steps)
+    args = (run.steps[:cut], run.values[:cut])
+    kw = {"best": run.final, "total_steps": run.total_steps, "config": run.config}
+    tie = decide(*args, **kw)
+    assert not tie.prune and tie.chance is not None and tie.chance > 0.2
+    stopped = decide(*args, **kw, margin=0.05)
+    assert stopped.prune and stopped.best == pytest.approx(0.95 * run.final)
+    assert f"(5.0% below {run.final:.4g})" in stopped.reason
+    with pytest.raises(ValueError, match="margin"):
+        decide(*args, **kw, margin=1.0)
+    with pytest.raises(ValueError, match="margin"):
+        CurvecastPruner(margin=-0.01)
 
-    study = optuna.create_study(direction="minimize")
-    study.add_trial(optuna.trial.create_trial(value=2.0, params={}, distributions={}))
-    assert MarginPruner().best(study) == pytest.approx(1.99)
-    assert MarginPruner().best(optuna.create_study(direction="minimize")) is None
+
+def test_the_pruner_passes_its_margin_to_the_decision() -> None:
+    good = corpus("d-s-b128-3k")
+    pruner = CurvecastPruner(margin=0.05)
+    study = study_of([good, good], pruner)  # the second trial can at best tie the first
+    assert study.trials[1].state.name == "PRUNED"
+    assert pruner.decisions[1].best == pytest.approx(0.95 * good.final)
 
 
 # --- RDB storage: several workers on one study ------------------------------------------------
