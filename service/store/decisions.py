@@ -19,7 +19,7 @@ from curvecast.contract import RunConfig, fit_candidates
 from curvecast.service.errors import NotFound
 from curvecast.service.forecast.chances import RunInput
 from curvecast.service.models import FitRecord, MetricPoint, Project, Run, Series
-from curvecast.service.store import forecasts
+from curvecast.service.store import forecasts, projects
 from curvecast.service.store import runs as run_store
 from curvecast.service.store.forecasts import StoredFit
 
@@ -81,12 +81,6 @@ def _as_input(session: Session, *, run_id: uuid.UUID, name: str, status: str,
     )
 
 
-def _check_project(session: Session, project: str, allowed_project: str | None) -> None:
-    if (allowed_project is not None and project != allowed_project) or session.scalar(
-            select(Project.id).where(Project.name == project)) is None:
-        raise NotFound(f"project {project!r} not found")
-
-
 def _fits_of_key(session: Session, run_ids: list[uuid.UUID], key: str
                  ) -> dict[uuid.UUID, StoredFit]:
     """The newest fit of series ``key`` of each of ``run_ids`` (runs without one left out)."""
@@ -105,7 +99,7 @@ def project_runs(session: Session, *, project: str, allowed_project: str | None,
     Raises:
         NotFound: no such project, or not the caller's; a ``key`` none of its runs logs.
     """
-    _check_project(session, project, allowed_project)
+    projects.check_visible(session, name=project, allowed_project=allowed_project)
     rows = session.execute(
         select(Run.id, Run.name, Run.status, Run.config, Run.last_step)
         .join(Project, Project.id == Run.project_id)

@@ -33,13 +33,19 @@ def list_projects(session: Session) -> list[str]:
     return list(session.scalars(select(Project.name).order_by(Project.name)))
 
 
+def check_visible(session: Session, *, name: str, allowed_project: str | None) -> None:
+    """NotFound unless project ``name`` exists and the caller (a project token: its own
+    project) may see it; another's project reads as missing (no existence leak)."""
+    if allowed_project not in (None, name) or project_id(session, name=name) is None:
+        raise NotFound(f"project {name!r} not found")
+
+
 def project_overviews(session: Session, *, allowed_project: str | None,
                       name: str | None = None) -> list[ProjectOut]:
     """Every project the caller may see (a project token: its own), or only ``name`` (NotFound
     when it does not exist or is not the caller's), with its runs counted by status."""
-    if name is not None and (allowed_project not in (None, name)
-                             or project_id(session, name=name) is None):
-        raise NotFound(f"project {name!r} not found")
+    if name is not None:
+        check_visible(session, name=name, allowed_project=allowed_project)
     return [ProjectOut(name=p.name, runs=p.runs, runs_by_status=p.runs_by_status,
                        last_update=p.last_update, firing_alerts=p.firing_alerts)
             for p in project_summaries(session, allowed_project=allowed_project, name=name)]
