@@ -47,7 +47,7 @@ import random
 import statistics
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -210,18 +210,30 @@ def pruners(total_steps: int) -> dict[str, Callable[[], optuna.pruners.BasePrune
 Outcomes = dict[str, dict[str, list[Outcome]]]  # sweep -> pruner -> one per order
 
 
-def run_all(groups: dict[str, list[SweepRun]], orders: int) -> Outcomes:
-    """Every candidate on every sweep in ``orders`` random orders (the same orders for each)."""
-    out: Outcomes = {}
+def trial_orders(groups: dict[str, list[SweepRun]], orders: int
+                 ) -> Iterator[tuple[str, list[list[SweepRun]]]]:
+    """Each sweep with its ``orders`` random trial orders, drawn from :data:`SEED`: every
+    pruner here, and every rule of the pruning-frontier bench, replays these same orders."""
     rng = random.Random(SEED)
     for label, group in groups.items():
-        got = out.setdefault(label, {})
+        shuffled = []
         for _ in range(orders):
             order = group[:]
             rng.shuffle(order)
+            shuffled.append(order)
+        yield label, shuffled
+
+
+def run_all(groups: dict[str, list[SweepRun]], orders: int) -> Outcomes:
+    """Every candidate on every sweep in ``orders`` random orders (the same orders for each)."""
+    out: Outcomes = {}
+    for label, shuffled in trial_orders(groups, orders):
+        got = out.setdefault(label, {})
+        for order in shuffled:
             for name, make in pruners(order[0].total_steps).items():
                 got.setdefault(name, []).append(study(order, make()))
-        print(f"{label}: {len(group)} runs, {orders} orders", file=sys.stderr, flush=True)
+        print(f"{label}: {len(groups[label])} runs, {orders} orders", file=sys.stderr,
+              flush=True)
     return out
 
 

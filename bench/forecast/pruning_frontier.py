@@ -248,14 +248,9 @@ class Row:
 def run_rule(groups: dict[str, list[SweepRun]], orders: int, rule: str, chance: Chance,
              threshold: float | None) -> Row:
     """``chance`` at ``threshold`` (None: the oracle's 0/1) in the pruning bench's orders."""
-    rng = random.Random(pruning.SEED)
-    by_sweep: dict[str, list[pruning.Outcome]] = {}
-    for label, runs in groups.items():
-        for _ in range(orders):
-            order = runs[:]
-            rng.shuffle(order)
-            by_sweep.setdefault(label, []).append(
-                replay(runs, order, chance, label, 0.5 if threshold is None else threshold))
+    cut = 0.5 if threshold is None else threshold
+    by_sweep = {label: [replay(groups[label], order, chance, label, cut) for order in shuffled]
+                for label, shuffled in pruning.trial_orders(groups, orders)}
     made = Row(rule, threshold, by_sweep)
     print(f"{rule} at {'-' if threshold is None else f'{threshold:.1%}'}: compute "
           f"{made.compute:.2f}, best kept {made.kept:.1%}", file=sys.stderr, flush=True)
