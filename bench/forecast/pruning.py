@@ -337,9 +337,9 @@ def candidates_note(pooled: dict[str, list[Outcome]]) -> str:
             f"{compute(PAIRED):.2f}x against the default's {compute(DEFAULT):.2f}x; both finish "
             f"the best run itself less often ({finished(MARGIN)}, {finished(PAIRED)} against "
             f"{finished(DEFAULT)}), and neither comes near the floor: the distance to it is the "
-            "forecast's width at 10-40% "
-            "of a run (`too_early` until the averaging transient ends, bands too wide to tell "
-            "runs apart), not the value it is compared with. Whether any threshold, or a rule "
+            "forecast's width at the reports where it knows (bands too wide to tell runs "
+            "apart), not how long it stays `too_early`, nor the value it is compared with. "
+            "Both are measured, and whether any threshold, or a rule "
             f"fitted to these sweeps, gets closer: [{frontier.TITLE}](#{anchor(frontier.TITLE)}).")
 
 

@@ -25,6 +25,7 @@ from bench.forecast.pruning_frontier import (  # noqa: E402
     curvecast_chance,
     fit_stack,
     frontier,
+    known_oracle_chance,
     oracle_chance,
     replay,
 )
@@ -84,3 +85,19 @@ def test_the_stack_learns_which_way_a_signal_points_with_each_sweep_weighed_the_
     alone = fit_stack([big])
     both = fit_stack([big, small])
     assert alone[1] > 1.0 and 0.0 < both[1] < alone[1]
+
+
+def test_the_oracle_where_the_forecast_knows_waits_for_an_ok_fit() -> None:
+    # Early reports of a run are too_early (the oracle already decides there, this one does
+    # not); later ones get the oracle's verdict, with the margin moving the bar.
+    runs = corpus_sweeps()["corpus 64x2, 3,000 steps"]
+    trial, best = sorted(runs, key=lambda r: r.final)[1:3]  # trial ends below best
+    waiting = known_oracle_chance(0.0)
+    verdicts = [waiting("corpus", trial, i, [best], best) for i in range(len(trial.steps))]
+    assert verdicts[0] is None and oracle_chance("corpus", trial, 0, [best], best) == 1.0
+    known = [i for i, v in enumerate(verdicts) if v is not None]
+    assert known and all(verdicts[i] == 1.0 for i in known)
+    # With a margin wider than the gap between the two, the trial can at best tie: pruned.
+    gap = 1 - trial.final / best.final
+    tie = known_oracle_chance(gap + 0.01)
+    assert tie("corpus", trial, known[0], [best], best) == 0.0
