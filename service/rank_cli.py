@@ -4,7 +4,8 @@ Prints the answer of ``GET /api/v1/projects/{project}/ranking`` as a table: read
 service (``--url``, with ``--token``) or straight from the database (``--database-url``, as
 ``curvecast migrate`` and ``token`` do). Both build the answer with
 :func:`~curvecast.service.forecast.decision_answers.ranking_answer`; docs/decisions.md says
-what the numbers mean.
+what the numbers mean. Without a project it lists the projects there are to rank (``GET
+/api/v1/projects``), so a first ranking needs no other tool to find the name.
 """
 
 from __future__ import annotations
@@ -16,11 +17,19 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from pydantic import BaseModel
 
 from curvecast.dashboards.fmt import chance
+from curvecast.service.schemas import ProjectList
 from curvecast.service.schemas.decisions import RankedRunOut, RankingOut
 
-__all__ = ["add_rank_parser", "format_ranking", "run_rank"]
+__all__ = ["add_rank_parser", "format_projects", "format_ranking", "run_rank"]
+
+_Answer = TypeVar("_Answer", bound=BaseModel)
 
 _SOURCES = {
     "given": "as asked",
@@ -66,20 +75,45 @@ def format_ranking(answer: RankingOut) -> str:
         place += run.p_best is not None
         rows.append((str(place) if run.p_best is not None else "-", _clip(run.name, 32),
                      run.status, _pct(run.p_best), _loss(run), run.reason or run.note))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines.append("")
+    return "\n".join([*lines, "", *_table(rows, frozenset({0, 3}))])
+
+
+def _table(rows: Sequence[Sequence[str]], right: frozenset[int]) -> list[str]:
+    """``rows`` as aligned text columns (``right``: the columns aligned right), the last one
+    left ragged."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = []
     for row in rows:
-        cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1]), row[2].ljust(widths[2]),
-                 row[3].rjust(widths[3]), row[4].ljust(widths[4]), row[5]]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+        cells = [cell.rjust(w) if i in right else cell.ljust(w)
+                 for i, (cell, w) in enumerate(zip(row[:-1], widths, strict=True))]
+        out.append("  ".join([*cells, row[-1]]).rstrip())
+    return out
 
 
-def _from_service(url: str, args: argparse.Namespace) -> RankingOut:
-    query = {k: v for k, v in (("key", args.key), ("horizon", args.horizon),
-                                ("confidence", args.confidence)) if v is not None}
-    address = (f"{url.rstrip('/')}/api/v1/projects/{urllib.parse.quote(args.project, safe='')}"
-               f"/ranking?{urllib.parse.urlencode(query)}")
+def _utc(when: datetime) -> datetime:
+    """``when`` in UTC (a naive time, as SQLite gives it back, is stored UTC already)."""
+    return when if when.tzinfo is None else when.astimezone(UTC)
+
+
+def format_projects(listing: ProjectList) -> str:
+    """The projects as a text table: name, runs, runs by status, firing alerts, last change;
+    then how to rank one."""
+    if not listing.projects:
+        return ("no projects yet: a run's project is the one its Monitor names "
+                "(Monitor(project=...)); rank one with: curvecast rank PROJECT")
+    rows = [("project", "runs", "by status", "alerts", "last change (UTC)")]
+    for p in listing.projects:
+        by_status = ", ".join(f"{n} {status}" for status, n in sorted(p.runs_by_status.items()))
+        changed = "-" if p.last_update is None else _utc(p.last_update).strftime("%Y-%m-%d %H:%M")
+        rows.append((p.name, str(p.runs), by_status or "-", str(p.firing_alerts), changed))
+    return "\n".join([*_table(rows, frozenset({1, 3})), "",
+                      "rank one with: curvecast rank PROJECT"])
+
+
+def _get(url: str, path: str, query: dict[str, object], args: argparse.Namespace,
+         model: type[_Answer]) -> _Answer:
+    """``GET path`` from the service at ``url``, read as ``model``."""
+    address = f"{url.rstrip('/')}{path}?{urllib.parse.urlencode(query)}"
     headers = {"Accept": "application/json"}
     token = args.token or os.environ.get("CURVECAST_TOKEN")
     if token:
@@ -87,7 +121,7 @@ def _from_service(url: str, args: argparse.Namespace) -> RankingOut:
     request = urllib.request.Request(address, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=args.timeout) as response:
-            return RankingOut.model_validate_json(response.read())
+            return model.model_validate_json(response.read())
     except urllib.error.HTTPError as exc:
         try:
             message = json.loads(exc.read()).get("message") or exc.reason
@@ -98,17 +132,31 @@ def _from_service(url: str, args: argparse.Namespace) -> RankingOut:
         raise _Refused(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
 
 
-def _from_database(args: argparse.Namespace) -> RankingOut:
+def _from_service(url: str, args: argparse.Namespace) -> RankingOut | ProjectList:
+    if args.project is None:
+        return _get(url, "/api/v1/projects", {}, args, ProjectList)
+    query = {k: v for k, v in (("key", args.key), ("horizon", args.horizon),
+                                ("confidence", args.confidence)) if v is not None}
+    path = f"/api/v1/projects/{urllib.parse.quote(args.project, safe='')}/ranking"
+    return _get(url, path, query, args, RankingOut)
+
+
+def _from_database(args: argparse.Namespace) -> RankingOut | ProjectList:
     from curvecast.service.config import Settings
     from curvecast.service.db import make_engine, make_sessionmaker, session_scope
     from curvecast.service.errors import ServiceError
     from curvecast.service.forecast.decision_answers import ranking_answer
-    from curvecast.service.store import decisions
+    from curvecast.service.migrate import check_schema
+    from curvecast.service.store import decisions, projects
 
     settings = Settings(database_url=args.database_url) if args.database_url else Settings()
     engine = make_engine(settings)
     try:
+        check_schema(engine)  # an empty or older database: say to migrate, not a traceback
         with session_scope(make_sessionmaker(engine)) as session:
+            if args.project is None:
+                return ProjectList(projects=projects.project_overviews(
+                    session, allowed_project=None))
             runs = decisions.project_runs(session, project=args.project, allowed_project=None,
                                           key=args.key)
             return ranking_answer(args.project, runs, key=args.key, horizon=args.horizon,
@@ -124,7 +172,8 @@ class _Refused(Exception):
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    """``curvecast rank``: print the ranking (``--json``: the API's JSON)."""
+    """``curvecast rank``: print the ranking, or without a project the projects (``--json``:
+    the API's JSON)."""
     if args.horizon is not None and args.horizon < 1:
         print("curvecast rank: --horizon must be a step of 1 or more", file=sys.stderr)
         return 2
@@ -137,7 +186,11 @@ def run_rank(args: argparse.Namespace) -> int:
     except _Refused as exc:
         print(f"curvecast rank: {exc}", file=sys.stderr)
         return 2
-    print(answer.model_dump_json(indent=2) if args.json else format_ranking(answer))
+    if args.json:
+        print(answer.model_dump_json(indent=2))
+    else:
+        print(format_ranking(answer) if isinstance(answer, RankingOut)
+              else format_projects(answer))
     return 0
 
 
@@ -148,8 +201,8 @@ def add_rank_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         description="The project's runs at a common step (default: the largest planned "
         "total_steps), most likely best first, with each one's chance of the lowest loss and "
         "its forecast there; runs the forecast cannot judge last, with the reason "
-        "(docs/decisions.md).")
-    parser.add_argument("project", help="the project")
+        "(docs/decisions.md). Without a project: the projects there are, with their runs.")
+    parser.add_argument("project", nargs="?", help="the project (omit it to list the projects)")
     parser.add_argument("--key", help="the series to compare (default: each run's default "
                         "loss series)")
     parser.add_argument("--horizon", type=int, help="the step to compare at")

@@ -4,6 +4,7 @@ and as the API's JSON; errors say what to fix."""
 from __future__ import annotations
 
 import json
+import pathlib
 import uuid
 from collections.abc import Iterator
 
@@ -68,3 +69,40 @@ def test_errors_say_what_to_fix(world: tuple[World, str],
     assert code == 2 and "project 'no-such-project' not found" in err
     code, _, err = rank(capsys, w.project, "--horizon", "0", "--database-url", database_url)
     assert code == 2 and "--horizon" in err
+
+
+def test_a_database_without_the_schema_says_to_migrate(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for project in ((), ("some-project",)):
+        code, _, err = rank(capsys, *project, "--database-url", str(tmp_path / "new.db"))
+        assert code == 2 and "run `curvecast migrate`" in err and "Traceback" not in err
+
+
+def test_without_a_project_it_lists_the_projects(world: tuple[World, str],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # The database holds other tests' projects too: the world's is among them, counted, and
+    # the service and the database list the same projects.
+    w, database_url = world
+    code, out, _ = rank(capsys, "--database-url", database_url)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["project", "runs", "by", "status", "alerts"]
+    ours = next(line.split() for line in lines if line.split()[:1] == [w.project])
+    runs = int(ours[1])
+    assert runs >= 3 and "crashed" in " ".join(ours)
+    assert lines[-1] == "rank one with: curvecast rank PROJECT"
+    code, served, _ = rank(capsys, "--json", "--url", w.url)
+    assert code == 0
+    listed = {p["name"]: p for p in json.loads(served)["projects"]}
+    assert listed[w.project]["runs"] == runs
+    code, direct, _ = rank(capsys, "--json", "--database-url", database_url)
+    assert code == 0 and {p["name"] for p in json.loads(direct)["projects"]} == set(listed)
+
+
+def test_an_empty_database_says_how_runs_get_a_project(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    database = tmp_path / "empty.db"
+    assert main(["migrate", "--database-url", str(database)]) == 0
+    capsys.readouterr()
+    code, out, _ = rank(capsys, "--database-url", str(database))
+    assert code == 0 and out.startswith("no projects yet") and "Monitor(project=" in out
