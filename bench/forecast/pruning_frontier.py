@@ -14,6 +14,9 @@ The rules:
   (:func:`~curvecast.service.integrations.optuna.decide`); at 5% it is the default pruner,
   whose row matches the pruning bench's; ``curvecast, margin 0.5%``: its chance of ending at
   least 0.5% below (the opt-in ``margin=0.005``).
+* ``curvecast, 2 reports in a row``: the shipped chance, pruning only when it is under the
+  threshold at two reports in a row (a forecast that dips once, with a noisy stretch of the
+  loss, prunes nothing).
 * ``stack``: a logistic regression over everything a pruner knows when a trial reports: that
   chance (of ending 0.5% below the best), whether the forecast knows, its median's gap to the
   best, the progress, the trial's loss over the best finished trial's at the same fraction of
@@ -64,6 +67,8 @@ TRAIN_SEED = 11
 L2 = 1e-2
 KEEP_GOAL = 0.95
 COMPUTE_GOAL = 0.55
+#: Reports in a row the patient rule asks to be under the threshold.
+PATIENCE = 2
 KNOWN = "oracle where the forecast knows"
 TITLE = "How far the pruner's signals go: the least compute at 95% best kept"
 CURVECAST_THRESHOLDS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
@@ -130,6 +135,17 @@ def margin_chance(label: str, trial: SweepRun, i: int, finished: Sequence[SweepR
                   best: SweepRun) -> float | None:
     """The pruner's chance with ``margin=0.005``: of ending at least 0.5% below the best."""
     return trial_outlook(trial, i).chance_below(best.final * (1 - pruning.KEPT_WITHIN))
+
+
+def patient_chance(label: str, trial: SweepRun, i: int, finished: Sequence[SweepRun],
+                   best: SweepRun) -> float | None:
+    """The highest of the pruner's chances at this report and the ``PATIENCE - 1`` before it: a
+    trial is pruned only when ``PATIENCE`` reports in a row say so (one dip prunes none)."""
+    if i + 1 < PATIENCE:
+        return None
+    chances = [trial_outlook(trial, j).chance_below(best.final)
+               for j in range(i + 1 - PATIENCE, i + 1)]
+    return None if None in chances else max(c for c in chances if c is not None)
 
 
 def oracle_chance(label: str, trial: SweepRun, i: int, finished: Sequence[SweepRun],
@@ -308,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             for t in CURVECAST_THRESHOLDS]
     rows += [run_rule(groups, orders, "curvecast, margin 0.5%", margin_chance, t)
              for t in CURVECAST_THRESHOLDS]
+    rows += [run_rule(groups, orders, f"curvecast, {PATIENCE} reports in a row", patient_chance,
+                      t) for t in CURVECAST_THRESHOLDS]
     rows += [run_rule(groups, orders, "stack, in-sample", stack_chance(in_sample), t)
              for t in STACK_THRESHOLDS]
     rows += [run_rule(groups, orders, "stack, held-out", stack_chance(held_out), t)

@@ -27,6 +27,7 @@ from bench.forecast.pruning_frontier import (  # noqa: E402
     frontier,
     known_oracle_chance,
     oracle_chance,
+    patient_chance,
     replay,
 )
 from curvecast.service.integrations.optuna import CurvecastPruner  # noqa: E402
@@ -101,3 +102,19 @@ def test_the_oracle_where_the_forecast_knows_waits_for_an_ok_fit() -> None:
     gap = 1 - trial.final / best.final
     tie = known_oracle_chance(gap + 0.01)
     assert tie("corpus", trial, known[0], [best], best) == 0.0
+
+
+def test_the_patient_rule_needs_two_reports_in_a_row() -> None:
+    runs = corpus_sweeps()["corpus 64x2, 3,000 steps"]
+    trial, best = sorted(runs, key=lambda r: r.final)[1:3]
+    assert patient_chance("corpus", trial, 0, [best], best) is None  # no report before it
+    judged = 0
+    for i in range(1, len(trial.steps)):
+        pair = [curvecast_chance("corpus", trial, j, [best], best) for j in (i - 1, i)]
+        got = patient_chance("corpus", trial, i, [best], best)
+        if None in pair:
+            assert got is None
+        else:
+            assert got == max(p for p in pair if p is not None)
+            judged += 1
+    assert judged > 0
