@@ -74,7 +74,7 @@ STOPPED: Final = STOPPED_RUN_STATUSES
 #: Why a fit of each status gives no chance (every status but ``ok``).
 _STATUS_REASONS: Final = {
     ForecastStatus.TOO_EARLY:
-        "a forecast needs more steps: the loss is still in the transient after averaging starts",
+        "a forecast needs more steps: the loss is still in the transient at the start of the run",
     ForecastStatus.NO_ASYMPTOTE:
         "a forecast needs more steps: the fit finds no floor yet, so it cannot say where the "
         "loss levels off",

@@ -276,11 +276,17 @@ def _transient(fit: Fit, t_all: FloatArray, y_all: FloatArray, burn_in: float | 
     hump = fit.status == ForecastStatus.FLAT or (
         fit.status == ForecastStatus.OFF_MODEL and (fit.off_model_score or 0) > 0)
     total = config.total_steps
+    # The config names an optimizer that does not average (AdamW, say): its start is ScheduleFree+'s
+    # rule applied to its warmup, and the messages say so rather than speak of averaging.
+    averages = config.c_warmup is not None or config.optimizer is None or config.schedule_free
+    begins = (f"averaging starts (step {start:g})" if averages else
+              f"warmup (the fit starts at step {start:g}, twice warmup_steps as ScheduleFree+ "
+              "starts averaging; c_warmup in the config moves it)")
     if t_last < useful:
-        why = f"still in the transient after averaging starts (step {start:g})"
+        why = f"still in the transient after {begins}"
     elif hump and t_last < _HUMP_FACTOR * start:
         useful = _HUMP_FACTOR * start
-        why = f"a plateau or rise right after averaging starts (step {start:g})"
+        why = f"a plateau or rise right after {begins}"
     elif (fit.status == ForecastStatus.FLAT and total is not None
           and t_last < _PLATEAU_FRACTION * total):
         # A plateau in the first half of a planned run: on the corpus these runs fell again.
@@ -291,10 +297,12 @@ def _transient(fit: Fit, t_all: FloatArray, y_all: FloatArray, burn_in: float | 
     when = f"a useful forecast is expected from step {useful:g}"
     if total is not None and useful > total:
         # The run as planned never gets there: say so, and what a run this short needs.
-        when += (f", after this run's planned {total:,} steps, so it will get none: averaging "
-                 f"starts at step {start:g} (c_warmup; ScheduleFree+'s default is twice its "
-                 "500-step warmup); for a short run pass warmup_steps of a tenth to a quarter of "
-                 "it and c_warmup 1.5x that")
+        when += f", after this run's planned {total:,} steps, so it will get none: " + (
+            f"averaging starts at step {start:g} (c_warmup; ScheduleFree+'s default is twice "
+            "its 500-step warmup); for a short run pass warmup_steps of a tenth to a quarter of "
+            "it and c_warmup 1.5x that" if averages else
+            "pass c_warmup, the step from which the loss follows a/sqrt(t+b)+c (the end of "
+            "warmup, say), to start the fit earlier")
     return replace(
         fit, status=ForecastStatus.TOO_EARLY, off_model=False, useful_from_step=useful,
         message=(f"{why}: {when}; until then the forecast extends the current loss at the "

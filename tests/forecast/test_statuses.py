@@ -151,6 +151,25 @@ def test_shortly_after_averaging_starts_is_too_early() -> None:
     assert later.status == "ok" and later.useful_from_step is None
 
 
+@pytest.mark.parametrize(("optimizer", "averages"), [
+    (None, True), ("ScheduleFreePlus", True), ({"name": "AdamWScheduleFree"}, True),
+    ("AdamW", False), ({"name": "SGD"}, False)])
+def test_the_transient_speaks_of_averaging_only_for_an_optimizer_that_averages(
+        optimizer: object, averages: bool) -> None:
+    # The start is the same (ScheduleFree+'s rule, twice warmup_steps); the message says what
+    # it is: AdamW averages nothing, so its transient is after warmup, and c_warmup moves it.
+    t = np.arange(0.0, 300.0)
+    y = _noisy(model(t, 20.0, 300.0, 1.5), 0.003)
+    config = {"warmup_steps": 100, "total_steps": 350,
+              **({} if optimizer is None else {"optimizer": optimizer})}
+    fit = fit_curve(t, y, config=config)
+    assert fit.status == "too_early" and fit.useful_from_step == 400
+    assert fit.message is not None and "so it will get none" in fit.message
+    assert ("averaging starts (step 200)" in fit.message) is averages
+    assert ("after warmup (the fit starts at step 200" in fit.message) is not averages
+    assert ("pass c_warmup" in fit.message) is not averages
+
+
 def test_straight_line_has_no_asymptote() -> None:
     """c pinned at the floor: no f* value, "at most" the current loss; the forecast extends the
     current loss at the decay rate the data show now, slowed as runs like it slowed, instead of
