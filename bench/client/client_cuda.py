@@ -41,7 +41,7 @@ from torch.nn import functional as F
 
 from bench._cli import parser, publish
 from bench._report import markdown_table
-from bench.client.client_overhead import other_metrics, thread_cpu_ns
+from bench.client._loop import other_metrics, thread_cpu_ns
 from bench.optimizer.optimizer import SIZES, HostReads
 from curvecast.client import Monitor
 from curvecast.client._batcher import plain_body

@@ -1,6 +1,6 @@
 """The whole client hook of this checkout against a git revision's, in alternating processes.
 
-``client_overhead``'s CPU accounting (:func:`~bench.client.client_overhead.bench_cost`: 2,000
+``client_overhead``'s CPU accounting (:func:`~bench.client._loop.bench_cost`: 2,000
 steps of its MLP with ``watch()`` and ``log()`` of 8 metrics, the server up) moves by ±25% from
 run to run and by 2-5x with the machine's speed, so a reading taken on one day says little
 about a change made on another. Here that accounting runs in pairs of processes, one with the
@@ -35,7 +35,7 @@ from pathlib import Path
 from bench._cli import parser, publish
 from bench._paths import REPO
 from bench._report import markdown_table, phase, progress, revision_line
-from bench.client.client_overhead import Cost, bench_cost, median_ci, server
+from bench.client._loop import Cost, bench_cost, median_ci, server
 
 #: The parts of the hook, as ``Cost`` names them, with their names in the section's table.
 PARTS = {"log": "`log()`", "watch": "`watch()` hook", "batcher": "batcher thread",

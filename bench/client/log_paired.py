@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from bench._cli import base_revision, publish_paired, revision_parser
 from bench._report import markdown_table, phase
-from bench.client.client_overhead import make_loop, monitor, other_metrics
+from bench.client._loop import make_loop, monitor, other_metrics
 from curvecast.client import Monitor
 from curvecast.client import _monitor as monitor_module
 

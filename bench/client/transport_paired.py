@@ -10,7 +10,7 @@ thread: what a transport costs a user is its share of the training step. Against
    building the request, reading the answer; the server is another process), and the wall
    round trip. The CPU caches are written over before each request, as a second of training
    does between two batches.
-2. **Whole hook**: ``client_overhead``'s CPU accounting (:func:`~bench.client.client_overhead.
+2. **Whole hook**: ``client_overhead``'s CPU accounting (:func:`~bench.client._loop.
    bench_cost`: its MLP, ``watch()`` and ``log()`` of 8 metrics, 2,000 steps) with a monitor on
    each transport, in pairs whose order alternates; per pair the ratio of the sender thread's
    CPU per step and of the whole hook's share of the training step.
@@ -41,14 +41,8 @@ import torch
 
 from bench._cli import parser, publish
 from bench._report import markdown_table, phase, revision_line
-from bench.client.client_overhead import (
-    Cost,
-    NagleHTTPTransport,
-    bench_cost,
-    other_metrics,
-    pct,
-    server,
-)
+from bench.client._loop import Cost, bench_cost, other_metrics, pct, server
+from bench.client.client_overhead import NagleHTTPTransport
 from bench.client.encode_paired import FLUSH_BYTES, flush_caches
 from curvecast.client import HTTPTransport, Transport, _transport
 from curvecast.client._api import Api
