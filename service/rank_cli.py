@@ -113,7 +113,7 @@ def format_projects(listing: ProjectList) -> str:
 def _get(url: str, path: str, query: dict[str, object], args: argparse.Namespace,
          model: type[_Answer]) -> _Answer:
     """``GET path`` from the service at ``url``, read as ``model``."""
-    address = f"{url.rstrip('/')}{path}?{urllib.parse.urlencode(query)}"
+    address = f"{url.rstrip('/')}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
     headers = {"Accept": "application/json"}
     token = args.token or os.environ.get("CURVECAST_TOKEN")
     if token:
@@ -174,6 +174,13 @@ class _Refused(Exception):
 def run_rank(args: argparse.Namespace) -> int:
     """``curvecast rank``: print the ranking, or without a project the projects (``--json``:
     the API's JSON)."""
+    if args.project is None and (given := [f"--{name}" for name in ("key", "horizon", "confidence")
+                                           if getattr(args, name) is not None]):
+        needs = "needs" if len(given) == 1 else "need"
+        print(f"curvecast rank: {', '.join(given)} {needs} a project to rank: name it "
+              "(curvecast rank PROJECT ...; without one, the projects are listed)",
+              file=sys.stderr)
+        return 2
     if args.horizon is not None and args.horizon < 1:
         print("curvecast rank: --horizon must be a step of 1 or more", file=sys.stderr)
         return 2

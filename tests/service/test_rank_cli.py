@@ -69,6 +69,9 @@ def test_errors_say_what_to_fix(world: tuple[World, str],
     assert code == 2 and "project 'no-such-project' not found" in err
     code, _, err = rank(capsys, w.project, "--horizon", "0", "--database-url", database_url)
     assert code == 2 and "--horizon" in err
+    # A ranking's options without a project would be ignored by the listing: refused instead.
+    code, out, err = rank(capsys, "--horizon", "100", "--database-url", database_url)
+    assert code == 2 and not out and "--horizon needs a project to rank: name it" in err
 
 
 def test_a_database_without_the_schema_says_to_migrate(
