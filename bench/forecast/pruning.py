@@ -200,11 +200,18 @@ def pruners(total_steps: int) -> dict[str, Callable[[], optuna.pruners.BasePrune
         "percentile 25": lambda: p.PercentilePruner(25.0),
         "successive halving": lambda: p.SuccessiveHalvingPruner(),
         "hyperband": lambda: p.HyperbandPruner(max_resource=total_steps),
-        f"patient median ({PATIENCE})": lambda: p.PatientPruner(p.MedianPruner(),
-                                                                 patience=PATIENCE),
+        f"patient median ({PATIENCE})": _patient_median,
         BASELINE: lambda: p.NopPruner(),
         ORACLE: OraclePruner,
     }
+
+
+def _patient_median() -> optuna.pruners.BasePruner:
+    """``PatientPruner(MedianPruner(), patience=PATIENCE)``: Optuna marks it experimental and
+    warns each time one is made, once per study here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.pruners.PatientPruner(optuna.pruners.MedianPruner(), patience=PATIENCE)
 
 
 Outcomes = dict[str, dict[str, list[Outcome]]]  # sweep -> pruner -> one per order
@@ -350,7 +357,6 @@ def main(argv: list[str] | None = None) -> int:
                           "write BENCHMARKS.md)")
     args = cli.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     orders = QUICK_ORDERS if args.quick else args.orders
     if orders < MIN_ORDERS:
         args.no_write = True
