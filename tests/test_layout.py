@@ -18,6 +18,9 @@ FOLDERS = ("client", "service", "sfplus", "dashboards")
 def _modules() -> Iterator[tuple[str, Path]]:
     yield "curvecast", REPO / "curvecast" / "__init__.py"
     yield "curvecast.contract", REPO / "curvecast" / "contract.py"
+    for path in sorted((REPO / "curvecast" / "integrations").glob("*.py")):
+        name = "" if path.stem == "__init__" else f".{path.stem}"
+        yield f"curvecast.integrations{name}", path
     for folder in FOLDERS:
         for path in sorted((REPO / folder).rglob("*.py")):
             parts = path.relative_to(REPO).with_suffix("").parts
@@ -53,8 +56,12 @@ def _imports(path: Path) -> Iterator[str]:
 
 def _is_module(name: str) -> bool:
     parts = name.split(".")[1:]
-    base = REPO.joinpath(*parts) if parts else REPO / "curvecast"
-    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+    # The top-level folders (curvecast/client -> ../client, ...), and what lives in curvecast/
+    # itself (the contract, the integrations).
+    bases = [REPO.joinpath(*parts), REPO.joinpath("curvecast", *parts)] if parts else [
+        REPO / "curvecast"]
+    return any(base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+               for base in bases)
 
 
 def _graph() -> dict[str, set[str]]:
@@ -106,6 +113,8 @@ def test_each_room_has_one_door() -> None:
     for core in ("service.alerting", "service.forecast", "dashboards"):
         assert not edges.get(core, set()) & {"service.store", "service.api", "service.web",
                                              "service.worker", "service.db"}, core
+    # The integrations run the forecast core offline inside another tool: no server parts.
+    assert edges["integrations"] <= {"service.forecast", "contract"}, edges["integrations"]
     # The client is what `pip install curvecast` gets: the contract and the standard library.
     assert edges["client"] <= {"contract"}
     assert "contract" not in edges

@@ -98,7 +98,7 @@ def prune_latency(calls: int) -> dict[str, list[float]]:
     """Milliseconds per ``prune()`` of a 1,000-point trial and per plain fit of its points."""
     import optuna
 
-    from curvecast.service.integrations.optuna import CurvecastPruner
+    from curvecast.integrations.optuna import CurvecastPruner
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     total = 20_000

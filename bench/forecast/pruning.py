@@ -7,7 +7,7 @@ al.'s 124M lr sweep, AlgoPerf's schedule-free AdamW per workload). Each sweep is
 ``ORDERS`` random trial orders; each order is a real Optuna study (in-memory storage) whose
 trials report the run's loss at every logged step and ask ``should_prune()``, with each pruner:
 
-* ``curvecast``: :class:`~curvecast.service.integrations.optuna.CurvecastPruner` (its defaults:
+* ``curvecast``: :class:`~curvecast.integrations.optuna.CurvecastPruner` (its defaults:
   5% threshold, no pruning before 10% of the run), the run's config as the hook logs it
   (``lr_schedule`` named for the decaying AdamW runs, which the fit then calls ``off_model``);
   ``curvecast 1%``, ``curvecast 20%``: thresholds beside the default, for the trade-off;
@@ -56,7 +56,7 @@ import optuna
 from bench._cli import parser, publish
 from bench._report import anchor, markdown_table
 from bench.forecast._sweeps import SweepRun, all_sweeps
-from curvecast.service.integrations.optuna import (
+from curvecast.integrations.optuna import (
     DEFAULT_MIN_PROGRESS,
     CurvecastPruner,
     PruneDecision,

@@ -11,7 +11,7 @@ the sweep's best final loss finishes) in at least 95% of the orders.
 The rules:
 
 * ``curvecast``: the shipped pruner's chance that the trial ends below the best finished trial
-  (:func:`~curvecast.service.integrations.optuna.decide`); at 5% it is the default pruner,
+  (:func:`~curvecast.integrations.optuna.decide`); at 5% it is the default pruner,
   whose row matches the pruning bench's; ``curvecast, margin 0.5%``: its chance of ending at
   least 0.5% below (the opt-in ``margin=0.005``).
 * ``curvecast, 2 reports in a row``: the shipped chance, pruning only when it is under the
@@ -57,8 +57,8 @@ from bench._cli import parser, publish
 from bench._report import markdown_table
 from bench.forecast import pruning
 from bench.forecast._sweeps import SweepRun, all_sweeps
+from curvecast.integrations.optuna import DEFAULT_MIN_PROGRESS, _frozen, _outlook
 from curvecast.service.forecast.chances import Outlook
-from curvecast.service.integrations.optuna import DEFAULT_MIN_PROGRESS, _frozen, _outlook
 
 QUICK_ORDERS = 3
 TRAIN_ORDERS = 10
@@ -115,7 +115,7 @@ _LOOKS: dict[tuple[int, int], tuple[SweepRun, Outlook]] = {}
 
 def trial_outlook(trial: SweepRun, i: int) -> Outlook:
     """The pruner's outlook of ``trial``'s loss at its planned end from its first ``i + 1``
-    reports (what :func:`~curvecast.service.integrations.optuna.decide` judges from)."""
+    reports (what :func:`~curvecast.integrations.optuna.decide` judges from)."""
     key = (id(trial), i)
     if key not in _LOOKS:  # the trial is kept beside its outlook, so its id is not reused
         pairs = tuple((int(s), float(v)) for s, v in zip(trial.steps[:i + 1],

@@ -30,7 +30,7 @@ from bench.forecast.pruning_frontier import (  # noqa: E402
     patient_chance,
     replay,
 )
-from curvecast.service.integrations.optuna import CurvecastPruner  # noqa: E402
+from curvecast.integrations.optuna import CurvecastPruner  # noqa: E402
 
 
 def test_the_replay_trains_what_an_optuna_study_with_the_pruner_trains() -> None:

@@ -25,9 +25,9 @@ else:
 from bench._corpus import load  # noqa: E402
 from bench.forecast._sweeps import SweepRun, charlm, corpus_sweeps, sweep_run  # noqa: E402
 from bench.forecast.pruning import replay  # noqa: E402
+from curvecast.integrations.optuna import CurvecastPruner, decide  # noqa: E402
 from curvecast.service.forecast.chances import RunInput, outlook  # noqa: E402
 from curvecast.service.forecast.solver import fit_curve  # noqa: E402
-from curvecast.service.integrations.optuna import CurvecastPruner, decide  # noqa: E402
 
 GROUP = "corpus 64x2, 3,000 steps"
 
@@ -252,7 +252,7 @@ import optuna
 from bench._corpus import load
 from bench.forecast._sweeps import sweep_run
 from bench.forecast.pruning import replay
-from curvecast.service.integrations.optuna import CurvecastPruner
+from curvecast.integrations.optuna import CurvecastPruner
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pruner = CurvecastPruner()
@@ -339,3 +339,18 @@ def test_a_tiny_torch_model_trains_under_the_pruner() -> None:
     assert all(d.prune is False for n, d in pruner.decisions.items() if n == 0)
     assert second.state.name == "PRUNED", pruner.decisions.get(1)
     assert second.last_step is not None and second.last_step < steps
+
+
+def test_the_old_import_path_still_works_and_says_where_the_pruner_moved() -> None:
+    # curvecast.service.integrations.optuna was the 0.2.0 path: the same objects, with a
+    # DeprecationWarning naming the new one (a fresh interpreter, so the module is imported
+    # afresh and warns).
+    code = ("import warnings\nwarnings.simplefilter('error', DeprecationWarning)\n"
+            "try:\n    import curvecast.service.integrations.optuna\n"
+            "except DeprecationWarning as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=REPO, timeout=120)
+    assert "moved to curvecast.integrations.optuna" in out.stdout
+    with pytest.warns(DeprecationWarning):
+        old = importlib.reload(importlib.import_module("curvecast.service.integrations.optuna"))
+    assert old.CurvecastPruner is CurvecastPruner and old.decide is decide

@@ -80,6 +80,7 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     for needed in (
         "curvecast/contract.py",
         "curvecast/py.typed",
+        "curvecast/integrations/optuna.py",
         "curvecast/client/sync.py",
         "curvecast/service/app.py",
         "curvecast/dashboards/static/dashboards.js",
