@@ -31,7 +31,9 @@ A forecast that does not know says so and the trial goes on: no completed trial 
 steps, a fit that is ``too_early``, ``off_model`` (a decaying learning rate), ``flat``, ...
 
 :func:`decide` is the whole decision, pure (no I/O, no Optuna): the pruner, the tests and the
-pruning bench call it. Needs ``pip install 'curvecast[optuna]'``.
+pruning bench call it. With ``url`` the pruner also streams each trial to a curvecast service
+as a run (:mod:`curvecast.integrations._optuna_runs`), to watch the sweep there; the decisions
+stay local. Needs ``pip install 'curvecast[optuna]'``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from optuna.pruners import BasePruner
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from curvecast.integrations._optuna_runs import TrialRuns
 from curvecast.service.forecast.chances import Outlook, RunInput, outlook
 from curvecast.service.forecast.solver import fit_curve
 
@@ -206,6 +209,13 @@ class CurvecastPruner(BasePruner):
             0: below it at all). ``0.005`` stops the trials that can at best tie, where the
             runs end close together (seed repeats): it saves compute and may stop a trial that
             would have ended slightly better (docs/decisions.md).
+        url: also stream each trial to the curvecast service there, as a run of ``project``
+            (default: the study's name) whose ``key`` series holds the reported values; its
+            run ends when the trial does (pass the pruner to ``study.optimize(...,
+            callbacks=[pruner])`` so completed trials end at once). The decisions stay local.
+        project, token: the runs' project and the service's bearer token
+            (default ``$CURVECAST_TOKEN``).
+        key: the metric the reported values are logged as (default ``eval_loss``).
 
     The study must minimize (the model is of a falling loss). :attr:`decisions` keeps the
     latest :class:`PruneDecision` of each trial (by trial number), to read why.
@@ -214,7 +224,8 @@ class CurvecastPruner(BasePruner):
     def __init__(self, *, total_steps: int | None = None, threshold: float = DEFAULT_THRESHOLD,
                  n_warmup_steps: int = 0, min_progress: float = DEFAULT_MIN_PROGRESS,
                  target: float | None = None, config: Mapping[str, Any] | None = None,
-                 margin: float = 0.0) -> None:
+                 margin: float = 0.0, url: str | None = None, project: str | None = None,
+                 token: str | None = None, key: str = "eval_loss") -> None:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), not {threshold}")
         _check_margin(margin)
@@ -230,6 +241,7 @@ class CurvecastPruner(BasePruner):
         self.config = dict(config or {})
         self.margin = margin
         self.decisions: dict[int, PruneDecision] = {}
+        self.runs = None if url is None else TrialRuns(url, project=project, token=token, key=key)
 
     def best(self, study: optuna.Study) -> float | None:
         """The value to beat: the target, else the lowest finite value of a completed trial."""
@@ -244,9 +256,7 @@ class CurvecastPruner(BasePruner):
         if study.directions != [StudyDirection.MINIMIZE]:
             raise ValueError("CurvecastPruner forecasts a falling loss: the study must "
                              "minimize a single objective")
-        attrs = trial.user_attrs
-        total = attrs.get(TOTAL_STEPS_ATTR, self.total_steps)
-        config = {**self.config, **(attrs.get(CONFIG_ATTR) or {})}
+        total, config = self._plan(trial)
         reported = trial.intermediate_values
         return decide(list(reported), list(reported.values()), best=self.best(study),
                       total_steps=int(total) if total is not None else None,
@@ -254,7 +264,24 @@ class CurvecastPruner(BasePruner):
                       min_progress=self.min_progress,
                       config=config, margin=self.margin)
 
+    def _plan(self, trial: FrozenTrial) -> tuple[Any, dict[str, Any]]:
+        """The trial's planned last step and config: its user attributes over the pruner's."""
+        attrs = trial.user_attrs
+        return (attrs.get(TOTAL_STEPS_ATTR, self.total_steps),
+                {**self.config, **(attrs.get(CONFIG_ATTR) or {})})
+
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         decision = self.decide(study, trial)
         self.decisions[trial.number] = decision
+        if self.runs is not None:
+            total, config = self._plan(trial)
+            self.runs.report(study, trial, total_steps=int(total) if total is not None else None,
+                             config=config, pruned_because=decision.reason if decision.prune
+                             else None)
         return decision.prune
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """As an Optuna callback (``study.optimize(..., callbacks=[pruner])``): end the run of
+        a trial that completed or failed, when the pruner streams to a service."""
+        if self.runs is not None:
+            self.runs.ended(study, trial)
