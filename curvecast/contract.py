@@ -68,6 +68,7 @@ __all__ = [
     "RunConfig",
     "is_valid_key",
     "key_for_name",
+    "project_for_name",
     "fit_candidates",
     "fit_key",
     "fit_ready",
@@ -154,6 +155,17 @@ def key_for_name(name: str) -> str | None:
     end = len(key) - 1 if key[-1:] == "_" and name[-1:] != "_" else len(key)
     key = key[start:end][:KEY_MAX_LENGTH]
     return key if _KEY_RE.match(key) else None
+
+
+_NOT_PROJECT_CHARS = re.compile(f"[^{PROJECT_CHARS}]+")
+
+
+def project_for_name(name: str) -> str | None:
+    """A project name from another tool's (an MLflow experiment's, an Optuna study's), by the
+    same rule as :func:`key_for_name` (``/`` is not allowed in a project); None when nothing is
+    left."""
+    project = _NOT_PROJECT_CHARS.sub("_", name).strip("_")[:PROJECT_MAX_LENGTH]
+    return project or None
 
 
 # --- optimizer telemetry -------------------------------------------------------------------------

@@ -12,7 +12,6 @@ the project page is its leaderboard while it runs.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Mapping
 from typing import Any, Final
@@ -21,18 +20,18 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from curvecast.client import Monitor
+from curvecast.contract import project_for_name
 
 __all__ = ["TrialRuns"]
 
 #: How long a trial's end may wait for the service before its points are spooled (``curvecast
 #: sync`` uploads them): with the service up it takes milliseconds.
 _FINISH_TIMEOUT_S: Final = 5.0
-_NOT_PROJECT_CHARS: Final = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def study_project(study: optuna.Study) -> str:
-    """A project name for ``study``: its name, with what a project name cannot hold replaced."""
-    return (_NOT_PROJECT_CHARS.sub("-", study.study_name).strip("-") or "optuna")[:100]
+    """A project name for ``study``: its name, as an MLflow experiment's becomes one."""
+    return project_for_name(study.study_name) or "optuna"
 
 
 class TrialRuns:

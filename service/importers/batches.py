@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from curvecast.contract import MAX_STEP, PROJECT_CHARS, PROJECT_MAX_LENGTH, key_for_name
+from curvecast.contract import MAX_STEP, key_for_name
 from curvecast.service.schemas import RunConfigIn
 
 __all__ = ["DEFAULT_BATCH_POINTS", "Checkpoint", "Chunk", "ColumnBuffer", "ImportInputError",
-           "KeyMap", "SourceRun", "clean_config", "project_for_name", "typed_param"]
+           "KeyMap", "SourceRun", "clean_config", "typed_param"]
 
 #: Points per checkpoint: what an import holds in memory and stores in one transaction.
 DEFAULT_BATCH_POINTS = 50_000
@@ -264,11 +264,3 @@ def _json_value(value: Any, depth: int = 0) -> Any:
     return str(value)
 
 
-_NOT_PROJECT_CHARS = re.compile(f"[^{PROJECT_CHARS}]+")
-
-
-def project_for_name(name: str) -> str | None:
-    """A project name from another tracker's (an MLflow experiment's), by the same rule as
-    :func:`~curvecast.contract.key_for_name` (``/`` is not allowed in a project)."""
-    project = _NOT_PROJECT_CHARS.sub("_", name).strip("_")[:PROJECT_MAX_LENGTH]
-    return project or None

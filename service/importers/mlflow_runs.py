@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from curvecast.contract import project_for_name
 from curvecast.service.importers.batches import (
     Checkpoint,
     Chunk,
@@ -34,7 +35,6 @@ from curvecast.service.importers.batches import (
     KeyMap,
     SourceRun,
     clean_config,
-    project_for_name,
     typed_param,
 )
 

@@ -71,4 +71,4 @@ def test_each_trial_is_a_run_that_ends_as_the_trial_did(server: str) -> None:
 
 def test_a_study_name_that_is_no_project_name_is_made_one() -> None:
     study = optuna.create_study(study_name="lr sweep: width 64/128")
-    assert study_project(study) == "lr-sweep-width-64-128"
+    assert study_project(study) == "lr_sweep_width_64_128"
