@@ -256,28 +256,25 @@ class CurvecastPruner(BasePruner):
         if study.directions != [StudyDirection.MINIMIZE]:
             raise ValueError("CurvecastPruner forecasts a falling loss: the study must "
                              "minimize a single objective")
-        total, config = self._plan(trial)
+        total = trial.user_attrs.get(TOTAL_STEPS_ATTR, self.total_steps)
         reported = trial.intermediate_values
         return decide(list(reported), list(reported.values()), best=self.best(study),
                       total_steps=int(total) if total is not None else None,
                       threshold=self.threshold, n_warmup_steps=self.n_warmup_steps,
                       min_progress=self.min_progress,
-                      config=config, margin=self.margin)
+                      config=self._config(trial), margin=self.margin)
 
-    def _plan(self, trial: FrozenTrial) -> tuple[Any, dict[str, Any]]:
-        """The trial's planned last step and config: its user attributes over the pruner's."""
-        attrs = trial.user_attrs
-        return (attrs.get(TOTAL_STEPS_ATTR, self.total_steps),
-                {**self.config, **(attrs.get(CONFIG_ATTR) or {})})
+    def _config(self, trial: FrozenTrial) -> dict[str, Any]:
+        """The trial's run config: its user attribute over the pruner's."""
+        return {**self.config, **(trial.user_attrs.get(CONFIG_ATTR) or {})}
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         decision = self.decide(study, trial)
         self.decisions[trial.number] = decision
-        if self.runs is not None:
-            total, config = self._plan(trial)
-            self.runs.report(study, trial, total_steps=int(total) if total is not None else None,
-                             config=config, pruned_because=decision.reason if decision.prune
-                             else None)
+        if self.runs is not None:  # the decision's horizon is the trial's planned last step
+            self.runs.report(study, trial, total_steps=decision.horizon,
+                             config=self._config(trial),
+                             pruned_because=decision.reason if decision.prune else None)
         return decision.prune
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
