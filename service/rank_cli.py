@@ -18,12 +18,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import TypeVar
 
 from pydantic import BaseModel
 
-from curvecast.dashboards.fmt import chance
+from curvecast.dashboards.fmt import chance, when
 from curvecast.service.schemas import ProjectList
 from curvecast.service.schemas.decisions import RankedRunOut, RankingOut
 
@@ -90,22 +89,17 @@ def _table(rows: Sequence[Sequence[str]], right: frozenset[int]) -> list[str]:
     return out
 
 
-def _utc(when: datetime) -> datetime:
-    """``when`` in UTC (a naive time, as SQLite gives it back, is stored UTC already)."""
-    return when if when.tzinfo is None else when.astimezone(UTC)
-
-
 def format_projects(listing: ProjectList) -> str:
     """The projects as a text table: name, runs, runs by status, firing alerts, last change;
     then how to rank one."""
     if not listing.projects:
         return ("no projects yet: a run's project is the one its Monitor names "
                 "(Monitor(project=...)); rank one with: curvecast rank PROJECT")
-    rows = [("project", "runs", "by status", "alerts", "last change (UTC)")]
+    rows = [("project", "runs", "by status", "alerts", "last change")]
     for p in listing.projects:
         by_status = ", ".join(f"{n} {status}" for status, n in sorted(p.runs_by_status.items()))
-        changed = "-" if p.last_update is None else _utc(p.last_update).strftime("%Y-%m-%d %H:%M")
-        rows.append((p.name, str(p.runs), by_status or "-", str(p.firing_alerts), changed))
+        rows.append((p.name, str(p.runs), by_status or "-", str(p.firing_alerts),
+                     when(p.last_update)))
     return "\n".join([*_table(rows, frozenset({1, 3})), "",
                       "rank one with: curvecast rank PROJECT"])
 
