@@ -143,7 +143,7 @@ def patient_chance(label: str, trial: SweepRun, i: int, finished: Sequence[Sweep
     trial is pruned only when ``PATIENCE`` reports in a row say so (one dip prunes none)."""
     if i + 1 < PATIENCE:
         return None
-    chances = [trial_outlook(trial, j).chance_below(best.final)
+    chances = [curvecast_chance(label, trial, j, finished, best)
                for j in range(i + 1 - PATIENCE, i + 1)]
     return None if None in chances else max(c for c in chances if c is not None)
 
@@ -159,7 +159,7 @@ def known_oracle_chance(margin: float) -> Chance:
     at reports where the pruner's forecast knows: the floor of any rule that waits for it."""
     def chance(label: str, trial: SweepRun, i: int, finished: Sequence[SweepRun],
                best: SweepRun) -> float | None:
-        if trial_outlook(trial, i).chance_below(best.final) is None:
+        if curvecast_chance(label, trial, i, finished, best) is None:
             return None
         return 1.0 if trial.final < best.final * (1 - margin) else 0.0
     return chance
