@@ -29,6 +29,8 @@ is noisy, climbs or still falls fast), from the calibrated band that extends the
 say where the loss ends, but it can say that a trial far above the best will not get below it.
 A forecast that does not know says so and the trial goes on: no completed trial yet, too few
 steps, a fit that is ``too_early``, ``off_model`` (a decaying learning rate), ``flat``, ...
+With ``sweep_correction=True`` the forecast is also corrected by how the completed trials'
+forecasts erred (:mod:`curvecast.service.forecast.sweep_correction`).
 
 :func:`decide` is the whole decision, pure (no I/O, no Optuna): the pruner, the tests and the
 pruning bench call it. With ``url`` the pruner also streams each trial to a curvecast service
@@ -43,7 +45,7 @@ import json
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import optuna
@@ -54,9 +56,11 @@ from optuna.trial import FrozenTrial, TrialState
 from curvecast.integrations._optuna_runs import TrialRuns
 from curvecast.service.forecast.chances import Outlook, RunInput, outlook
 from curvecast.service.forecast.solver import fit_curve
+from curvecast.service.forecast.sweep_correction import Peer, corrected
 
 __all__ = [
-    "DEFAULT_MIN_PROGRESS", "DEFAULT_THRESHOLD", "CurvecastPruner", "PruneDecision", "decide",
+    "DEFAULT_MIN_PROGRESS", "DEFAULT_THRESHOLD", "CurvecastPruner", "Finished", "PruneDecision",
+    "decide",
 ]
 
 #: Prune below a 5% chance of beating the best: about one good trial in twenty may be lost
@@ -70,6 +74,22 @@ CONFIG_ATTR: Final = "curvecast_config"
 #: fit of a few points past the burn-in is overconfident.
 DEFAULT_MIN_PROGRESS: Final = 0.1
 _TRIAL_ID: Final = uuid.UUID(int=0)
+#: The sweep correction reads the completed trials that ended lowest, at most this many: each
+#: costs a fit of its reports up to the trial's point of its run (cached once made), and the
+#: trials that ended far above the best say least about how it erred.
+SWEEP_PEERS: Final = 5
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A completed trial, as the sweep correction reads it: its reported ``values`` at
+    ``steps``, its planned last step, its objective ``value`` and its run ``config``."""
+
+    steps: tuple[int, ...]
+    values: tuple[float, ...]
+    total_steps: int
+    value: float
+    config: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -112,7 +132,8 @@ def _keep(reason: str, *, step: int | None = None, horizon: int | None = None,
 def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
            total_steps: int | None, threshold: float = DEFAULT_THRESHOLD,
            n_warmup_steps: int = 0, min_progress: float = DEFAULT_MIN_PROGRESS,
-           config: Mapping[str, Any] | None = None, margin: float = 0.0) -> PruneDecision:
+           config: Mapping[str, Any] | None = None, margin: float = 0.0,
+           finished: Sequence[Finished] = ()) -> PruneDecision:
     """Whether to stop a trial whose loss was ``values`` at ``steps``: pure, never raises on
     odd data (a fit that fails is a fit that does not know).
 
@@ -123,7 +144,10 @@ def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
     ``config`` is the run's config as the service reads it (``c_warmup``, ``warmup_steps``,
     ``lr_schedule``, ...): it sets the fit's burn-in and marks a decaying learning rate
     ``off_model``. ``margin``: the trial must end at least this fraction below ``best`` (a
-    trial that can at best tie is stopped).
+    trial that can at best tie is stopped). ``finished``: the completed trials, to correct the
+    trial's forecast by their errors at the same point of their runs
+    (:mod:`~curvecast.service.forecast.sweep_correction`; the one that ended lowest is the best
+    it is set against, so ``best`` should be its value); empty: no correction.
     """
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be in (0, 1), not {threshold}")
@@ -150,24 +174,50 @@ def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
         return _keep(f"too early to prune: step {last:,} < {start:,} (n_warmup_steps, "
                      f"{min_progress:.0%} of the run)", step=last, horizon=total_steps,
                      best=best)
-    look, status = _outlook(pairs, total_steps, _frozen(config))
+    plain, status = _outlook(pairs, total_steps, _frozen(config))
+    look = _sweep_corrected(plain, pairs, total_steps, finished) if finished else plain
+    note = _BAND_NOTE.get(status, "") + ("" if look is plain else _CORRECTED_NOTE)
     chance = look.chance_below(best)
     if chance is None:
         return PruneDecision(False, None, last, total_steps, best, status, look.reason)
     if chance >= threshold:
         return PruneDecision(False, chance, last, total_steps, best, status,
                              f"a {chance:.1%} chance of ending below {beat} by step "
-                             f"{total_steps:,}")
+                             f"{total_steps:,}{'' if look is plain else _CORRECTED_NOTE}")
     return PruneDecision(True, chance, last, total_steps, best, status,
                          f"a {chance:.1%} chance (< {threshold:.1%}) of ending below "
                          f"{beat} by step {total_steps:,}: forecast {look.value:.4g} "
-                         f"({look.lo:.4g}-{look.hi:.4g}){_BAND_NOTE.get(status, '')}")
+                         f"({look.lo:.4g}-{look.hi:.4g}){note}")
 
 
 #: What a decision from a fit other than ``ok`` adds to its reason.
 _BAND_NOTE: Final = {
     "no_asymptote": ", its current level carried on (the fit finds no floor yet)",
 }
+
+
+def _sweep_corrected(look: Outlook, pairs: tuple[tuple[int, float], ...], total_steps: int,
+                     finished: Sequence[Finished]) -> Outlook:
+    """``look`` corrected by the ``SWEEP_PEERS`` finished trials that ended lowest, each
+    forecast from its reports up to the trial's fraction of its run; ``look`` where the
+    correction does not apply."""
+    fraction = pairs[-1][0] / total_steps
+    peers: list[Peer] = []
+    for done in sorted(finished, key=lambda f: f.value)[:SWEEP_PEERS]:
+        upto = tuple(sorted((int(s), float(v)) for s, v in zip(done.steps, done.values,
+                                                                strict=True)
+                            if s / done.total_steps <= fraction + 1e-12))
+        if not upto:
+            if not peers:  # the best has no report that early: nothing to set the trial against
+                return look
+            continue
+        their, _ = _outlook(upto, done.total_steps, _frozen(done.config))
+        peers.append(Peer(their, upto[-1][1], done.value))
+    return corrected(look, pairs[-1][1], peers, peers[0]) or look
+
+
+_CORRECTED_NOTE: Final = (", corrected by how the completed trials' forecasts erred at the same "
+                          "point of their runs")
 
 
 def _check_margin(margin: float) -> None:
@@ -216,6 +266,12 @@ class CurvecastPruner(BasePruner):
         project, token: the runs' project and the service's bearer token
             (default ``$CURVECAST_TOKEN``).
         key: the metric the reported values are logged as (default ``eval_loss``).
+        sweep_correction: set the trial's forecast against the best completed trial's forecast
+            from the same fraction of its run, its width scaled to how alike the completed
+            trials' forecasts erred (:mod:`~curvecast.service.forecast.sweep_correction`;
+            not with a ``target``). Prunes more where the trials are alike (seed repeats); the
+            first report at a step fits the ``SWEEP_PEERS`` completed trials' reports up to it
+            (docs/decisions.md).
 
     The study must minimize (the model is of a falling loss). :attr:`decisions` keeps the
     latest :class:`PruneDecision` of each trial (by trial number), to read why.
@@ -225,7 +281,8 @@ class CurvecastPruner(BasePruner):
                  n_warmup_steps: int = 0, min_progress: float = DEFAULT_MIN_PROGRESS,
                  target: float | None = None, config: Mapping[str, Any] | None = None,
                  margin: float = 0.0, url: str | None = None, project: str | None = None,
-                 token: str | None = None, key: str = "eval_loss") -> None:
+                 token: str | None = None, key: str = "eval_loss",
+                 sweep_correction: bool = False) -> None:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be in (0, 1), not {threshold}")
         _check_margin(margin)
@@ -240,6 +297,7 @@ class CurvecastPruner(BasePruner):
         self.target = target
         self.config = dict(config or {})
         self.margin = margin
+        self.sweep_correction = sweep_correction
         self.decisions: dict[int, PruneDecision] = {}
         self.runs = None if url is None else TrialRuns(url, project=project, token=token, key=key)
 
@@ -262,7 +320,24 @@ class CurvecastPruner(BasePruner):
                       total_steps=int(total) if total is not None else None,
                       threshold=self.threshold, n_warmup_steps=self.n_warmup_steps,
                       min_progress=self.min_progress,
-                      config=self._config(trial), margin=self.margin)
+                      config=self._config(trial), margin=self.margin,
+                      finished=self._finished(study))
+
+    def _finished(self, study: optuna.Study) -> list[Finished]:
+        """The completed trials the sweep correction reads (none when it is off, or the trials
+        are set against a target)."""
+        if not self.sweep_correction or self.target is not None:
+            return []
+        out = []
+        for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            total = done.user_attrs.get(TOTAL_STEPS_ATTR, self.total_steps)
+            reported = done.intermediate_values
+            if (total is None or not reported or done.value is None
+                    or not math.isfinite(done.value)):
+                continue
+            out.append(Finished(tuple(reported), tuple(reported.values()), int(total),
+                                done.value, self._config(done)))
+        return out
 
     def _config(self, trial: FrozenTrial) -> dict[str, Any]:
         """The trial's run config: its user attribute over the pruner's."""

@@ -25,7 +25,13 @@ else:
 from bench._corpus import load  # noqa: E402
 from bench.forecast._sweeps import SweepRun, charlm, corpus_sweeps, sweep_run  # noqa: E402
 from bench.forecast.pruning import replay  # noqa: E402
-from curvecast.integrations.optuna import CurvecastPruner, decide  # noqa: E402
+from curvecast.integrations.optuna import (  # noqa: E402
+    _CORRECTED_NOTE,
+    CurvecastPruner,
+    Finished,
+    PruneDecision,
+    decide,
+)
 from curvecast.service.forecast.chances import RunInput, outlook  # noqa: E402
 from curvecast.service.forecast.solver import fit_curve  # noqa: E402
 
@@ -55,13 +61,15 @@ def states(study: optuna.Study, runs: list[SweepRun]) -> dict[str, str]:
     return {runs[t.number].name: t.state.name for t in study.trials}
 
 
-def test_the_best_run_of_a_sweep_is_never_pruned(group: list[SweepRun]) -> None:
+@pytest.mark.parametrize("sweep_correction", [False, True])
+def test_the_best_run_of_a_sweep_is_never_pruned(group: list[SweepRun],
+                                                 sweep_correction: bool) -> None:
     best = min(group, key=lambda r: r.final)
     pruned_any = False
     for seed in range(4):
         order = group[:]
         random.Random(seed).shuffle(order)
-        pruner = CurvecastPruner()
+        pruner = CurvecastPruner(sweep_correction=sweep_correction)
         study = study_of(order, pruner)
         got = states(study, order)
         assert got[best.name] == "COMPLETE", (seed, pruner.decisions)
@@ -242,6 +250,53 @@ def test_the_pruner_passes_its_margin_to_the_decision() -> None:
     study = study_of([good, good], pruner)  # the second trial can at best tie the first
     assert study.trials[1].state.name == "PRUNED"
     assert pruner.decisions[1].best == pytest.approx(0.95 * good.final)
+
+
+class Recording(CurvecastPruner):
+    """The pruner, keeping every decision (``decisions`` keeps each trial's latest)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.seen: list[tuple[int, PruneDecision]] = []
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        pruned = super().prune(study, trial)
+        self.seen.append((trial.number, self.decisions[trial.number]))
+        return pruned
+
+
+def test_the_sweep_correction_sets_a_trial_against_the_completed_ones(
+        group: list[SweepRun]) -> None:
+    # Five ScheduleFree+ runs of one model complete; the sixth ends best of them all. With
+    # the correction its reports are judged against how the five's forecasts erred, and it
+    # still completes; with a target, or off, nothing is corrected.
+    ranked = sorted(group, key=lambda r: r.final)
+    order = [*ranked[2:7], ranked[1]]
+    on = Recording(sweep_correction=True)
+    assert states(study_of(order, on), order)[ranked[1].name] == "COMPLETE"
+    last = [d for n, d in on.seen if n == len(order) - 1 and d.chance is not None]
+    assert any(_CORRECTED_NOTE in d.reason for d in last)
+    off = Recording()
+    study_of(order, off)
+    plain = [d for n, d in off.seen if n == len(order) - 1 and d.chance is not None]
+    assert not any(_CORRECTED_NOTE in d.reason for d in plain)
+    assert [d.chance for d in last] != [d.chance for d in plain]
+    target = Recording(sweep_correction=True, target=ranked[2].final)
+    study_of(order, target)
+    assert not any(_CORRECTED_NOTE in d.reason for _, d in target.seen)
+
+
+def test_the_decision_reads_the_completed_trials_it_is_given(group: list[SweepRun]) -> None:
+    ranked = sorted(group, key=lambda r: r.final)
+    trial, done = ranked[1], ranked[2:7]
+    finished = [Finished(r.steps, r.values, r.total_steps, r.final, r.config) for r in done]
+    cut = next(i for i, s in enumerate(trial.steps) if s >= 0.6 * trial.total_steps)
+    kw = {"best": done[0].final, "total_steps": trial.total_steps, "config": trial.config}
+    plain = decide(trial.steps[:cut], trial.values[:cut], **kw)
+    fixed = decide(trial.steps[:cut], trial.values[:cut], **kw, finished=finished)
+    assert fixed.chance != plain.chance and _CORRECTED_NOTE in fixed.reason
+    # One completed trial is no spread of errors: its decision is the plain one.
+    assert decide(trial.steps[:cut], trial.values[:cut], **kw, finished=finished[:1]) == plain
 
 
 # --- RDB storage: several workers on one study ------------------------------------------------
