@@ -17,6 +17,10 @@ The rules:
 * ``curvecast, 2 reports in a row``: the shipped chance, pruning only when it is under the
   threshold at two reports in a row (a forecast that dips once, with a noisy stretch of the
   loss, prunes nothing).
+* ``curvecast, sweep-corrected``: the pruner with ``sweep_correction=True`` (and with the
+  margin): the trial's forecast set against the best finished trial's forecast from the same
+  fraction of its run, its band scaled to how alike the finished trials' forecasts erred
+  (:mod:`curvecast.service.forecast.sweep_correction`).
 * ``stack``: a logistic regression over everything a pruner knows when a trial reports: that
   chance (of ending 0.5% below the best), whether the forecast knows, its median's gap to the
   best, the progress, the trial's loss over the best finished trial's at the same fraction of
@@ -57,8 +61,14 @@ from bench._cli import parser, publish
 from bench._report import markdown_table
 from bench.forecast import pruning
 from bench.forecast._sweeps import SweepRun, all_sweeps
-from curvecast.integrations.optuna import DEFAULT_MIN_PROGRESS, _frozen, _outlook
+from curvecast.integrations.optuna import (
+    DEFAULT_MIN_PROGRESS,
+    SWEEP_PEERS,
+    _frozen,
+    _outlook,
+)
 from curvecast.service.forecast.chances import Outlook
+from curvecast.service.forecast.sweep_correction import Peer, corrected
 
 QUICK_ORDERS = 3
 TRAIN_ORDERS = 10
@@ -146,6 +156,29 @@ def patient_chance(label: str, trial: SweepRun, i: int, finished: Sequence[Sweep
     chances = [curvecast_chance(label, trial, j, finished, best)
                for j in range(i + 1 - PATIENCE, i + 1)]
     return None if None in chances else max(c for c in chances if c is not None)
+
+
+def sweep_corrected_chance(margin: float = 0.0) -> Chance:
+    """The pruner's chance with ``sweep_correction=True`` (and ``margin``): the trial's
+    forecast corrected by the finished trials' forecasts from the same fraction of their runs
+    (:func:`~curvecast.service.forecast.sweep_correction.corrected`, the pruner's peers: the
+    ``SWEEP_PEERS`` that ended lowest), from this bench's cache of outlooks."""
+    def chance(label: str, trial: SweepRun, i: int, finished: Sequence[SweepRun],
+               best: SweepRun) -> float | None:
+        look = trial_outlook(trial, i)
+        fraction = trial.steps[i] / trial.total_steps
+        peers: list[Peer] = []
+        for done in sorted(finished, key=lambda r: r.final)[:SWEEP_PEERS]:
+            j = int(np.searchsorted(np.asarray(done.steps) / done.total_steps,
+                                    fraction + 1e-12)) - 1
+            if j < 0:
+                if not peers:  # the best has no report that early
+                    break
+                continue
+            peers.append(Peer(trial_outlook(done, j), done.values[j], done.final))
+        fixed = corrected(look, trial.values[i], peers, peers[0]) if peers else None
+        return (fixed or look).chance_below(best.final * (1 - margin))
+    return chance
 
 
 def oracle_chance(label: str, trial: SweepRun, i: int, finished: Sequence[SweepRun],
@@ -326,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
              for t in CURVECAST_THRESHOLDS]
     rows += [run_rule(groups, orders, f"curvecast, {PATIENCE} reports in a row", patient_chance,
                       t) for t in CURVECAST_THRESHOLDS]
+    rows += [run_rule(groups, orders, "curvecast, sweep-corrected", sweep_corrected_chance(), t)
+             for t in CURVECAST_THRESHOLDS]
+    rows += [run_rule(groups, orders, "curvecast, sweep-corrected, margin 0.5%",
+                      sweep_corrected_chance(pruning.KEPT_WITHIN), t)
+             for t in CURVECAST_THRESHOLDS]
     rows += [run_rule(groups, orders, "stack, in-sample", stack_chance(in_sample), t)
              for t in STACK_THRESHOLDS]
     rows += [run_rule(groups, orders, "stack, held-out", stack_chance(held_out), t)
@@ -346,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     reached = [rule for rule, row in best.items() if not rule.startswith("oracle")
                and row is not None and row.compute <= COMPUTE_GOAL]
     verdict = (f"reached by {', '.join(reached)}" if reached else
-               "reached neither by the shipped chances at any of these thresholds nor by a "
-               "logistic stack of the signals, even one fitted to these very sweeps")
+               "reached neither by the shipped chances at any of these thresholds, nor with "
+               "their forecast corrected by the sweep's finished trials, nor by a logistic "
+               "stack of the signals, even one fitted to these very sweeps")
     body = ("Least compute keeping the best in at least 95% of the orders:\n\n"
             + markdown_table(["rule", "least compute at >= 95% kept"], frontier_cells)
             + f"\n\nEvery rule and threshold:\n\n{table}\n\n"
@@ -361,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             f"`ok`), trains {floors[1].compute:.2f}x ({floors[2].compute:.2f}x pruning the "
             f"trials that can at best tie) against the oracle's {floors[0].compute:.2f}x: the "
             "forecast's gate costs little; what keeps the rules above the goal is how precise "
-            "the forecast is at those reports. The goal (compute <= "
+            "the forecast is at those reports, even narrowed by the sweep's finished trials. "
+            "The goal (compute <= "
             f"{COMPUTE_GOAL:.2f}x with the best kept in >= 95%): {verdict}.")
     parts = [f"{rule} {row.compute:.2f}x" for rule, row in best.items()
              if not rule.startswith("oracle") and row is not None]

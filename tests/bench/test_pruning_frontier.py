@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ else:
     optuna = pytest.importorskip("optuna")
 
 from bench.forecast import pruning  # noqa: E402
-from bench.forecast._sweeps import corpus_sweeps  # noqa: E402
+from bench.forecast._sweeps import SweepRun, corpus_sweeps  # noqa: E402
 from bench.forecast.pruning_frontier import (  # noqa: E402
     Row,
     Rows,
@@ -29,8 +30,13 @@ from bench.forecast.pruning_frontier import (  # noqa: E402
     oracle_chance,
     patient_chance,
     replay,
+    sweep_corrected_chance,
 )
 from curvecast.integrations.optuna import CurvecastPruner  # noqa: E402
+
+
+def _sweep_corrected_pruner() -> CurvecastPruner:
+    return CurvecastPruner(sweep_correction=True)
 
 
 def test_the_replay_trains_what_an_optuna_study_with_the_pruner_trains() -> None:
@@ -41,6 +47,7 @@ def test_the_replay_trains_what_an_optuna_study_with_the_pruner_trains() -> None
         order = runs[:]
         random.Random(seed).shuffle(order)
         for chance, make in ((curvecast_chance, CurvecastPruner),
+                             (sweep_corrected_chance(), _sweep_corrected_pruner),
                              (oracle_chance, pruning.OraclePruner)):
             fast = replay(runs, order, chance, "corpus", threshold=0.05)
             real = pruning.study(order, make())
@@ -118,3 +125,34 @@ def test_the_patient_rule_needs_two_reports_in_a_row() -> None:
             assert got == max(p for p in pair if p is not None)
             judged += 1
     assert judged > 0
+
+
+def _final_times(run: SweepRun, factor: float) -> SweepRun:
+    """``run`` ending ``factor`` times lower or higher: its forecasts before the end unchanged."""
+    return replace(run, values=(*run.values[:-1], run.values[-1] * factor))
+
+
+def test_the_sweep_corrected_chance_compares_forecasts_made_at_the_same_point() -> None:
+    # Corrected by the best finished trial's error, the trial's chance compares its forecast
+    # with the best's forecast from the same fraction of its run: where every finished trial
+    # ends 3% lower (their errors' spread unchanged) the shipped chance moves, this one not.
+    runs = sorted(corpus_sweeps()["corpus 64x2, 3,000 steps"], key=lambda r: r.final)
+    trial, finished = runs[1], runs[2:7]
+    lower = [_final_times(r, 0.97) for r in finished]
+    corrected, judged = sweep_corrected_chance(), 0
+    for i in range(len(trial.steps) - 1):  # the replay judges no trial at its planned end
+        got = corrected("corpus", trial, i, finished, finished[0])
+        plain = curvecast_chance("corpus", trial, i, finished, finished[0])
+        moved = corrected("corpus", trial, i, lower, lower[0])
+        if got is None:
+            assert plain is None
+        elif got != plain:  # corrected at this report
+            judged += 1
+            assert moved == pytest.approx(got, abs=1e-9)
+            assert curvecast_chance("corpus", trial, i, lower, lower[0]) != plain
+    assert judged > 0
+    # One finished trial has no spread of errors to scale by: the shipped chance.
+    alone = [corrected("corpus", trial, i, finished[:1], finished[0])
+             for i in range(len(trial.steps))]
+    assert alone == [curvecast_chance("corpus", trial, i, finished[:1], finished[0])
+                     for i in range(len(trial.steps))]
