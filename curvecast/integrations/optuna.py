@@ -332,7 +332,7 @@ class CurvecastPruner(BasePruner):
         for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             total = done.user_attrs.get(TOTAL_STEPS_ATTR, self.total_steps)
             reported = done.intermediate_values
-            if (total is None or not reported or done.value is None
+            if (total is None or int(total) <= 0 or not reported or done.value is None
                     or not math.isfinite(done.value)):
                 continue
             out.append(Finished(tuple(reported), tuple(reported.values()), int(total),

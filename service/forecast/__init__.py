@@ -13,6 +13,9 @@ The modules, lightest first:
 * :mod:`.solver` -- :func:`~.solver.fit_curve`, the robust fit (scipy): its optimiser
   (:mod:`.robust_fit`), burn-in (:mod:`.burn_in`) and off-model test (:mod:`.off_model`).
 * :mod:`.answer` -- the ONE builder of forecast answers (REST routes, pages, offline CLI).
+* :mod:`.chances` -- decisions from forecasts: the chance a run ends below a loss, P(best);
+  :mod:`.decision_answers` shapes them; :mod:`.sweep_correction` narrows a trial's forecast
+  with its sweep's finished runs (the Optuna pruner's opt-in).
 * :mod:`.files` and :mod:`.cli` -- ``curvecast forecast``, the offline command.
 
 Usage (stable; see docs/forecast.md)::
