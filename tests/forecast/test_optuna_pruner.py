@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -255,8 +256,8 @@ def test_the_pruner_passes_its_margin_to_the_decision() -> None:
 class Recording(CurvecastPruner):
     """The pruner, keeping every decision (``decisions`` keeps each trial's latest)."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.seen: list[tuple[int, PruneDecision]] = []
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
