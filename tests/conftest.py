@@ -6,10 +6,12 @@ Under ``CI=true`` PostgreSQL must be reachable: tests that need it fail instead 
 
 from __future__ import annotations
 
+import importlib
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -18,7 +20,7 @@ from curvecast.service.migrate import upgrade
 from tests import support as testing
 from tests.support import drop_pg_database, thread_server
 
-__all__ = ["IN_CI", "create_pg_database", "drop_pg_database"]
+__all__ = ["IN_CI", "create_pg_database", "drop_pg_database", "require"]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 # The tests' webhook receivers listen on loopback, which webhooks may not reach by default
@@ -29,6 +31,14 @@ os.environ.setdefault("CURVECAST_WEBHOOK_ALLOW_PRIVATE", "true")
 # of a missing key pass secret_key=None explicitly).
 os.environ.setdefault("CURVECAST_SECRET_KEY", "test-only-secret-key-0123456789abcdef")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+
+def require(module: str) -> ModuleType:
+    """Import an optional library (an extra's: optuna, a framework); skip when it is missing,
+    except under CI=true (the dev extra installs it, so missing there is a failure)."""
+    if IN_CI:
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
 
 
 def create_pg_database() -> str:

@@ -4,19 +4,15 @@ that still keeps the best often enough."""
 
 from __future__ import annotations
 
-import importlib
 import random
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from tests.conftest import IN_CI
+from tests.conftest import require
 
-if IN_CI:  # the dev extra installs optuna: missing there is a failure
-    optuna = importlib.import_module("optuna")
-else:
-    optuna = pytest.importorskip("optuna")
+optuna = require("optuna")
 
 from bench.forecast import pruning  # noqa: E402
 from bench.forecast._sweeps import SweepRun, corpus_sweeps  # noqa: E402

@@ -3,24 +3,14 @@ against a real server."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from tests.client._helpers import get_run, point_counts, series
-from tests.conftest import IN_CI
-
-
-def require(module: str):
-    """Import a framework; skip when it is missing, except under CI=true (the dev extra
-    installs it, so missing there is a failure)."""
-    if IN_CI:
-        return importlib.import_module(module)
-    return pytest.importorskip(module)
+from tests.conftest import require
 
 
 def loaders(n: int = 12) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DataLoader]:

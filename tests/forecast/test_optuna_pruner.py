@@ -16,12 +16,9 @@ from typing import Any
 import pytest
 
 from tests import REPO
-from tests.conftest import IN_CI
+from tests.conftest import require
 
-if IN_CI:  # the dev extra installs optuna: missing there is a failure
-    optuna = importlib.import_module("optuna")
-else:
-    optuna = pytest.importorskip("optuna")
+optuna = require("optuna")
 
 from bench._corpus import load  # noqa: E402
 from bench.forecast._sweeps import SweepRun, charlm, corpus_sweeps, sweep_run  # noqa: E402
@@ -349,7 +346,7 @@ def test_a_tiny_torch_model_trains_under_the_pruner() -> None:
     """A real objective: a small regression net trained with ScheduleFree+, its eval loss
     (at the averaged weights) reported every 20 steps. The first trial has nothing to beat and
     completes; a second, whose optimizer barely moves (lr scaled down 1,000x), is pruned."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from curvecast import ScheduleFreePlus
 
     steps = 600

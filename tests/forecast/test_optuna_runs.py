@@ -3,18 +3,14 @@ run, ended as the trial ended, with the pruner's decisions unchanged."""
 
 from __future__ import annotations
 
-import importlib
 import uuid
 
 import httpx
 import pytest
 
-from tests.conftest import IN_CI
+from tests.conftest import require
 
-if IN_CI:  # the dev extra installs optuna: missing there is a failure
-    optuna = importlib.import_module("optuna")
-else:
-    optuna = pytest.importorskip("optuna")
+optuna = require("optuna")
 
 from bench._corpus import load  # noqa: E402
 from bench.forecast._sweeps import SweepRun, sweep_run  # noqa: E402
