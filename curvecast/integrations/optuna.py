@@ -41,6 +41,7 @@ stay local. Needs ``pip install 'curvecast[optuna]'``.
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import math
 import uuid
@@ -176,18 +177,19 @@ def decide(steps: Sequence[int], values: Sequence[float], *, best: float | None,
                      best=best)
     plain, status = _outlook(pairs, total_steps, _frozen(config))
     look = _sweep_corrected(plain, pairs, total_steps, finished) if finished else plain
-    note = _BAND_NOTE.get(status, "") + ("" if look is plain else _CORRECTED_NOTE)
+    corrected_note = "" if look is plain else _CORRECTED_NOTE
     chance = look.chance_below(best)
     if chance is None:
         return PruneDecision(False, None, last, total_steps, best, status, look.reason)
     if chance >= threshold:
         return PruneDecision(False, chance, last, total_steps, best, status,
                              f"a {chance:.1%} chance of ending below {beat} by step "
-                             f"{total_steps:,}{'' if look is plain else _CORRECTED_NOTE}")
+                             f"{total_steps:,}{corrected_note}")
     return PruneDecision(True, chance, last, total_steps, best, status,
                          f"a {chance:.1%} chance (< {threshold:.1%}) of ending below "
                          f"{beat} by step {total_steps:,}: forecast {look.value:.4g} "
-                         f"({look.lo:.4g}-{look.hi:.4g}){note}")
+                         f"({look.lo:.4g}-{look.hi:.4g}){_BAND_NOTE.get(status, '')}"
+                         f"{corrected_note}")
 
 
 #: What a decision from a fit other than ``ok`` adds to its reason.
@@ -303,10 +305,18 @@ class CurvecastPruner(BasePruner):
 
     def best(self, study: optuna.Study) -> float | None:
         """The value to beat: the target, else the lowest finite value of a completed trial."""
+        return self._best(self._completed(study))
+
+    def _completed(self, study: optuna.Study) -> Sequence[FrozenTrial]:
+        """The study's completed trials; none read when a target replaces them."""
+        if self.target is not None:
+            return ()
+        return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+    def _best(self, completed: Sequence[FrozenTrial]) -> float | None:
         if self.target is not None:
             return self.target
-        done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value is not None and math.isfinite(t.value)]
+        done = [t.value for t in completed if t.value is not None and math.isfinite(t.value)]
         return min(done) if done else None
 
     def decide(self, study: optuna.Study, trial: FrozenTrial) -> PruneDecision:
@@ -316,28 +326,32 @@ class CurvecastPruner(BasePruner):
                              "minimize a single objective")
         total = trial.user_attrs.get(TOTAL_STEPS_ATTR, self.total_steps)
         reported = trial.intermediate_values
-        return decide(list(reported), list(reported.values()), best=self.best(study),
+        completed = self._completed(study)  # read once: the best and the correction's peers
+        return decide(list(reported), list(reported.values()), best=self._best(completed),
                       total_steps=int(total) if total is not None else None,
                       threshold=self.threshold, n_warmup_steps=self.n_warmup_steps,
                       min_progress=self.min_progress,
                       config=self._config(trial), margin=self.margin,
-                      finished=self._finished(study))
+                      finished=self._finished(completed))
 
-    def _finished(self, study: optuna.Study) -> list[Finished]:
+    def _finished(self, completed: Sequence[FrozenTrial]) -> list[Finished]:
         """The completed trials the sweep correction reads (none when it is off, or the trials
-        are set against a target)."""
+        are set against a target): the ``SWEEP_PEERS`` that ended lowest, the only ones
+        :func:`decide` reads, so a long study's other trials' reports are not copied at every
+        report."""
         if not self.sweep_correction or self.target is not None:
             return []
-        out = []
-        for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        usable = []
+        for done in completed:
             total = done.user_attrs.get(TOTAL_STEPS_ATTR, self.total_steps)
-            reported = done.intermediate_values
-            if (total is None or int(total) <= 0 or not reported or done.value is None
-                    or not math.isfinite(done.value)):
-                continue
-            out.append(Finished(tuple(reported), tuple(reported.values()), int(total),
-                                done.value, self._config(done)))
-        return out
+            if (total is not None and int(total) > 0 and done.intermediate_values
+                    and done.value is not None and math.isfinite(done.value)):
+                usable.append((done.value, done, int(total)))
+        return [Finished(tuple(done.intermediate_values),
+                         tuple(done.intermediate_values.values()), total, value,
+                         self._config(done))
+                for value, done, total in heapq.nsmallest(SWEEP_PEERS, usable,
+                                                          key=lambda u: u[0])]
 
     def _config(self, trial: FrozenTrial) -> dict[str, Any]:
         """The trial's run config: its user attribute over the pruner's."""

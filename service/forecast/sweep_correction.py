@@ -78,26 +78,25 @@ def corrected(own: Outlook, loss: float, peers: Sequence[Peer], best: Peer
     finished ``peers`` and the ``best`` of them (module docstring); None where the correction
     does not apply and ``own`` stands: too few peers know, the best does not, or the run is
     unlike them."""
-    if (own.quantiles is None or own.observed or best.outlook.quantiles is None
-            or not _positive(own) or loss <= 0 or best.final <= 0):
-        return None  # the errors are ratios: a loss at or below zero has none
-    known = [p for p in peers if p.outlook.quantiles is not None and _positive(p.outlook)
-             and p.loss > 0 and p.final > 0]
+    # The errors are ratios (logs): a loss at or below zero has none.
+    if own.observed or not _positive(own) or loss <= 0:
+        return None
+    known = [p for p in peers if _positive(p.outlook) and p.loss > 0 and p.final > 0]
     if len(known) < MIN_PEERS or best not in known:
         return None
     mine = _log_quantiles(own)
-    drops = [_median(_log_quantiles(p.outlook)) - math.log(p.loss) for p in known]
-    if not (min(drops) - SIMILAR_DROP <= _median(mine) - math.log(loss)
-            <= max(drops) + SIMILAR_DROP):
+    centre = _median(mine)
+    theirs = [_median(_log_quantiles(p.outlook)) for p in known]  # their forecasts, in log
+    drops = [m - math.log(p.loss) for m, p in zip(theirs, known, strict=True)]
+    if not min(drops) - SIMILAR_DROP <= centre - math.log(loss) <= max(drops) + SIMILAR_DROP:
         return None
-    errors = [math.log(p.final) - _median(_log_quantiles(p.outlook)) for p in known]
-    shift = math.log(best.final) - _median(_log_quantiles(best.outlook))
+    errors = [math.log(p.final) - m for m, p in zip(theirs, known, strict=True)]
+    shift = errors[known.index(best)]
     # the run's own calibrated sd in log, read off its 90% band
     sd = (float(np.interp(0.95, PROBS, mine)) - float(np.interp(0.05, PROBS, mine))) / (2 * _Z95)
     spread = 2 * float(np.var(errors, ddof=1)) / max(sd * sd, 1e-12)
     n = len(errors)
     scale = math.sqrt((PRIOR_RUNS + (n - 1) * spread) / (PRIOR_RUNS + n - 1))
-    centre = _median(mine)
     moved = np.exp(centre + shift + scale * (mine - centre))
     return replace(own, value=float(np.exp(centre + shift)),
                    lo=float(np.interp(0.05, PROBS, moved)),
